@@ -1,0 +1,143 @@
+/*
+ * moe_swift.h - the C ABI of libMoESwift: one Mixture-of-Experts feed-forward layer
+ * (router, top-k, expert FFNs, weighted combine, shared expert, residual) in one call.
+ *
+ * This header is the single source of truth for the ABI. The Swift exports
+ * (Sources/MoEKernels/CABI) are checked against it by the Swift tests, and the Python
+ * package hands the text between the CFFI-BEGIN and CFFI-END markers to cffi unchanged,
+ * so that part must stay plain C declarations without preprocessor directives.
+ *
+ * What one forward computes is specified in notes/moe-layer-spec.md (mirrored by
+ * python/moe_swift/reference.py). All arrays are dense, row-major float32 (ids int32).
+ *
+ * Errors: every function that can fail returns a moe_status; on failure,
+ * moe_last_error() returns a message for the calling thread that stays valid until the
+ * next failing call on that thread. No input makes a function abort the process, except
+ * pointers that do not point to arrays of the documented size, which C cannot check.
+ */
+#ifndef MOE_SWIFT_H
+#define MOE_SWIFT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped when a function's meaning changes or a function is removed; adding fields at
+ * the end of moe_layer_desc or adding functions does not bump it. */
+#define MOE_SWIFT_ABI_VERSION 1
+
+/* CFFI-BEGIN */
+
+typedef enum moe_status {
+    MOE_OK = 0,
+    MOE_ERROR_INVALID_ARGUMENT = 1,  /* bad size, option, pointer or handle */
+    MOE_ERROR_UNAVAILABLE = 2,       /* the requested backend is not available here */
+    MOE_ERROR_OUT_OF_MEMORY = 3,
+    MOE_ERROR_INTERNAL = 4           /* a bug: please report the message */
+} moe_status;
+
+typedef enum moe_backend {
+    MOE_BACKEND_AUTO = 0,       /* the best available */
+    MOE_BACKEND_CPU = 1,        /* BLAS (Accelerate / OpenBLAS) + Dispatch */
+    MOE_BACKEND_METAL = 2,      /* an Apple GPU */
+    MOE_BACKEND_SOFTMETAL = 3   /* the Metal backend on the software device (Linux) */
+} moe_backend;
+
+typedef enum moe_scoring {
+    MOE_SCORING_SOFTMAX = 0,
+    MOE_SCORING_SIGMOID = 1
+} moe_scoring;
+
+typedef enum moe_activation {
+    MOE_ACTIVATION_SILU = 0,        /* silu(g) * u (SwiGLU) */
+    MOE_ACTIVATION_GELU_TANH = 1,   /* gelu_tanh(g) * u (GeGLU) */
+    MOE_ACTIVATION_SWIGLU_OAI = 2   /* gpt-oss: clamped, alpha-scaled, (u + 1) */
+} moe_activation;
+
+/* Everything that defines a layer. Fill it with moe_layer_desc_init() (which sets
+ * struct_size and the defaults), then set what you need. The library reads only the
+ * first struct_size bytes, so a caller built against an older, shorter header keeps
+ * working when fields are appended. Weights are copied at creation: the caller may free
+ * its arrays as soon as moe_layer_create returns. Optional arrays are NULL when absent.
+ * Shapes: H = hidden_size, I = intermediate_size, E = num_experts, Is = shared size. */
+typedef struct moe_layer_desc {
+    uint32_t struct_size;             /* sizeof(moe_layer_desc) of the caller's header */
+    int32_t backend;                  /* moe_backend */
+
+    int64_t hidden_size;              /* H */
+    int64_t intermediate_size;        /* I */
+    int64_t num_experts;              /* E */
+    int64_t top_k;                    /* k, 1 <= k <= E */
+
+    /* router */
+    int32_t scoring;                  /* moe_scoring; default softmax */
+    int32_t norm_topk_prob;           /* renormalise the k weights; default 1 */
+    float routed_scaling_factor;      /* default 1 */
+    int32_t n_group;                  /* group-limited routing; default 1 (off) */
+    int32_t topk_group;               /* groups kept; default 1 */
+    const float* router_weight;       /* (E, H), required */
+    const float* router_bias;         /* (E) added to the logits */
+    const float* selection_bias;      /* (E) changes which experts win, not weights */
+    const float* per_expert_scale;    /* (E) multiplies the final weights */
+
+    /* experts: either gate_proj + up_proj, or gate_up_proj */
+    int32_t activation;               /* moe_activation; default silu */
+    float swiglu_alpha;               /* default 1.702 */
+    float swiglu_limit;               /* default 7.0 */
+    const float* gate_proj;           /* (E, I, H) */
+    const float* up_proj;             /* (E, I, H) */
+    const float* gate_up_proj;        /* (E, 2I, H): gate rows [0, I), up rows [I, 2I) */
+    const float* down_proj;           /* (E, H, I), required */
+    const float* gate_up_bias;        /* (E, 2I) */
+    const float* down_bias;           /* (E, H) */
+
+    /* shared expert: present when shared_intermediate_size > 0 */
+    int64_t shared_intermediate_size; /* Is */
+    const float* shared_gate_proj;    /* (Is, H) */
+    const float* shared_up_proj;      /* (Is, H) */
+    const float* shared_down_proj;    /* (H, Is) */
+    const float* shared_sigmoid_gate; /* (H): factor sigmoid(x . g); NULL: factor 1 */
+} moe_layer_desc;
+
+typedef struct moe_layer moe_layer;   /* opaque */
+
+/* MOE_SWIFT_ABI_VERSION of the loaded library. */
+uint32_t moe_abi_version(void);
+
+/* The message of the calling thread's last failure ("" if none). */
+const char* moe_last_error(void);
+
+/* 1 if the backend can be created in this process, else 0. */
+int32_t moe_backend_available(int32_t backend);
+
+/* Sets struct_size and every default; pointers NULL, sizes 0. */
+void moe_layer_desc_init(moe_layer_desc* desc);
+
+/* Validates desc, copies the weights and creates the layer in *out. */
+moe_status moe_layer_create(const moe_layer_desc* desc, moe_layer** out);
+
+/* y = moe(x) (+ residual). x, residual, y: (num_tokens, H); residual may be NULL and
+ * may alias y. num_tokens may be 0. Safe to call from several threads at once. */
+moe_status moe_layer_forward(moe_layer* layer, const float* x, int64_t num_tokens,
+                             const float* residual, float* y);
+
+/* The router alone: ids (num_tokens, k) int32, in descending selection score, and
+ * their final weights (num_tokens, k). */
+moe_status moe_layer_route(moe_layer* layer, const float* x, int64_t num_tokens,
+                           int32_t* ids, float* weights);
+
+/* The backend the layer runs on (a moe_backend other than AUTO), or -1 for a bad handle. */
+int32_t moe_layer_backend(const moe_layer* layer);
+
+/* Frees the layer. NULL is ignored. The handle must not be used afterwards. */
+void moe_layer_destroy(moe_layer* layer);
+
+/* CFFI-END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_SWIFT_H */

@@ -1,0 +1,8 @@
+/* Library-internal helpers implemented in C; not part of the public ABI. */
+#ifndef MOE_SWIFT_INTERNAL_H
+#define MOE_SWIFT_INTERNAL_H
+
+/* Stores message (copied, truncated to 1023 bytes) as the calling thread's last error. */
+void moe_internal_set_error(const char* message);
+
+#endif

@@ -1,0 +1,2 @@
+// OpenBLAS's CBLAS interface (Debian: libopenblas-dev, found through pkg-config).
+#include <cblas.h>

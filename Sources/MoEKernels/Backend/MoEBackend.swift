@@ -1,0 +1,33 @@
+/// A device that runs MoE layers. A backend is created once per layer with the layer's
+/// weights (which it copies into its own layout and memory) and then runs any number of
+/// forwards, from several threads at once.
+protocol MoEBackend: AnyObject, Sendable {
+    var kind: MoEBackendKind { get }
+
+    /// Starts one forward (or routing) pass over `tokens` rows of `input` (tokens, H).
+    /// `input` must stay valid until the pass finishes.
+    func makePass(input: UnsafePointer<Float>, tokens: Int) throws -> any MoEPass
+}
+
+/// One pass through the layer, as the stages of the spec. A backend may run each stage
+/// as it is called (CPU) or record it and run everything at `finish()` (Metal: one command
+/// buffer). The order is fixed: `route`, then for a forward `groupPairsByExpert`,
+/// `gateUp`, `down`, `combine`, and always `finish` last.
+protocol MoEPass: AnyObject {
+    /// Router logits, scores, top-k ids and weights, and the shared expert's gate factor.
+    func route()
+    /// Buckets the (token, slot) pairs by expert, once for both expert matmuls.
+    func groupPairsByExpert()
+    /// Gate and up projections of every selected expert (and the shared expert) with the
+    /// activation applied.
+    func gateUp()
+    /// Down projections, each pair's result multiplied by its routing weight.
+    func down()
+    /// `output[t] = sum_j pair(t, j) + factor(t) * shared(t) + residual[t]`, in that order.
+    /// `residual` may alias `output`.
+    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>)
+    /// Copies the routing decision out (tokens, k) each.
+    func readRouting(ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>)
+    /// Completes all recorded work; results are valid after it returns.
+    func finish() throws
+}

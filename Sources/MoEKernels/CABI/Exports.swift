@@ -1,0 +1,114 @@
+// The C ABI declared in Sources/CMoESwift/include/moe_swift.h. Every export catches every
+// error and reports it as a status plus a thread-local message: nothing a C or Python
+// caller passes may trap in here.
+import CMoESwift
+
+// MARK: Handles
+
+/// Live layers by handle. A handle is only dereferenced after it is found here, so a
+/// stale or forged handle gives an error instead of a crash, and destroying a layer while
+/// another thread runs it only frees the layer when that call has finished.
+private let liveLayers = Lock()
+nonisolated(unsafe) private var layersByHandle: [OpaquePointer: MoELayer] = [:]
+/// Handles are numbers that are never reused, not addresses: a stale handle cannot name a
+/// newer layer that happens to live at the same address.
+nonisolated(unsafe) private var lastHandle = 0
+
+private func layer(_ handle: OpaquePointer?) throws -> MoELayer {
+    guard let handle else { throw MoEError.invalidArgument("layer handle is NULL") }
+    guard let layer = liveLayers.withLock({ layersByHandle[handle] }) else {
+        throw MoEError.invalidArgument("layer handle \(handle) is not a live layer (destroyed, or never created)")
+    }
+    return layer
+}
+
+private func status(_ body: () throws -> Void) -> moe_status {
+    do {
+        try body()
+        return MOE_OK
+    } catch let error as MoEError {
+        moe_internal_set_error(error.description)
+        switch error {
+        case .invalidArgument: return MOE_ERROR_INVALID_ARGUMENT
+        case .unavailable: return MOE_ERROR_UNAVAILABLE
+        case .outOfMemory: return MOE_ERROR_OUT_OF_MEMORY
+        case .internalError: return MOE_ERROR_INTERNAL
+        }
+    } catch {
+        moe_internal_set_error("\(error)")
+        return MOE_ERROR_INTERNAL
+    }
+}
+
+// MARK: Exports
+
+@_cdecl("moe_abi_version")
+public func moe_abi_version() -> UInt32 { UInt32(MOE_SWIFT_ABI_VERSION) }
+
+@_cdecl("moe_backend_available")
+public func moe_backend_available(_ backend: Int32) -> Int32 {
+    guard let kind = MoEBackendKind(rawValue: backend) else { return 0 }
+    return kind == .auto || MoELayer.availableBackends.contains(kind) ? 1 : 0
+}
+
+@_cdecl("moe_layer_desc_init")
+public func moe_layer_desc_init(_ desc: UnsafeMutablePointer<moe_layer_desc>?) {
+    desc?.pointee = LayerDescriptor.defaults
+}
+
+@_cdecl("moe_layer_create")
+public func moe_layer_create(_ desc: UnsafePointer<moe_layer_desc>?,
+                             _ out: UnsafeMutablePointer<OpaquePointer?>?) -> moe_status {
+    status {
+        guard let out else { throw MoEError.invalidArgument("out (the moe_layer** to fill) is NULL") }
+        out.pointee = nil
+        guard let desc else { throw MoEError.invalidArgument("desc is NULL") }
+        let d = try LayerDescriptor.read(desc)
+        let made = try MoELayer(configuration: d.configuration, weights: try d.weights(),
+                                backend: d.backend)
+        let handle = liveLayers.withLock { () -> OpaquePointer in
+            lastHandle += 16
+            let handle = OpaquePointer(bitPattern: lastHandle)!
+            layersByHandle[handle] = made
+            return handle
+        }
+        out.pointee = handle
+    }
+}
+
+@_cdecl("moe_layer_forward")
+public func moe_layer_forward(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?, _ tokens: Int64,
+                              _ residual: UnsafePointer<Float>?, _ y: UnsafeMutablePointer<Float>?) -> moe_status {
+    status {
+        let layer = try layer(handle)
+        if tokens == 0 { return }
+        guard let x else { throw MoEError.invalidArgument("x is NULL") }
+        guard let y else { throw MoEError.invalidArgument("y is NULL") }
+        try layer.forward(x, tokens: Int(tokens), residual: residual, into: y)
+    }
+}
+
+@_cdecl("moe_layer_route")
+public func moe_layer_route(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?, _ tokens: Int64,
+                            _ ids: UnsafeMutablePointer<Int32>?, _ weights: UnsafeMutablePointer<Float>?) -> moe_status {
+    status {
+        let layer = try layer(handle)
+        if tokens == 0 { return }
+        guard let x else { throw MoEError.invalidArgument("x is NULL") }
+        guard let ids else { throw MoEError.invalidArgument("ids is NULL") }
+        guard let weights else { throw MoEError.invalidArgument("weights is NULL") }
+        try layer.route(x, tokens: Int(tokens), ids: ids, weights: weights)
+    }
+}
+
+@_cdecl("moe_layer_backend")
+public func moe_layer_backend(_ handle: OpaquePointer?) -> Int32 {
+    guard let handle, let layer = liveLayers.withLock({ layersByHandle[handle] }) else { return -1 }
+    return layer.backendKind.rawValue
+}
+
+@_cdecl("moe_layer_destroy")
+public func moe_layer_destroy(_ handle: OpaquePointer?) {
+    guard let handle else { return }
+    _ = liveLayers.withLock { layersByHandle.removeValue(forKey: handle) }
+}

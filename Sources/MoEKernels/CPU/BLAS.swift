@@ -1,0 +1,32 @@
+// The only file that names a BLAS: Accelerate on Apple platforms, OpenBLAS elsewhere.
+#if canImport(Accelerate)
+import Accelerate
+#else
+import COpenBLAS
+#endif
+
+enum BLAS {
+    /// The CPU backend parallelises over its own fixed work items with Dispatch, so BLAS
+    /// must run each call on the calling thread: nested BLAS threads would oversubscribe
+    /// the cores, and a thread-count-dependent split could change results.
+    static let configured: Void = {
+        #if !canImport(Accelerate)
+        openblas_set_num_threads(1)
+        #endif
+    }()
+
+    /// `c[m×n] = a[m×k] · b[n×k]ᵀ` (row-major, leading dimensions in elements).
+    @inline(__always)
+    static func gemmNT(m: Int, n: Int, k: Int,
+                       a: UnsafePointer<Float>, lda: Int,
+                       b: UnsafePointer<Float>, ldb: Int,
+                       c: UnsafeMutablePointer<Float>, ldc: Int) {
+        if m == 1 {
+            // A single row is a matrix-vector product; gemv streams `b` once.
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, Int32(n), Int32(k), 1, b, Int32(ldb), a, 1, 0, c, 1)
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Int32(m), Int32(n), Int32(k),
+                        1, a, Int32(lda), b, Int32(ldb), 0, c, Int32(ldc))
+        }
+    }
+}

@@ -1,0 +1,269 @@
+#if canImport(Darwin)
+import Darwin
+#else
+import Glibc
+#endif
+
+/// One forward on the CPU. Each stage runs when called, split into work items whose
+/// boundaries depend only on the shapes, so the result is the same on any number of cores.
+final class CPUPass: MoEPass {
+    /// Tokens per router work item.
+    static let routerChunk = 16
+    /// Output columns per down-projection work item.
+    static let downBlock = 256
+    /// Marks the shared expert in a work item.
+    static let sharedExpert = -1
+
+    private let backend: CPUBackend
+    private let arena: ScratchArena
+    private let x: UnsafePointer<Float>
+    private let tokens: Int
+    private let (h, e, k, inner): (Int, Int, Int, Int)
+
+    // Routing: (tokens, E) logits turned into scores in place; (tokens, k) ids and weights.
+    private let logits: UnsafeMutablePointer<Float>
+    private let routeScratch: UnsafeMutablePointer<Float>
+    private let ids: UnsafeMutablePointer<Int32>
+    private let weights: UnsafeMutablePointer<Float>
+    private let sharedFactor: UnsafeMutablePointer<Float>   // (tokens)
+
+    // Grouping: pair p = t * k + j; rows are the pairs sorted by expert (stable in p).
+    private let expertStart: UnsafeMutablePointer<Int>     // (E + 1) row offsets
+    private let rowPair: UnsafeMutablePointer<Int32>       // row -> pair
+    private let pairRow: UnsafeMutablePointer<Int32>       // pair -> row
+    private let gathered: UnsafeMutablePointer<Float>      // (rows, H) input row of each pair
+    private let gateUpOut: UnsafeMutablePointer<Float>     // (rows, 2I)
+    private let activated: UnsafeMutablePointer<Float>     // (rows, I)
+    private let downOut: UnsafeMutablePointer<Float>       // (rows, H), weighted
+
+    // Shared expert on all tokens.
+    private let sharedGateUp: UnsafeMutablePointer<Float>  // (tokens, 2Is)
+    private let sharedActivated: UnsafeMutablePointer<Float> // (tokens, Is)
+    private let sharedOut: UnsafeMutablePointer<Float>     // (tokens, H), gated
+
+    private var gateUpItems: [(expert: Int, block: Int)] = []
+    private var downItems: [(expert: Int, block: Int)] = []
+
+    init(backend: CPUBackend, input: UnsafePointer<Float>, tokens: Int) throws {
+        let c = backend.configuration
+        self.backend = backend
+        x = input
+        self.tokens = tokens
+        (h, e, k, inner) = (c.hiddenSize, c.numExperts, c.topK, c.intermediateSize)
+        let rows = tokens * k
+        let si = c.sharedIntermediateSize
+        let chunks = (tokens + Self.routerChunk - 1) / Self.routerChunk
+        let router = backend.tokenRouter
+        let f = MemoryLayout<Float>.stride
+        let bytes = ScratchArena.bytes(for: [
+            (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
+            (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
+            (rows * h, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
+            (tokens * 2 * si, f), (tokens * si, f), (tokens * h, f),
+        ])
+        arena = try backend.scratch.checkOut(bytes: bytes)
+        arena.reset()
+        logits = arena.take(Float.self, tokens * e)
+        routeScratch = arena.take(Float.self, chunks * router.scratchCount)
+        ids = arena.take(Int32.self, rows)
+        weights = arena.take(Float.self, rows)
+        sharedFactor = arena.take(Float.self, tokens)
+        expertStart = arena.take(Int.self, e + 1)
+        rowPair = arena.take(Int32.self, rows)
+        pairRow = arena.take(Int32.self, rows)
+        gathered = arena.take(Float.self, rows * h)
+        gateUpOut = arena.take(Float.self, rows * 2 * inner)
+        activated = arena.take(Float.self, rows * inner)
+        downOut = arena.take(Float.self, rows * h)
+        sharedGateUp = arena.take(Float.self, tokens * 2 * si)
+        sharedActivated = arena.take(Float.self, tokens * si)
+        sharedOut = arena.take(Float.self, tokens * h)
+    }
+
+    // The arena goes back to the pool only when the pass is released, after the caller
+    // has read the results (readRouting comes after finish).
+    deinit { backend.scratch.checkIn(arena) }
+
+    func route() {
+        let (x, h, e, k, tokens) = (self.x, self.h, self.e, self.k, self.tokens)
+        let (logits, ids, weights, sharedFactor) = (self.logits, self.ids, self.weights, self.sharedFactor)
+        let router = backend.tokenRouter
+        let routerWeight = UnsafePointer(backend.router.pointer)
+        let bias = backend.routerBias?.pointer
+        let gate = backend.sharedGate?.pointer
+        let chunk = Self.routerChunk
+        let scratchCount = router.scratchCount
+        let routeScratch = self.routeScratch
+        parallelFor((tokens + chunk - 1) / chunk) { c in
+            let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
+            BLAS.gemmNT(m: t1 - t0, n: e, k: h, a: x + t0 * h, lda: h, b: routerWeight, ldb: h,
+                        c: logits + t0 * e, ldc: e)
+            for t in t0..<t1 {
+                let row = logits + t * e
+                if let bias { for i in 0..<e { row[i] += bias[i] } }
+                router.route(logits: row, scratch: routeScratch + c * scratchCount,
+                             ids: ids + t * k, weights: weights + t * k)
+                if let gate {
+                    var dot: Float = 0
+                    for i in 0..<h { dot += x[t * h + i] * gate[i] }
+                    sharedFactor[t] = 1 / (1 + expf(-dot))
+                } else {
+                    sharedFactor[t] = 1
+                }
+            }
+        }
+    }
+
+    func groupPairsByExpert() {
+        let rows = tokens * k
+        for i in 0...e { expertStart[i] = 0 }
+        for p in 0..<rows { expertStart[Int(ids[p]) + 1] += 1 }
+        for i in 0..<e { expertStart[i + 1] += expertStart[i] }
+        // Counting sort, stable in the pair index; expertStart[i] is advanced past
+        // expert i's rows here and restored afterwards.
+        for p in 0..<rows {
+            let expert = Int(ids[p])
+            let row = expertStart[expert]
+            expertStart[expert] += 1
+            rowPair[row] = Int32(p)
+            pairRow[p] = Int32(row)
+        }
+        for i in stride(from: e, to: 0, by: -1) { expertStart[i] = expertStart[i - 1] }
+        expertStart[0] = 0
+
+        let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
+        let chunk = 64
+        parallelFor((rows + chunk - 1) / chunk) { c in
+            for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
+                let token = Int(rowPair[row]) / k
+                (gathered + row * h).update(from: x + token * h, count: h)
+            }
+        }
+
+        let blocks = backend.experts.blocksPerExpert
+        let downBlocks = (h + Self.downBlock - 1) / Self.downBlock
+        gateUpItems.removeAll(keepingCapacity: true)
+        downItems.removeAll(keepingCapacity: true)
+        for expert in 0..<e where expertStart[expert + 1] > expertStart[expert] {
+            for b in 0..<blocks { gateUpItems.append((expert, b)) }
+            for b in 0..<downBlocks { downItems.append((expert, b)) }
+        }
+        if let shared = backend.shared {
+            for b in 0..<shared.blocksPerExpert { gateUpItems.append((Self.sharedExpert, b)) }
+            for b in 0..<downBlocks { downItems.append((Self.sharedExpert, b)) }
+        }
+    }
+
+    func gateUp() {
+        let act = GatedActivation(kind: backend.configuration.activation,
+                                  alpha: backend.configuration.swigluAlpha,
+                                  limit: backend.configuration.swigluLimit)
+        let items = gateUpItems
+        parallelFor(items.count) { n in
+            let (expert, block) = items[n]
+            let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>,
+                activated: UnsafeMutablePointer<Float>, index: Int
+            if expert == Self.sharedExpert {
+                ffn = backend.shared!
+                (rows, input, out, activated, index) = (tokens, x, sharedGateUp, sharedActivated, 0)
+            } else {
+                ffn = backend.experts
+                let first = expertStart[expert]
+                rows = expertStart[expert + 1] - first
+                input = UnsafePointer(gathered + first * h)
+                out = gateUpOut + first * 2 * inner
+                activated = self.activated + first * inner
+                index = expert
+            }
+            let width = ffn.inner
+            let (c0, w) = ffn.blockColumns(block)
+            let (weights, bias) = ffn.gateUpBlock(expert: index, block: block)
+            BLAS.gemmNT(m: rows, n: 2 * w, k: h, a: input, lda: h, b: weights, ldb: h,
+                        c: out + 2 * c0, ldc: 2 * width)
+            for r in 0..<rows {
+                let gu = out + r * 2 * width + 2 * c0
+                let a = activated + r * width + c0
+                if let bias {
+                    for i in 0..<w { a[i] = act(gu[i] + bias[i], gu[w + i] + bias[w + i]) }
+                } else {
+                    for i in 0..<w { a[i] = act(gu[i], gu[w + i]) }
+                }
+            }
+        }
+    }
+
+    func down() {
+        let items = downItems
+        parallelFor(items.count) { n in
+            let (expert, block) = items[n]
+            let h0 = block * Self.downBlock, bh = Swift.min(Self.downBlock, h - h0)
+            let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>, index: Int
+            if expert == Self.sharedExpert {
+                ffn = backend.shared!
+                (rows, input, out, index) = (tokens, UnsafePointer(sharedActivated), sharedOut, 0)
+            } else {
+                ffn = backend.experts
+                let first = expertStart[expert]
+                rows = expertStart[expert + 1] - first
+                input = UnsafePointer(activated + first * inner)
+                out = downOut + first * h
+                index = expert
+            }
+            let width = ffn.inner
+            BLAS.gemmNT(m: rows, n: bh, k: width, a: input, lda: width,
+                        b: ffn.down.pointer + index * h * width + h0 * width, ldb: width,
+                        c: out + h0, ldc: h)
+            let bias = ffn.downBias.map { $0.pointer + index * h + h0 }
+            let first = expert == Self.sharedExpert ? 0 : expertStart[expert]
+            for r in 0..<rows {
+                let y = out + r * h + h0
+                let scale = expert == Self.sharedExpert ? sharedFactor[r] : weights[Int(rowPair[first + r])]
+                if let bias {
+                    for i in 0..<bh { y[i] = (y[i] + bias[i]) * scale }
+                } else {
+                    for i in 0..<bh { y[i] *= scale }
+                }
+            }
+        }
+    }
+
+    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>) {
+        let (h, k, downOut, pairRow) = (self.h, self.k, self.downOut, self.pairRow)
+        let sharedOut: UnsafeMutablePointer<Float>? = backend.shared == nil ? nil : self.sharedOut
+        let chunk = 16, tokens = self.tokens
+        parallelFor((tokens + chunk - 1) / chunk) { c in
+            withUnsafeTemporaryAllocation(of: Float.self, capacity: Self.downBlock) { tmp in
+                let acc = tmp.baseAddress!
+                for t in c * chunk..<Swift.min(tokens, (c + 1) * chunk) {
+                    for h0 in stride(from: 0, to: h, by: Self.downBlock) {
+                        let n = Swift.min(Self.downBlock, h - h0)
+                        // Fixed order: slots 0..k-1, shared expert, residual. The residual is
+                        // read before the output block is written, so they may alias.
+                        acc.update(from: downOut + Int(pairRow[t * k]) * h + h0, count: n)
+                        for j in 1..<k {
+                            let y = downOut + Int(pairRow[t * k + j]) * h + h0
+                            for i in 0..<n { acc[i] += y[i] }
+                        }
+                        if let sharedOut {
+                            let s = sharedOut + t * h + h0
+                            for i in 0..<n { acc[i] += s[i] }
+                        }
+                        if let residual {
+                            let r = residual + t * h + h0
+                            for i in 0..<n { acc[i] += r[i] }
+                        }
+                        (output + t * h + h0).update(from: acc, count: n)
+                    }
+                }
+            }
+        }
+    }
+
+    func readRouting(ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) {
+        ids.update(from: self.ids, count: tokens * k)
+        weights.update(from: self.weights, count: tokens * k)
+    }
+
+    /// Every stage has already run when it was called.
+    func finish() throws {}
+}

@@ -1,0 +1,106 @@
+/// One Mixture-of-Experts feed-forward layer: router, top-k, expert FFNs, weighted combine,
+/// shared expert and residual, in one call (notes/moe-layer-spec.md).
+///
+/// The weights are copied at creation; `forward` and `route` may be called from several
+/// threads at once and give the same results as sequential calls.
+public final class MoELayer: @unchecked Sendable {
+    public let configuration: MoEConfiguration
+    let backend: any MoEBackend
+
+    /// The backend this layer runs on (never `.auto`).
+    public var backendKind: MoEBackendKind { backend.kind }
+
+    public init(configuration: MoEConfiguration, weights: MoEWeights,
+                backend requested: MoEBackendKind = .auto) throws {
+        try configuration.validate()
+        try weights.validate(for: configuration)
+        self.configuration = configuration
+        self.backend = try BackendRegistry.make(requested, configuration: configuration, weights: weights)
+    }
+
+    /// The backends that can be created in this process, best first.
+    public static var availableBackends: [MoEBackendKind] { BackendRegistry.available }
+
+    // MARK: Pointer API (what the C ABI calls)
+
+    /// `output = moe(input) (+ residual)` for `tokens` rows of `hiddenSize` floats.
+    /// `residual` may alias `output`.
+    public func forward(_ input: UnsafePointer<Float>, tokens: Int, residual: UnsafePointer<Float>? = nil,
+                        into output: UnsafeMutablePointer<Float>) throws {
+        try checkTokens(tokens)
+        if tokens == 0 { return }
+        let pass = try backend.makePass(input: input, tokens: tokens)
+        pass.route()
+        pass.groupPairsByExpert()
+        pass.gateUp()
+        pass.down()
+        pass.combine(residual: residual, output: output)
+        try pass.finish()
+    }
+
+    /// The router alone: `ids` and `weights` receive (tokens, topK) values each.
+    public func route(_ input: UnsafePointer<Float>, tokens: Int,
+                      ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) throws {
+        try checkTokens(tokens)
+        if tokens == 0 { return }
+        let pass = try backend.makePass(input: input, tokens: tokens)
+        pass.route()
+        try pass.finish()
+        pass.readRouting(ids: ids, weights: weights)
+    }
+
+    // MARK: Array API
+
+    /// `moe(input) (+ residual)`; `input` holds whole rows of `hiddenSize` floats.
+    public func forward(_ input: [Float], residual: [Float]? = nil) throws -> [Float] {
+        let tokens = try rows(in: input, name: "x")
+        if let residual, residual.count != input.count {
+            throw MoEError.invalidArgument("residual must have \(input.count) elements like x, got \(residual.count)")
+        }
+        var output = [Float](repeating: 0, count: input.count)
+        try input.withUnsafeBufferPointer { x in
+            try output.withUnsafeMutableBufferPointer { y in
+                if let residual {
+                    try residual.withUnsafeBufferPointer { r in
+                        try forward(x.baseAddress!, tokens: tokens, residual: r.baseAddress!, into: y.baseAddress!)
+                    }
+                } else {
+                    try forward(x.baseAddress!, tokens: tokens, into: y.baseAddress!)
+                }
+            }
+        }
+        return output
+    }
+
+    /// The router alone: (tokens, topK) expert ids in selection order and their weights.
+    public func route(_ input: [Float]) throws -> (ids: [Int32], weights: [Float]) {
+        let tokens = try rows(in: input, name: "x")
+        let k = configuration.topK
+        var ids = [Int32](repeating: 0, count: tokens * k)
+        var weights = [Float](repeating: 0, count: tokens * k)
+        try input.withUnsafeBufferPointer { x in
+            try ids.withUnsafeMutableBufferPointer { i in
+                try weights.withUnsafeMutableBufferPointer { w in
+                    try route(x.baseAddress!, tokens: tokens, ids: i.baseAddress!, weights: w.baseAddress!)
+                }
+            }
+        }
+        return (ids, weights)
+    }
+
+    private func rows(in input: [Float], name: String) throws -> Int {
+        let h = configuration.hiddenSize
+        guard input.count % h == 0 else {
+            throw MoEError.invalidArgument("\(name) must hold whole rows of hidden_size = \(h) floats, got \(input.count)")
+        }
+        return input.count / h
+    }
+
+    private func checkTokens(_ tokens: Int) throws {
+        // Pair indices are 32-bit in every backend.
+        let limit = Int(Int32.max) / (configuration.topK * 2)
+        guard tokens >= 0 && tokens <= limit else {
+            throw MoEError.invalidArgument("num_tokens must be in 0...\(limit), got \(tokens)")
+        }
+    }
+}

@@ -1,0 +1,120 @@
+/// A float array handed to a layer: owned (`[Float]`) or borrowed (memory the caller keeps
+/// alive until the layer's initializer returns, e.g. a memory-mapped checkpoint).
+/// Layers copy what they need at creation and never keep a reference.
+public enum WeightData {
+    case array([Float])
+    case borrowed(UnsafeBufferPointer<Float>)
+
+    public init(_ array: [Float]) { self = .array(array) }
+
+    public var count: Int {
+        switch self {
+        case .array(let a): return a.count
+        case .borrowed(let b): return b.count
+        }
+    }
+
+    /// Calls `body` with the elements; the pointer is valid only inside `body`.
+    public func withUnsafeBufferPointer<R>(_ body: (UnsafeBufferPointer<Float>) throws -> R) rethrows -> R {
+        switch self {
+        case .array(let a): return try a.withUnsafeBufferPointer(body)
+        case .borrowed(let b): return try body(b)
+        }
+    }
+}
+
+/// The dense FFN applied to every token beside the routed experts.
+public struct SharedExpertWeights {
+    public var gateProj: WeightData     // (Is, H)
+    public var upProj: WeightData       // (Is, H)
+    public var downProj: WeightData     // (H, Is)
+    /// (H): the expert's output is scaled by `sigmoid(x · sigmoidGate)` (Qwen2-MoE).
+    public var sigmoidGate: WeightData?
+
+    public init(gateProj: WeightData, upProj: WeightData, downProj: WeightData,
+                sigmoidGate: WeightData? = nil) {
+        self.gateProj = gateProj
+        self.upProj = upProj
+        self.downProj = downProj
+        self.sigmoidGate = sigmoidGate
+    }
+}
+
+/// Gate and up projections of the routed experts, separate or fused as in the checkpoint.
+public enum GateUpWeights {
+    /// `gate_proj (E, I, H)` and `up_proj (E, I, H)`.
+    case separate(gate: WeightData, up: WeightData)
+    /// `gate_up_proj (E, 2I, H)`: gate rows `[0, I)`, then up rows `[I, 2I)`.
+    case fused(WeightData)
+}
+
+/// Every weight of one MoE layer, in the out-by-in layout of Hugging Face and MLX.
+public struct MoEWeights {
+    public var router: WeightData                 // (E, H)
+    public var routerBias: WeightData?            // (E)
+    public var selectionBias: WeightData?         // (E)
+    public var perExpertScale: WeightData?        // (E)
+    public var gateUp: GateUpWeights
+    public var downProj: WeightData               // (E, H, I)
+    public var gateUpBias: WeightData?            // (E, 2I)
+    public var downBias: WeightData?              // (E, H)
+    public var shared: SharedExpertWeights?
+
+    public init(router: WeightData, gateUp: GateUpWeights, downProj: WeightData,
+                routerBias: WeightData? = nil, selectionBias: WeightData? = nil,
+                perExpertScale: WeightData? = nil, gateUpBias: WeightData? = nil,
+                downBias: WeightData? = nil, shared: SharedExpertWeights? = nil) {
+        self.router = router
+        self.routerBias = routerBias
+        self.selectionBias = selectionBias
+        self.perExpertScale = perExpertScale
+        self.gateUp = gateUp
+        self.downProj = downProj
+        self.gateUpBias = gateUpBias
+        self.downBias = downBias
+        self.shared = shared
+    }
+
+    /// Throws `MoEError.invalidArgument` naming the first array whose size does not fit
+    /// `configuration`, or a shared expert that is present in one and absent in the other.
+    public func validate(for c: MoEConfiguration) throws {
+        let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        func check(_ name: String, _ data: WeightData?, _ shape: [Int]) throws {
+            guard let data else { return }
+            let expected = shape.reduce(1, *)
+            if data.count != expected {
+                let dims = shape.map(String.init).joined(separator: ", ")
+                throw MoEError.invalidArgument(
+                    "\(name) must have \(expected) elements (shape (\(dims))), got \(data.count)")
+            }
+        }
+        try check("router_weight", router, [e, h])
+        try check("router_bias", routerBias, [e])
+        try check("selection_bias", selectionBias, [e])
+        try check("per_expert_scale", perExpertScale, [e])
+        switch gateUp {
+        case .separate(let gate, let up):
+            try check("gate_proj", gate, [e, i, h])
+            try check("up_proj", up, [e, i, h])
+        case .fused(let gateUp):
+            try check("gate_up_proj", gateUp, [e, 2 * i, h])
+        }
+        try check("down_proj", downProj, [e, h, i])
+        try check("gate_up_bias", gateUpBias, [e, 2 * i])
+        try check("down_bias", downBias, [e, h])
+        switch (shared, c.hasSharedExpert) {
+        case (nil, false):
+            break
+        case (let s?, true):
+            let si = c.sharedIntermediateSize
+            try check("shared_expert.gate_proj", s.gateProj, [si, h])
+            try check("shared_expert.up_proj", s.upProj, [si, h])
+            try check("shared_expert.down_proj", s.downProj, [h, si])
+            try check("shared_expert.sigmoid_gate", s.sigmoidGate, [h])
+        case (nil, true):
+            throw MoEError.invalidArgument("shared_intermediate_size > 0 but no shared expert weights were given")
+        case (_?, false):
+            throw MoEError.invalidArgument("shared expert weights were given but shared_intermediate_size is 0")
+        }
+    }
+}
