@@ -1,0 +1,24 @@
+"""moe_swift: a whole Mixture-of-Experts feed-forward layer in one native call.
+
+    layer = moe_swift.MoELayer(router_weight, gate_proj, up_proj, down_proj, top_k=8)
+    y = layer(x)                     # (..., H) -> (..., H) float32
+    ids, weights = layer.route(x)    # (T, k) int32, (T, k) float32
+
+`moe_swift.reference.moe_forward` is the NumPy float64 oracle of the same computation.
+"""
+
+from . import reference
+from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
+from .layer import MoELayer, available_backends
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MoELayer",
+    "available_backends",
+    "reference",
+    "MoEError",
+    "BackendUnavailableError",
+    "LibraryNotFoundError",
+    "__version__",
+]

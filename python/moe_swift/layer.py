@@ -1,0 +1,284 @@
+"""MoELayer: the whole MoE layer of notes/moe-layer-spec.md in one native call."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import _native
+
+BACKENDS = {"auto": 0, "cpu": 1, "metal": 2, "softmetal": 3}
+_BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
+SCORINGS = {"softmax": 0, "sigmoid": 1}
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
+_SHARED_KEYS = {"gate_proj", "up_proj", "down_proj", "sigmoid_gate"}
+
+
+def available_backends() -> list[str]:
+    """Backends that can run in this process, best first (what "auto" picks is first)."""
+    _, lib, _ = _native.load()
+    return [name for name in ("metal", "cpu", "softmetal") if lib.moe_backend_available(BACKENDS[name])]
+
+
+# --- argument checking --------------------------------------------------------------
+
+
+def _array(name, value, shape=None):
+    """`value` as a C-contiguous float32 array; TypeError for non-real data, ValueError
+    naming `name` and the expected shape (None entries: any size) for a wrong shape."""
+    try:
+        a = np.asarray(value)
+    except Exception as exc:  # e.g. ragged nested lists
+        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {a.dtype}")
+    if shape is not None:
+        ok = a.ndim == len(shape) and all(s is None or s == n for s, n in zip(shape, a.shape))
+        if not ok:
+            want = ", ".join("?" if s is None else str(s) for s in shape)
+            raise ValueError(f"{name} must have shape ({want}), got {a.shape}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _integer(name, value, minimum=None):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _real(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _choice(name, value, options):
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
+    return options[value]
+
+
+class MoELayer:
+    """One MoE feed-forward layer with its weights copied into native memory.
+
+    Weights use the Hugging Face / MLX out-by-in layout: router_weight (E, H),
+    gate_proj and up_proj (E, I, H) or gate_up_proj (E, 2I, H), down_proj (E, H, I).
+    Calls are safe from several threads at once and release the GIL.
+    """
+
+    def __init__(
+        self,
+        router_weight,
+        gate_proj=None,
+        up_proj=None,
+        down_proj=None,
+        *,
+        top_k,
+        gate_up_proj=None,
+        backend="auto",
+        scoring="softmax",
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        router_bias=None,
+        selection_bias=None,
+        n_group=1,
+        topk_group=1,
+        per_expert_scale=None,
+        activation="silu",
+        swiglu_alpha=1.702,
+        swiglu_limit=7.0,
+        gate_up_bias=None,
+        gate_bias=None,
+        up_bias=None,
+        down_bias=None,
+        shared_expert=None,
+    ):
+        self._handle = None
+        self._closed = True
+        ffi, lib, _ = _native.load()
+
+        router = _array("router_weight", router_weight, (None, None))
+        E, H = router.shape
+        if gate_up_proj is not None:
+            if gate_proj is not None or up_proj is not None:
+                raise ValueError("give either gate_proj and up_proj, or gate_up_proj, not both")
+            gate_up = _array("gate_up_proj", gate_up_proj, (E, None, H))
+            if gate_up.shape[1] % 2:
+                raise ValueError(f"gate_up_proj must have shape (E, 2*I, H) with an even middle size, got {gate_up.shape}")
+            I = gate_up.shape[1] // 2
+            gate = up = None
+        else:
+            if gate_proj is None or up_proj is None:
+                raise ValueError("gate_proj and up_proj (E, I, H) are required unless gate_up_proj is given")
+            gate = _array("gate_proj", gate_proj, (E, None, H))
+            I = gate.shape[1]
+            up = _array("up_proj", up_proj, (E, I, H))
+            gate_up = None
+        if down_proj is None:
+            raise ValueError(f"down_proj ({E}, {H}, {I}) is required")
+        down = _array("down_proj", down_proj, (E, H, I))
+        if 0 in (E, H, I):
+            raise ValueError(f"sizes must be positive, got E={E}, H={H}, I={I}")
+
+        top_k = _integer("top_k", top_k, 1)
+        if top_k > E:
+            raise ValueError(f"top_k must be at most the number of experts ({E}), got {top_k}")
+        n_group = _integer("n_group", n_group, 1)
+        topk_group = _integer("topk_group", topk_group, 1)
+        if E % n_group:
+            raise ValueError(f"n_group ({n_group}) must divide the number of experts ({E})")
+        if topk_group > n_group:
+            raise ValueError(f"topk_group must be at most n_group ({n_group}), got {topk_group}")
+        if n_group > 1 and topk_group * (E // n_group) < top_k:
+            raise ValueError(f"topk_group={topk_group} groups of {E // n_group} experts cannot hold top_k={top_k}")
+
+        if gate_bias is not None or up_bias is not None:
+            if gate_up_bias is not None or gate_bias is None or up_bias is None:
+                raise ValueError("give either gate_bias and up_bias (E, I), or gate_up_bias (E, 2I)")
+            gate_up_bias = np.concatenate(
+                [_array("gate_bias", gate_bias, (E, I)), _array("up_bias", up_bias, (E, I))], axis=1)
+
+        # Keep every array alive until moe_layer_create has copied it.
+        keep = []
+
+        def ptr(array):
+            if array is None:
+                return ffi.NULL
+            keep.append(array)
+            return ffi.cast("const float *", array.ctypes.data)
+
+        def opt(name, value, shape):
+            return ptr(None if value is None else _array(name, value, shape))
+
+        desc = ffi.new("moe_layer_desc *")
+        lib.moe_layer_desc_init(desc)
+        desc.backend = _choice("backend", backend, BACKENDS)
+        desc.hidden_size, desc.intermediate_size, desc.num_experts, desc.top_k = H, I, E, top_k
+        desc.scoring = _choice("scoring", scoring, SCORINGS)
+        desc.norm_topk_prob = 1 if norm_topk_prob else 0
+        desc.routed_scaling_factor = _real("routed_scaling_factor", routed_scaling_factor)
+        desc.n_group, desc.topk_group = n_group, topk_group
+        desc.router_weight = ptr(router)
+        desc.router_bias = opt("router_bias", router_bias, (E,))
+        desc.selection_bias = opt("selection_bias", selection_bias, (E,))
+        desc.per_expert_scale = opt("per_expert_scale", per_expert_scale, (E,))
+        desc.activation = _choice("activation", activation, ACTIVATIONS)
+        desc.swiglu_alpha = _real("swiglu_alpha", swiglu_alpha)
+        desc.swiglu_limit = _real("swiglu_limit", swiglu_limit)
+        desc.gate_proj, desc.up_proj, desc.gate_up_proj = ptr(gate), ptr(up), ptr(gate_up)
+        desc.down_proj = ptr(down)
+        desc.gate_up_bias = opt("gate_up_bias", gate_up_bias, (E, 2 * I))
+        desc.down_bias = opt("down_bias", down_bias, (E, H))
+
+        shared_size = 0
+        if shared_expert is not None:
+            if not isinstance(shared_expert, Mapping):
+                raise TypeError("shared_expert must be a mapping with gate_proj, up_proj, down_proj "
+                                f"and optional sigmoid_gate, got {type(shared_expert).__name__}")
+            unknown = set(shared_expert) - _SHARED_KEYS
+            missing = {"gate_proj", "up_proj", "down_proj"} - set(shared_expert)
+            if unknown or missing:
+                raise ValueError(f"shared_expert has unknown keys {sorted(unknown)} / lacks {sorted(missing)}; "
+                                 f"expected {sorted(_SHARED_KEYS)}")
+            s_gate = _array("shared_expert['gate_proj']", shared_expert["gate_proj"], (None, H))
+            shared_size = s_gate.shape[0]
+            if shared_size == 0:
+                raise ValueError("shared_expert['gate_proj'] must have at least one row")
+            desc.shared_gate_proj = ptr(s_gate)
+            desc.shared_up_proj = opt("shared_expert['up_proj']", shared_expert["up_proj"], (shared_size, H))
+            desc.shared_down_proj = opt("shared_expert['down_proj']", shared_expert["down_proj"], (H, shared_size))
+            desc.shared_sigmoid_gate = opt("shared_expert['sigmoid_gate']", shared_expert.get("sigmoid_gate"), (H,))
+        desc.shared_intermediate_size = shared_size
+
+        out = ffi.new("moe_layer **")
+        _native.check(lib.moe_layer_create(desc, out))
+        del keep
+        self._ffi, self._lib, self._handle = ffi, lib, out[0]
+        self._closed = False
+        self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
+        self.shared_intermediate_size = shared_size
+        self.backend = _BACKEND_NAMES[lib.moe_layer_backend(self._handle)]
+
+    # --- calls --------------------------------------------------------------------
+
+    def _input(self, x):
+        x = _array("x", x)
+        if x.ndim < 1 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must have shape (..., {self.hidden_size}), got {x.shape}")
+        return x
+
+    def _live_handle(self):
+        if self._closed:
+            raise ValueError("this MoELayer is closed")
+        return self._handle
+
+    def _check(self, status):
+        if status != _native.OK and self._closed:
+            raise ValueError("this MoELayer is closed")  # closed by another thread mid-call
+        _native.check(status)
+
+    def __call__(self, x, residual=None):
+        """y = moe(x) (+ residual): x (..., H) -> y (..., H) float32."""
+        x = self._input(x)
+        T = x.size // self.hidden_size
+        y = np.empty(x.shape, dtype=np.float32)
+        r = self._ffi.NULL
+        if residual is not None:
+            residual = _array("residual", residual)
+            if residual.shape != x.shape:
+                raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
+            r = self._ffi.cast("const float *", residual.ctypes.data)
+        handle = self._live_handle()
+        self._check(self._lib.moe_layer_forward(
+            handle, self._ffi.cast("const float *", x.ctypes.data), T, r,
+            self._ffi.cast("float *", y.ctypes.data)))
+        return y
+
+    forward = __call__
+
+    def route(self, x):
+        """The router alone: ids (T, k) int32 in selection order and weights (T, k) float32."""
+        x = self._input(x)
+        T = x.size // self.hidden_size
+        ids = np.empty((T, self.top_k), dtype=np.int32)
+        weights = np.empty((T, self.top_k), dtype=np.float32)
+        handle = self._live_handle()
+        self._check(self._lib.moe_layer_route(
+            handle, self._ffi.cast("const float *", x.ctypes.data), T,
+            self._ffi.cast("int32_t *", ids.ctypes.data), self._ffi.cast("float *", weights.ctypes.data)))
+        return ids, weights
+
+    # --- lifetime -----------------------------------------------------------------
+
+    def close(self):
+        """Frees the native layer; further calls raise ValueError. Calls already running
+        on other threads finish first (the library keeps the layer alive for them)."""
+        if not self._closed:
+            self._closed = True
+            self._lib.moe_layer_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if self._closed else self.backend
+        return (f"MoELayer(H={self.hidden_size}, I={self.intermediate_size}, E={self.num_experts}, "
+                f"top_k={self.top_k}, shared={self.shared_intermediate_size}, {state})")

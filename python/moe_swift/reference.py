@@ -1,0 +1,216 @@
+"""The MoE layer of notes/moe-layer-spec.md in NumPy float64, step by step.
+
+This is the oracle every backend is tested against: it favours following the spec
+line by line over speed. Array layouts are the Hugging Face / MLX ones (out-by-in).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["moe_forward", "route", "expert_ffn", "ACTIVATIONS"]
+
+
+def _f64(a):
+    return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+# --- Router -----------------------------------------------------------------------
+
+
+def _order(values, allowed):
+    """Indices of `allowed` entries by descending value; NaN last; ties: lower index first."""
+    keys = np.where(np.isnan(values), -np.inf, values)
+    nan_last = np.isnan(values).astype(np.int64)
+    idx = np.arange(values.shape[0])
+    order = np.lexsort((idx, -keys, nan_last))  # last key is primary
+    return [i for i in order if allowed[i]]
+
+
+def route(
+    x,
+    router_weight,
+    *,
+    top_k,
+    scoring="softmax",
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+    router_bias=None,
+    selection_bias=None,
+    n_group=1,
+    topk_group=1,
+    per_expert_scale=None,
+    ids=None,
+):
+    """Router of the spec. Returns ids (T, k) int64 and weights (T, k) float64.
+
+    With `ids` given, the selection steps are skipped and the weights of those ids are
+    computed (to compare backends on data with near-ties)."""
+    x = _f64(x)
+    wr = _f64(router_weight)
+    E = wr.shape[0]
+    x2 = x.reshape(-1, x.shape[-1])
+    T = x2.shape[0]
+
+    # 1. logits = x @ Wr.T (+ br)
+    logits = x2 @ wr.T
+    if router_bias is not None:
+        logits = logits + _f64(router_bias)
+
+    # 2. scores: softmax over the E experts, or sigmoid
+    if scoring == "softmax":
+        z = logits - logits.max(axis=-1, keepdims=True)
+        s = np.exp(z)
+        s = s / s.sum(axis=-1, keepdims=True)
+    elif scoring == "sigmoid":
+        s = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+
+    # 3. selection scores c = s (+ selection_bias): they choose, they never weigh
+    c = s if selection_bias is None else s + _f64(selection_bias)
+
+    if ids is None:
+        ids = np.empty((T, top_k), dtype=np.int64)
+        for t in range(T):
+            allowed = np.ones(E, dtype=bool)
+            # 4. group-limited routing: a group's score is the sum of its two largest c
+            if n_group > 1:
+                size = E // n_group
+                group_score = np.empty(n_group)
+                for g in range(n_group):
+                    members = c[t, g * size : (g + 1) * size]
+                    best = _order(members, np.ones(size, dtype=bool))
+                    group_score[g] = members[best[0]] + (members[best[1]] if size > 1 else 0.0)
+                kept = _order(group_score, np.ones(n_group, dtype=bool))[:topk_group]
+                allowed[:] = False
+                for g in kept:
+                    allowed[g * size : (g + 1) * size] = True
+            # 5. top-k: the k largest allowed c, descending, lower index first on ties
+            ids[t] = _order(c[t], allowed)[:top_k]
+    else:
+        ids = np.asarray(ids, dtype=np.int64).reshape(T, top_k)
+
+    # 6. weights: unbiased scores, renormalised, scaled, per-expert scaled
+    w = np.take_along_axis(s, ids, axis=-1)
+    if norm_topk_prob:
+        w = w / (w.sum(axis=-1, keepdims=True) + 1e-20)
+    w = w * routed_scaling_factor
+    if per_expert_scale is not None:
+        w = w * _f64(per_expert_scale)[ids]
+    return ids, w
+
+
+# --- One expert -------------------------------------------------------------------
+
+
+def _silu(g, u, **_):
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def _gelu_tanh(g, u, **_):
+    return 0.5 * g * (1.0 + np.tanh(0.7978845608 * (g + 0.044715 * g**3))) * u
+
+
+def _swiglu_oai(g, u, *, alpha, limit):
+    g = np.minimum(g, limit)
+    u = np.clip(u, -limit, limit)
+    return g * (1.0 / (1.0 + np.exp(-alpha * g))) * (u + 1.0)
+
+
+ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai}
+
+
+def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation="silu", alpha=1.702, limit=7.0):
+    """g = Wg x (+ bg), u = Wu x (+ bu), a = act(g, u), y = Wd a (+ bd); x is (..., H)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    g = x @ wg.T + (0.0 if bg is None else bg)
+    u = x @ wu.T + (0.0 if bu is None else bu)
+    a = ACTIVATIONS[activation](g, u, alpha=alpha, limit=limit)
+    return a @ wd.T + (0.0 if bd is None else bd)
+
+
+# --- The layer --------------------------------------------------------------------
+
+
+def moe_forward(
+    x,
+    router_weight,
+    gate_proj=None,
+    up_proj=None,
+    down_proj=None,
+    *,
+    top_k,
+    gate_up_proj=None,
+    scoring="softmax",
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+    router_bias=None,
+    selection_bias=None,
+    n_group=1,
+    topk_group=1,
+    per_expert_scale=None,
+    activation="silu",
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    gate_up_bias=None,
+    gate_bias=None,
+    up_bias=None,
+    down_bias=None,
+    shared_expert=None,
+    residual=None,
+    ids=None,
+):
+    """y = sum_j w_j expert_{id_j}(x) + f_s(x) shared(x) (+ residual), in float64.
+
+    x is (..., H); the result has x's shape. `ids` (T, k) forces the routing choice."""
+    x = _f64(x)
+    H = x.shape[-1]
+    x2 = x.reshape(-1, H)
+    T = x2.shape[0]
+
+    if gate_up_proj is not None:
+        gu = _f64(gate_up_proj)
+        I = gu.shape[1] // 2
+        wg, wu = gu[:, :I], gu[:, I:]
+    else:
+        wg, wu = _f64(gate_proj), _f64(up_proj)
+        I = wg.shape[1]
+    wd = _f64(down_proj)
+    if gate_up_bias is not None:
+        gate_bias, up_bias = _f64(gate_up_bias)[:, :I], _f64(gate_up_bias)[:, I:]
+    bg, bu, bd = _f64(gate_bias), _f64(up_bias), _f64(down_bias)
+
+    ids, w = route(
+        x2, router_weight, top_k=top_k, scoring=scoring, norm_topk_prob=norm_topk_prob,
+        routed_scaling_factor=routed_scaling_factor, router_bias=router_bias,
+        selection_bias=selection_bias, n_group=n_group, topk_group=topk_group,
+        per_expert_scale=per_expert_scale, ids=ids,
+    )
+    act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit)
+
+    y = np.zeros((T, H))
+    # the sum runs over slots in order j = 0..k-1 ...
+    for t in range(T):
+        for j in range(top_k):
+            e = ids[t, j]
+            y_e = expert_ffn(
+                x2[t], wg[e], wu[e], wd[e],
+                None if bg is None else bg[e], None if bu is None else bu[e],
+                None if bd is None else bd[e], **act,
+            )
+            y[t] += w[t, j] * y_e
+
+    # ... then the shared expert, with its sigmoid gate factor ...
+    if shared_expert is not None:
+        se = {k: _f64(v) for k, v in shared_expert.items()}
+        shared = expert_ffn(x2, se["gate_proj"], se["up_proj"], se["down_proj"], **act)
+        gate = se.get("sigmoid_gate")
+        factor = 1.0 if gate is None else 1.0 / (1.0 + np.exp(-(x2 @ gate)))[:, None]
+        y = y + factor * shared
+
+    # ... then the residual
+    if residual is not None:
+        y = y + _f64(residual).reshape(T, H)
+    return y.reshape(x.shape)
