@@ -1,0 +1,79 @@
+"""Hatchling build hook: compiles libMoESwift with SwiftPM and puts it in the wheel.
+
+`swift build -c release --product MoESwift` builds the shared library; it lands in
+python/moe_swift/_native/ together with the C header (which the Python side reads for its
+cffi declarations) and, on Linux, the Swift runtime libraries it links, so the installed
+package works on machines without a Swift toolchain. The library's RUNPATH is `$ORIGIN`
+only, so it finds that runtime beside itself wherever the package is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+LIBRARY = "libMoESwift.dylib" if sys.platform == "darwin" else "libMoESwift.so"
+
+
+def _needed(path: Path) -> list[str]:
+    """DT_NEEDED entries of an ELF shared object."""
+    out = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
+    return [line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def _swift_runtime_closure(library: Path, runtime_dir: Path) -> list[Path]:
+    """The toolchain's runtime libraries that `library` needs, directly or not."""
+    found: dict[str, Path] = {}
+    todo = [library]
+    while todo:
+        for name in _needed(todo.pop()):
+            candidate = runtime_dir / name
+            if name not in found and candidate.is_file():
+                found[name] = candidate
+                todo.append(candidate)
+    return sorted(found.values())
+
+
+class SwiftBuildHook(BuildHookInterface):
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict) -> None:
+        root = Path(self.root)
+        native = root / "python" / "moe_swift" / "_native"
+        swift = shutil.which("swift")
+        if swift is None:
+            raise RuntimeError(
+                "building moe-swift needs the Swift toolchain (`swift` on PATH, 6.0 or later): "
+                "https://www.swift.org/install/"
+            )
+        # A scratch path of its own: the flags differ from a plain `swift build`, and
+        # sharing .build would make the two rebuild each other.
+        scratch = root / ".build" / "python"
+        command = [swift, "build", "-c", "release", "--product", "MoESwift", "--scratch-path", str(scratch)]
+        if sys.platform.startswith("linux"):
+            command += ["-Xswiftc", "-no-toolchain-stdlib-rpath"]
+        self.app.display_info("moe-swift: " + " ".join(command))
+        subprocess.run(command, cwd=root, check=True)
+        bin_dir = Path(subprocess.run(command + ["--show-bin-path"], cwd=root, check=True,
+                                      capture_output=True, text=True).stdout.strip())
+
+        if native.exists():
+            shutil.rmtree(native)
+        native.mkdir(parents=True)
+        shutil.copy2(bin_dir / LIBRARY, native / LIBRARY)
+        shutil.copy2(root / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native / "moe_swift.h")
+        if sys.platform.startswith("linux"):
+            runtime_dir = Path(swift).resolve().parent.parent / "lib" / "swift" / "linux"
+            for lib in _swift_runtime_closure(native / LIBRARY, runtime_dir):
+                shutil.copy2(lib, native / lib.name)
+
+        # The library does not use Python's C API: one wheel per platform serves every Python 3.
+        build_data["pure_python"] = False
+        platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        build_data["tag"] = f"py3-none-{platform}"
