@@ -1,0 +1,81 @@
+"""The cffi declarations come from the C header; the library matches them; the wheel
+carries the Swift runtime it needs."""
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from moe_swift import _native
+
+
+def header_functions():
+    text = _native.cdef_source(_native.header_path().read_text())
+    return set(re.findall(r"\b(moe_\w+)\s*\(", text))
+
+
+def test_every_declared_function_is_exported():
+    ffi, lib, _ = _native.load()
+    names = header_functions()
+    assert {"moe_abi_version", "moe_layer_create", "moe_layer_forward", "moe_layer_route",
+            "moe_layer_destroy", "moe_last_error"} <= names
+    for name in names:
+        assert callable(getattr(lib, name)), name
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
+def test_no_export_is_missing_from_the_header():
+    _, _, path = _native.load()
+    flag = ["-gU"] if sys.platform == "darwin" else ["-D", "--defined-only"]
+    out = subprocess.run(["nm", *flag, str(path)], check=True, capture_output=True, text=True).stdout
+    exported = {m.lstrip("_") for m in re.findall(r"\bT (_?moe_\w+)", out)}
+    internal = {"moe_internal_set_error"}  # declared in moe_swift_internal.h
+    assert exported - internal == header_functions()
+
+
+def test_abi_version_and_status_codes():
+    ffi, lib, _ = _native.load()
+    assert lib.moe_abi_version() == _native.header_abi_version(_native.header_path().read_text())
+    desc = ffi.new("moe_layer_desc *")
+    lib.moe_layer_desc_init(desc)
+    assert desc.struct_size == ffi.sizeof("moe_layer_desc")
+    assert (desc.norm_topk_prob, desc.routed_scaling_factor, desc.n_group, desc.topk_group) == (1, 1.0, 1, 1)
+    assert desc.swiglu_limit == 7.0 and abs(desc.swiglu_alpha - 1.702) < 1e-6
+
+
+def test_older_callers_shorter_descriptor_is_accepted():
+    # A caller compiled against an older header passes a smaller struct_size: the fields
+    # it does not know get their defaults.
+    import numpy as np
+    ffi, lib, _ = _native.load()
+    desc = ffi.new("moe_layer_desc *")
+    lib.moe_layer_desc_init(desc)
+    E, H, I = 2, 4, 3
+    arrays = [np.ones(n, np.float32) for n in (E * H, E * I * H, E * I * H, E * H * I)]
+    desc.hidden_size, desc.intermediate_size, desc.num_experts, desc.top_k = H, I, E, 1
+    desc.router_weight, desc.gate_proj, desc.up_proj, desc.down_proj = [
+        ffi.cast("const float *", a.ctypes.data) for a in arrays]
+    out = ffi.new("moe_layer **")
+    desc.struct_size = 8
+    assert lib.moe_layer_create(desc, out) == _native.INVALID_ARGUMENT
+    assert b"struct_size" in ffi.string(lib.moe_last_error())
+    desc.struct_size = ffi.sizeof("moe_layer_desc")
+    assert lib.moe_layer_create(desc, out) == _native.OK
+    lib.moe_layer_destroy(out[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Swift runtime is part of macOS")
+def test_packaged_library_finds_its_swift_runtime_beside_it():
+    _, _, path = _native.load()
+    if path.parent != _native.NATIVE_DIR:
+        pytest.skip("MOE_SWIFT_LIBRARY points outside the package")
+    dyn = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
+    runpath = re.search(r"R(?:UN)?PATH.*\[(.*)\]", dyn).group(1)
+    assert runpath == "$ORIGIN"  # no toolchain path: works wherever the package is installed
+    needed = re.findall(r"\(NEEDED\).*\[(.*)\]", dyn)
+    swift_libs = [n for n in needed if n.startswith(("libswift", "libdispatch", "libBlocksRuntime"))]
+    assert "libswiftCore.so" in swift_libs
+    for name in swift_libs:
+        assert (path.parent / name).is_file(), f"{name} is not bundled"

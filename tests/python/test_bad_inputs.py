@@ -1,0 +1,148 @@
+"""Nothing a user passes may crash the interpreter: each mistake gets a clear exception."""
+
+import re
+
+import numpy as np
+import pytest
+
+import moe_swift
+from families import make_layer_args
+
+H, I, E, K = 16, 8, 4, 2
+
+
+@pytest.fixture
+def args():
+    return make_layer_args("mixtral", H=H, I=I, E=E, k=K, seed=0)
+
+
+def expect(exc, match, **changes):
+    def run(args):
+        a = dict(args)
+        for k, v in changes.items():
+            if v is DELETE:
+                a.pop(k, None)
+            else:
+                a[k] = v
+        with pytest.raises(exc, match=match):
+            moe_swift.MoELayer(**a)
+    return run
+
+
+DELETE = object()
+rng = np.random.default_rng(0)
+f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+
+CASES = {
+    "router 1-D": expect(ValueError, r"router_weight must have shape \(\?, \?\)", router_weight=f32(E * H)),
+    "gate wrong H": expect(ValueError, r"gate_proj must have shape \(4, \?, 16\)", gate_proj=f32(E, I, H + 1)),
+    "up wrong I": expect(ValueError, r"up_proj must have shape \(4, 8, 16\)", up_proj=f32(E, I + 1, H)),
+    "down wrong": expect(ValueError, r"down_proj must have shape \(4, 16, 8\)", down_proj=f32(E, I, H)),
+    "down missing": expect(ValueError, r"down_proj .* is required", down_proj=None),
+    "up missing": expect(ValueError, r"gate_proj and up_proj", up_proj=None),
+    "both gate forms": expect(ValueError, r"either gate_proj and up_proj, or gate_up_proj",
+                              gate_up_proj=f32(E, 2 * I, H)),
+    "odd gate_up": expect(ValueError, r"gate_up_proj must have shape", gate_proj=None, up_proj=None,
+                          gate_up_proj=f32(E, 2 * I + 1, H)),
+    "top_k 0": expect(ValueError, r"top_k must be >= 1", top_k=0),
+    "top_k -1": expect(ValueError, r"top_k must be >= 1", top_k=-1),
+    "top_k > E": expect(ValueError, r"top_k must be at most the number of experts \(4\)", top_k=5),
+    "top_k float": expect(TypeError, r"top_k must be an integer", top_k=2.0),
+    "top_k str": expect(TypeError, r"top_k must be an integer", top_k="2"),
+    "top_k bool": expect(TypeError, r"top_k must be an integer", top_k=True),
+    "groups not dividing": expect(ValueError, r"n_group \(3\) must divide", n_group=3),
+    "topk_group > n_group": expect(ValueError, r"topk_group must be at most n_group", n_group=2, topk_group=3),
+    "groups too small": expect(ValueError, r"cannot hold top_k", n_group=4, topk_group=1),
+    "n_group 0": expect(ValueError, r"n_group must be >= 1", n_group=0),
+    "scoring": expect(ValueError, r"scoring must be one of", scoring="relu"),
+    "activation": expect(ValueError, r"activation must be one of", activation="relu"),
+    "backend": expect(ValueError, r"backend must be one of", backend="cuda"),
+    "scale nan": expect(ValueError, r"routed_scaling_factor must be finite", routed_scaling_factor=float("nan")),
+    "scale str": expect(TypeError, r"routed_scaling_factor must be a real number", routed_scaling_factor="1"),
+    "router_bias shape": expect(ValueError, r"router_bias must have shape \(4\)", router_bias=f32(E + 1)),
+    "selection_bias shape": expect(ValueError, r"selection_bias must have shape \(4\)", selection_bias=f32(2, E)),
+    "per_expert_scale shape": expect(ValueError, r"per_expert_scale must have shape \(4\)", per_expert_scale=f32(3)),
+    "gate_up_bias shape": expect(ValueError, r"gate_up_bias must have shape \(4, 16\)", gate_up_bias=f32(E, I)),
+    "down_bias shape": expect(ValueError, r"down_bias must have shape \(4, 16\)", down_bias=f32(E, I)),
+    "gate_bias alone": expect(ValueError, r"gate_bias and up_bias", gate_bias=f32(E, I)),
+    "complex weights": expect(TypeError, r"router_weight must be an array of real numbers",
+                              router_weight=f32(E, H).astype(np.complex64)),
+    "string weights": expect(TypeError, r"gate_proj must be an array of real numbers", gate_proj="weights"),
+    "object weights": expect(TypeError, r"up_proj must be an array of real numbers",
+                             up_proj=np.array([None] * (E * I * H), dtype=object).reshape(E, I, H)),
+    "ragged": expect(TypeError, r"router_weight must be an array of real numbers", router_weight=[[1.0], [1.0, 2.0]]),
+    "empty H": expect(ValueError, r"must have shape|positive", router_weight=np.zeros((E, 0), np.float32)),
+    "shared not mapping": expect(TypeError, r"shared_expert must be a mapping", shared_expert=[1, 2]),
+    "shared missing key": expect(ValueError, r"lacks \['down_proj'\]",
+                                 shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H))),
+    "shared unknown key": expect(ValueError, r"unknown keys \['bias'\]",
+                                 shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H),
+                                                    down_proj=f32(H, 5), bias=f32(H))),
+    "shared down shape": expect(ValueError, r"shared_expert\['down_proj'\] must have shape \(16, 5\)",
+                                shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H), down_proj=f32(5, H))),
+    "shared gate shape": expect(ValueError, r"shared_expert\['sigmoid_gate'\] must have shape \(16\)",
+                                shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H), down_proj=f32(H, 5),
+                                                   sigmoid_gate=f32(5))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_layer_arguments(args, case):
+    CASES[case](args)
+
+
+def test_swiglu_limit_must_be_positive(args):
+    # Checked by the native library (its message comes through as ValueError).
+    with pytest.raises(ValueError, match="swiglu_limit must be finite and positive"):
+        moe_swift.MoELayer(**args, swiglu_limit=-1.0)
+
+
+def test_unavailable_backend(args):
+    for name in {"metal", "softmetal"} - set(moe_swift.available_backends()):
+        with pytest.raises(moe_swift.BackendUnavailableError, match=name):
+            moe_swift.MoELayer(**args, backend=name)
+
+
+def test_bad_call_arguments(args):
+    with moe_swift.MoELayer(**args) as layer:
+        with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 16\), got \(3, 15\)"):
+            layer(f32(3, H - 1))
+        with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 16\), got \(\)"):
+            layer(np.float32(1.0))
+        with pytest.raises(ValueError, match=r"residual must have x's shape \(3, 16\), got \(3, 1\)"):
+            layer(f32(3, H), residual=f32(3, 1))
+        with pytest.raises(TypeError, match="x must be an array of real numbers"):
+            layer(np.array(["a"] * H))
+        with pytest.raises(TypeError, match="residual must be an array of real numbers"):
+            layer(f32(1, H), residual=np.zeros((1, H), np.complex128))
+        with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 16\)"):
+            layer.route(f32(2, 3))
+        assert layer(f32(3, H)).shape == (3, H)  # still usable after errors
+
+
+def test_use_after_close(args):
+    layer = moe_swift.MoELayer(**args)
+    layer.close()
+    layer.close()  # idempotent
+    for call in (lambda: layer(f32(1, H)), lambda: layer.route(f32(1, H))):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    assert "closed" in repr(layer)
+
+
+def test_native_errors_have_messages():
+    # The C ABI directly, bypassing the facade's own checks: nothing crashes.
+    from moe_swift import _native
+    ffi, lib, _ = _native.load()
+    desc = ffi.new("moe_layer_desc *")
+    lib.moe_layer_desc_init(desc)
+    out = ffi.new("moe_layer **")
+    assert lib.moe_layer_create(desc, out) == _native.INVALID_ARGUMENT
+    assert re.search(r"hidden_size must be positive", ffi.string(lib.moe_last_error()).decode())
+    assert lib.moe_layer_create(ffi.NULL, out) == _native.INVALID_ARGUMENT
+    assert lib.moe_layer_create(desc, ffi.NULL) == _native.INVALID_ARGUMENT
+    forged = ffi.cast("moe_layer *", 0x1234)
+    assert lib.moe_layer_forward(forged, ffi.NULL, 1, ffi.NULL, ffi.NULL) == _native.INVALID_ARGUMENT
+    assert b"not a live layer" in ffi.string(lib.moe_last_error())
+    lib.moe_layer_destroy(forged)  # ignored
+    assert lib.moe_layer_backend(forged) == -1
