@@ -87,7 +87,10 @@ def _load():
     try:
         lib = ffi.dlopen(str(path))
     except OSError as exc:
-        raise LibraryNotFoundError(f"cannot load {path}: {exc}") from exc
+        hint = ""
+        if "openblas" in str(exc):
+            hint = " (OpenBLAS is missing: on Debian/Ubuntu, `apt-get install libopenblas0`)"
+        raise LibraryNotFoundError(f"cannot load {path}: {exc}{hint}") from exc
     expected = header_abi_version(text)
     if lib.moe_abi_version() != expected:
         raise LibraryNotFoundError(

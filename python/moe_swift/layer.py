@@ -39,7 +39,7 @@ def _array(name, value, shape=None):
         if not ok:
             want = ", ".join("?" if s is None else str(s) for s in shape)
             raise ValueError(f"{name} must have shape ({want}), got {a.shape}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.asarray(a, dtype=np.float32, order="C")
 
 
 def _integer(name, value, minimum=None):

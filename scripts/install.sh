@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what building moe-swift needs on a Debian/Ubuntu machine that has the Swift
+# toolchain and Python 3 (OpenBLAS from apt), then the Python package itself, editable,
+# which runs `swift build -c release` through its build hook.
+# Usage: scripts/install.sh [pip extras, e.g. test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(uname)" = "Linux" ] && ! pkg-config --exists openblas 2>/dev/null; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq libopenblas-dev pkg-config
+fi
+
+extras="${1:-}"
+python3 -m pip install -q -e ".${extras:+[$extras]}"
