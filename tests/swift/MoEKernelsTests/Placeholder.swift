@@ -1,3 +1,0 @@
-import XCTest
-@testable import MoEKernels
-final class PlaceholderTests: XCTestCase { func testNothing() {} }
