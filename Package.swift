@@ -23,11 +23,25 @@ let package = Package(
             pkgConfig: "openblas",
             providers: [.apt(["libopenblas-dev"])]
         ),
+        // SoftMetal: a software Metal device (Apple's Metal API names, MSL compiled to C++ and
+        // run on the CPU) so that the Metal backend runs on Linux. Empty on Apple platforms.
+        // CSoftMetal is its low-level C part: guarded memory, the SIGSEGV handler, fiber stacks,
+        // running the compiler.
+        .target(name: "CSoftMetal", path: "Sources/CSoftMetal"),
+        .target(
+            name: "SoftMetal",
+            dependencies: ["CSoftMetal"],
+            path: "Sources/SoftMetal",
+            exclude: ["README.md"],
+            // The stand-in for <metal_stdlib>, compiled into every kernel library.
+            resources: [.embedInCode("Runtime/softmetal_runtime.h")]
+        ),
         .target(
             name: "MoEKernels",
             dependencies: [
                 "CMoESwift",
                 .target(name: "COpenBLAS", condition: .when(platforms: [.linux])),
+                .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
             ],
             path: "Sources/MoEKernels",
             exclude: ["Metal"]
@@ -36,6 +50,11 @@ let package = Package(
             name: "MoEKernelsTests",
             dependencies: ["MoEKernels", "CMoESwift"],
             path: "tests/swift/MoEKernelsTests"
+        ),
+        .testTarget(
+            name: "SoftMetalTests",
+            dependencies: [.target(name: "SoftMetal", condition: .when(platforms: [.linux]))],
+            path: "tests/swift/SoftMetalTests"
         ),
     ]
 )

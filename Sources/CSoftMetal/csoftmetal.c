@@ -1,0 +1,347 @@
+// The low-level C part of SoftMetal: guarded memory and its registry, the SIGSEGV
+// handler that turns faults in guard pages into errors, per-thread fiber stacks and
+// threadgroup memory, and running the compiler. Linux only (empty elsewhere).
+#if defined(__linux__)
+#define _GNU_SOURCE
+#include "csoftmetal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+// MARK: guard registry ------------------------------------------------------------------
+// Readers (the signal handler) scan without locks; writers hold `registry_lock`. An entry
+// is live while `hi` is non-zero; it is written last on insert and cleared first on remove.
+
+enum { KIND_BUFFER = 1, KIND_THREADGROUP = 2, KIND_STACKS = 3 };
+#define REGISTRY_SIZE 65536
+
+typedef struct region {
+    uintptr_t lo, hi;           // the whole mapping, guard pages included
+    uintptr_t data, length;     // the usable bytes
+    int32_t tag, kind;
+    size_t stack_size;          // KIND_STACKS: the block size (guard page at each block's bottom)
+} region;
+
+static region registry[REGISTRY_SIZE];
+static int registry_top;  // entries below this index may be live
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void registry_add(uintptr_t lo, uintptr_t hi, uintptr_t data, uintptr_t length, int32_t tag,
+                         int32_t kind, size_t stack_size) {
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < REGISTRY_SIZE; i++) {
+        if (__atomic_load_n(&registry[i].hi, __ATOMIC_ACQUIRE) == 0) {
+            registry[i].lo = lo;
+            registry[i].data = data;
+            registry[i].length = length;
+            registry[i].tag = tag;
+            registry[i].kind = kind;
+            registry[i].stack_size = stack_size;
+            __atomic_store_n(&registry[i].hi, hi, __ATOMIC_RELEASE);
+            if (i >= registry_top) __atomic_store_n(&registry_top, i + 1, __ATOMIC_RELEASE);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static int registry_remove(uintptr_t data, region* out) {
+    int found = 0;
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < registry_top; i++) {
+        if (registry[i].hi != 0 && registry[i].data == data) {
+            if (out) *out = registry[i];
+            __atomic_store_n(&registry[i].hi, 0, __ATOMIC_RELEASE);
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return found;
+}
+
+static int registry_find(uintptr_t address) {
+    int top = __atomic_load_n(&registry_top, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < top; i++) {
+        uintptr_t hi = __atomic_load_n(&registry[i].hi, __ATOMIC_ACQUIRE);
+        if (hi != 0 && address >= registry[i].lo && address < hi) {
+            if (registry[i].kind == KIND_STACKS) {
+                // Only the guard page at the bottom of each stack block.
+                size_t offset = (address - registry[i].data) % registry[i].stack_size;
+                if (address < registry[i].data || offset >= (size_t)sysconf(_SC_PAGESIZE)) continue;
+            }
+            return i;
+        }
+    }
+    return -1;
+}
+
+size_t csm_page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+static void* guarded_map(size_t length, int32_t tag, int32_t kind) {
+    size_t page = csm_page_size();
+    size_t data_pages = round_up(length, page) / page;
+    size_t total = (data_pages + 2) * page;
+    char* base = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    if (data_pages > 0 && mprotect(base + page, data_pages * page, PROT_READ | PROT_WRITE) != 0) {
+        munmap(base, total);
+        return NULL;
+    }
+    // The usable bytes end at the trailing guard page. Since the alignment divides the
+    // length, the start keeps that alignment.
+    char* end = base + page + data_pages * page;
+    char* data = end - length;
+    registry_add((uintptr_t)base, (uintptr_t)(base + total), (uintptr_t)data, length, tag, kind, 0);
+    return data;
+}
+
+void* csm_guarded_alloc(size_t length, int32_t tag) { return guarded_map(length, tag, KIND_BUFFER); }
+
+void csm_guarded_free(void* data, size_t length) {
+    (void)length;
+    if (data == NULL) return;
+    region r;
+    if (registry_remove((uintptr_t)data, &r)) munmap((void*)r.lo, r.hi - r.lo);
+}
+
+// MARK: per-thread state ----------------------------------------------------------------
+
+typedef struct thread_state {
+    sigjmp_buf jmp;
+    volatile int running;
+    uintptr_t fault_address, fault_start, fault_length;
+    int32_t fault_tag, fault_kind;
+    // fiber stacks
+    char* stacks;
+    size_t stack_size, stack_count, stacks_map_length;
+    char* stacks_map;
+    // threadgroup memory, by index, and the static arena
+    void* tg[SM_MAX_THREADGROUP_MEMORY];
+    uint64_t tg_length[SM_MAX_THREADGROUP_MEMORY];
+    void* tg_static;
+    void* scratch;
+    int altstack_done;
+} thread_state;
+
+static __thread thread_state* current_thread;
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+
+#define TG_STATIC_CAPACITY (64 * 1024)
+#define SCRATCH_SIZE (2u << 20)
+
+static void thread_state_free(void* p) {
+    thread_state* ts = p;
+    if (ts == NULL) return;
+    for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++) csm_guarded_free(ts->tg[i], ts->tg_length[i]);
+    csm_guarded_free(ts->tg_static, TG_STATIC_CAPACITY);
+    if (ts->stacks_map) {
+        registry_remove((uintptr_t)ts->stacks, NULL);
+        munmap(ts->stacks_map, ts->stacks_map_length);
+    }
+    free(ts->scratch);
+    free(ts);
+}
+
+static void make_thread_key(void) { pthread_key_create(&thread_key, thread_state_free); }
+
+static thread_state* get_thread_state(void) {
+    if (current_thread) return current_thread;
+    pthread_once(&thread_key_once, make_thread_key);
+    thread_state* ts = calloc(1, sizeof *ts);
+    if (!ts) return NULL;
+    ts->scratch = aligned_alloc(64, SCRATCH_SIZE);
+    ts->tg_static = guarded_map(TG_STATIC_CAPACITY, -100, KIND_THREADGROUP);
+    if (!ts->scratch || !ts->tg_static) { thread_state_free(ts); return NULL; }
+    pthread_setspecific(thread_key, ts);
+    current_thread = ts;
+    return ts;
+}
+
+static size_t configured_stack_size(void) {
+    static size_t size;
+    if (size == 0) {
+        size_t kb = 64;
+        const char* env = getenv("SOFTMETAL_STACK_KB");
+        if (env && atoi(env) >= 16) kb = (size_t)atoi(env);
+        size_t s = 16 * 1024;
+        while (s < kb * 1024) s *= 2;  // a power of two: lanes find their state from sp
+        size = s;
+    }
+    return size;
+}
+
+static int ensure_stacks(thread_state* ts, uint32_t count) {
+    if (ts->stacks && ts->stack_count >= count) return 1;
+    if (ts->stacks_map) {
+        registry_remove((uintptr_t)ts->stacks, NULL);
+        munmap(ts->stacks_map, ts->stacks_map_length);
+        ts->stacks_map = NULL;
+        ts->stacks = NULL;
+    }
+    size_t size = configured_stack_size();
+    size_t n = count < 32 ? 32 : count;
+    size_t length = (n + 1) * size;
+    char* map = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) return 0;
+    char* first = (char*)round_up((uintptr_t)map, size);
+    size_t page = csm_page_size();
+    for (size_t i = 0; i < n; i++) mprotect(first + i * size, page, PROT_NONE);
+    ts->stacks_map = map;
+    ts->stacks_map_length = length;
+    ts->stacks = first;
+    ts->stack_size = size;
+    ts->stack_count = n;
+    registry_add((uintptr_t)first, (uintptr_t)(first + n * size), (uintptr_t)first, n * size, -1, KIND_STACKS, size);
+    return 1;
+}
+
+// MARK: the SIGSEGV handler -------------------------------------------------------------
+
+static struct sigaction previous_segv, previous_bus;
+static pthread_once_t handler_once = PTHREAD_ONCE_INIT;
+
+static void chain(int sig, siginfo_t* info, void* context) {
+    struct sigaction* prev = sig == SIGBUS ? &previous_bus : &previous_segv;
+    if ((prev->sa_flags & SA_SIGINFO) && prev->sa_sigaction) {
+        prev->sa_sigaction(sig, info, context);
+    } else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN && prev->sa_handler != NULL) {
+        prev->sa_handler(sig);
+    } else {
+        // Not ours: the default action, as if SoftMetal were not there (the faulting
+        // instruction runs again and the process ends with this signal).
+        signal(sig, SIG_DFL);
+    }
+}
+
+static void on_fault(int sig, siginfo_t* info, void* context) {
+    thread_state* ts = current_thread;
+    if (ts && ts->running) {
+        uintptr_t address = (uintptr_t)info->si_addr;
+        int i = registry_find(address);
+        if (i >= 0) {
+            ts->fault_address = address;
+            ts->fault_start = registry[i].data;
+            ts->fault_length = registry[i].length;
+            ts->fault_tag = registry[i].tag;
+            ts->fault_kind = registry[i].kind;
+            ts->running = 0;
+            siglongjmp(ts->jmp, registry[i].kind == KIND_STACKS ? SM_ERROR_STACK_OVERFLOW : SM_ERROR_OUT_OF_BOUNDS);
+        }
+    }
+    chain(sig, info, context);
+}
+
+static void install_handler(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_fault;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &previous_segv);
+    sigaction(SIGBUS, &action, &previous_bus);
+}
+
+static void ensure_altstack(thread_state* ts) {
+    if (ts->altstack_done) return;
+    ts->altstack_done = 1;
+    stack_t old;
+    if (sigaltstack(NULL, &old) == 0 && !(old.ss_flags & SS_DISABLE) && old.ss_size >= 16384) return;
+    size_t size = 64 * 1024;
+    void* mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return;
+    stack_t ss = {.ss_sp = mem, .ss_size = size, .ss_flags = 0};
+    sigaltstack(&ss, NULL);  // kept for the thread's life
+}
+
+uintptr_t csm_fault_address(void) { return current_thread ? current_thread->fault_address : 0; }
+uintptr_t csm_fault_region_start(void) { return current_thread ? current_thread->fault_start : 0; }
+uintptr_t csm_fault_region_length(void) { return current_thread ? current_thread->fault_length : 0; }
+int32_t csm_fault_region_tag(void) { return current_thread ? current_thread->fault_tag : 0; }
+
+// MARK: running a launcher --------------------------------------------------------------
+
+static void set_error(sm_dispatch* d, const char* message) {
+    if (d->error && d->error_capacity) snprintf(d->error, d->error_capacity, "%s", message);
+}
+
+int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed) {
+    thread_state* ts = get_thread_state();
+    if (!ts || !ensure_stacks(ts, lanes_needed)) {
+        set_error(d, "out of memory for fiber stacks or threadgroup memory");
+        return d->error_kind = SM_ERROR_RUNTIME;
+    }
+    pthread_once(&handler_once, install_handler);
+    ensure_altstack(ts);
+    for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++) {
+        uint64_t want = d->tg_mem_lengths[i];
+        if (ts->tg_length[i] != want) {
+            csm_guarded_free(ts->tg[i], ts->tg_length[i]);
+            ts->tg[i] = want ? guarded_map(want, -(i + 1), KIND_THREADGROUP) : NULL;
+            ts->tg_length[i] = ts->tg[i] ? want : 0;
+            if (want && !ts->tg[i]) {
+                set_error(d, "out of memory for threadgroup memory");
+                return d->error_kind = SM_ERROR_RUNTIME;
+            }
+        }
+        d->tg_mem[i] = ts->tg[i];
+    }
+    d->tg_static = ts->tg_static;
+    d->tg_static_capacity = TG_STATIC_CAPACITY;
+    d->stacks = ts->stacks;
+    d->stack_size = ts->stack_size;
+    d->stack_count = (uint32_t)ts->stack_count;
+    d->scratch = ts->scratch;
+    d->scratch_size = SCRATCH_SIZE;
+    d->error_kind = SM_OK;
+
+    int jumped = sigsetjmp(ts->jmp, 1);
+    if (jumped) {
+        ts->running = 0;
+        set_error(d, jumped == SM_ERROR_STACK_OVERFLOW ? "stack overflow in a GPU thread" : "out-of-bounds access");
+        return d->error_kind = (uint32_t)jumped;
+    }
+    ts->running = 1;
+    int32_t result = launcher(d);
+    ts->running = 0;
+    return result;
+}
+
+// MARK: the compiler --------------------------------------------------------------------
+
+int32_t csm_spawn_wait(const char* const* argv, const char* output_path) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, output_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &actions, NULL, (char* const*)argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return -1;
+    }
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+#endif

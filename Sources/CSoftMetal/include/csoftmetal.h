@@ -1,0 +1,137 @@
+/*
+ * csoftmetal.h - the low-level C part of SoftMetal (Linux only; empty elsewhere).
+ *
+ * - sm_dispatch: the C ABI between the Swift host and the launchers that the MSL
+ *   translator generates for each kernel. The runtime header (softmetal_runtime.h)
+ *   declares the same struct; SM_ABI_VERSION guards the two against drifting apart.
+ * - guarded memory: buffer storage whose end touches a PROT_NONE page, registered so that
+ *   the SIGSEGV handler recognises faults in it;
+ * - csm_run: runs a launcher on the calling thread with a per-thread fiber stack pool,
+ *   guarded threadgroup memory, an alternate signal stack and a sigsetjmp recovery point;
+ * - csm_spawn_wait: runs the compiler (posix_spawn) with stderr sent to a file.
+ */
+#ifndef CSOFTMETAL_H
+#define CSOFTMETAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SM_ABI_VERSION 3
+#define SM_MAX_BUFFERS 31
+#define SM_MAX_THREADGROUP_MEMORY 31
+
+/* Flags of sm_dispatch.flags */
+#define SM_FLAG_POISON 1u      /* fill threadgroup memory with 0xFF before each threadgroup */
+
+/* Error kinds (sm_dispatch.error_kind, csm_run's result) */
+#define SM_OK 0
+#define SM_ERROR_OUT_OF_BOUNDS 1  /* fault in a guard page (see csm_fault_*) */
+#define SM_ERROR_DIVERGENCE 2     /* barrier / simd divergence or deadlock */
+#define SM_ERROR_RUNTIME 3        /* another error found by the runtime (message in error) */
+#define SM_ERROR_STACK_OVERFLOW 4 /* fault in the guard page of a fiber stack */
+
+/* One dispatch (or one worker's part of it). Filled by the host; the launcher reads it
+ * and writes error_kind / error. Positions: the threadgroups at linear positions
+ * [first_group, end_group) run; position p runs threadgroup number (p * order_mul +
+ * order_add) % total (order_mul coprime with total), linear numbers in x-major order. */
+typedef struct sm_dispatch {
+    uint32_t abi_version;
+    uint32_t flags;
+    const char* kernel_name;
+    void* buffers[SM_MAX_BUFFERS];              /* [[buffer(i)]], offset applied; NULL = unbound */
+    uint64_t buffer_lengths[SM_MAX_BUFFERS];    /* bytes from the pointer to the end */
+    void* tg_mem[SM_MAX_THREADGROUP_MEMORY];    /* [[threadgroup(i)]] for this worker */
+    uint64_t tg_mem_lengths[SM_MAX_THREADGROUP_MEMORY];
+    void* tg_static;                            /* arena for `threadgroup T x[N];` in kernel bodies */
+    uint64_t tg_static_capacity;
+    uint32_t threadgroups[3];                   /* threadgroups per grid */
+    uint32_t tptg[3];                           /* threads per (full) threadgroup */
+    uint32_t grid[3];                           /* threads per grid (edge threadgroups are partial) */
+    uint32_t first_group, end_group;
+    uint32_t order_mul, order_add;
+    uint64_t seed;                              /* lane order: 0 = natural order, else a permutation */
+    void* stacks;                               /* stack_count blocks of stack_size bytes, each aligned */
+    uint64_t stack_size;                        /*   to stack_size, guard page at the bottom */
+    uint32_t stack_count;
+    uint32_t error_kind;                        /* out */
+    void* scratch;                              /* per worker scratch for the runtime's state */
+    uint64_t scratch_size;
+    char* error;                                /* out: message, NUL-terminated */
+    uint32_t error_capacity;
+    uint32_t max_threads;                       /* threads per threadgroup the runtime supports */
+} sm_dispatch;
+
+typedef int32_t (*sm_launcher)(sm_dispatch*);
+
+/* Field setters for Swift (C arrays import as tuples). */
+static inline void csm_set_buffer(sm_dispatch* d, int32_t i, void* p, uint64_t length) {
+    d->buffers[i] = p;
+    d->buffer_lengths[i] = length;
+}
+static inline void csm_set_threadgroup_length(sm_dispatch* d, int32_t i, uint64_t length) {
+    d->tg_mem_lengths[i] = length;
+}
+static inline void csm_set_dims(sm_dispatch* d, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t tx, uint32_t ty,
+                                uint32_t tz, uint32_t nx, uint32_t ny, uint32_t nz) {
+    d->threadgroups[0] = gx; d->threadgroups[1] = gy; d->threadgroups[2] = gz;
+    d->tptg[0] = tx; d->tptg[1] = ty; d->tptg[2] = tz;
+    d->grid[0] = nx; d->grid[1] = ny; d->grid[2] = nz;
+}
+
+/* Parameter reflection generated per kernel: __sm_info_<kernel>() returns this. */
+#define SM_PARAM_BUFFER 1
+#define SM_PARAM_THREADGROUP 2
+#define SM_PARAM_BUILTIN 3
+typedef struct sm_param_info {
+    int32_t kind;
+    int32_t index;        /* buffer / threadgroup index; -1 for built-ins */
+    int64_t elem_size;    /* sizeof the pointee / referenced type */
+    int32_t is_reference; /* `constant T& x [[buffer(i)]]` */
+    const char* type;     /* as written, address space removed */
+    const char* name;
+    const char* attribute;
+} sm_param_info;
+typedef struct sm_kernel_info {
+    int32_t abi_version;
+    int32_t param_count;
+    const sm_param_info* params;
+    int32_t max_total_threads;  /* [[max_total_threads_per_threadgroup(n)]] or 0 */
+} sm_kernel_info;
+typedef const sm_kernel_info* (*sm_info_fn)(void);
+
+/* Guarded memory: a mapping whose `length` usable bytes end exactly at a PROT_NONE page
+ * (start aligned to the largest power of two <= 16 dividing length), with another
+ * PROT_NONE page before the first usable page. Zero-filled. NULL on failure.
+ * Region tags: buffers > 0; threadgroup(i) memory -(i + 1); threadgroup variables -100. */
+void* csm_guarded_alloc(size_t length, int32_t tag);
+void csm_guarded_free(void* data, size_t length);
+/* The system page size. */
+size_t csm_page_size(void);
+
+/* The last fault recorded on the calling thread by csm_run (valid after it returned
+ * SM_ERROR_OUT_OF_BOUNDS / SM_ERROR_STACK_OVERFLOW). */
+uintptr_t csm_fault_address(void);
+/* The usable range of the guarded region whose guard pages contain the fault. */
+uintptr_t csm_fault_region_start(void);
+uintptr_t csm_fault_region_length(void);
+int32_t csm_fault_region_tag(void);
+
+/* Runs launcher(d) on the calling thread: fills the per-thread fields of a copy of *d
+ * (stacks, scratch, threadgroup memory with the lengths in d->tg_mem_lengths, guarded),
+ * installs the SIGSEGV handler once per process, catches faults in guard pages.
+ * Returns an SM_ERROR_* (0 = ok); copies the message into d->error. */
+int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed);
+
+/* posix_spawn(argv[0] found on PATH if it has no '/'), stdout and stderr to output_path;
+ * returns the exit status, or -1 with errno text in output_path's place when it cannot
+ * start. */
+int32_t csm_spawn_wait(const char* const* argv, const char* output_path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

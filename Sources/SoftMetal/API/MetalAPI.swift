@@ -1,0 +1,212 @@
+#if os(Linux)
+// The subset of Apple's Metal Swift API that a compute backend needs, with Apple's names
+// and Swift signatures, so that the same backend source builds with `import Metal` on
+// Apple platforms and `import SoftMetal` here. Each declaration names the page of
+// Apple's documentation it was checked against (developer.apple.com/documentation/metal/...).
+// Protocol requirements cannot have default arguments; Apple's defaults (from the
+// Objective-C importer) are provided by the extensions at the end.
+// Nothing SoftMetal-specific is declared on these types: see SoftMetalOptions.swift.
+
+/// documentation/metal/mtlsize: `struct MTLSize { var width, height, depth: Int }`
+public struct MTLSize: Equatable {
+    public var width: Int
+    public var height: Int
+    public var depth: Int
+    /// documentation/metal/mtlsize/init()
+    public init() { (width, height, depth) = (0, 0, 0) }
+    /// documentation/metal/mtlsize/init(width:height:depth:)
+    public init(width: Int, height: Int, depth: Int) {
+        self.width = width
+        self.height = height
+        self.depth = depth
+    }
+}
+
+/// documentation/metal/mtlresourceoptions (an OptionSet of UInt; raw values as in Metal).
+public struct MTLResourceOptions: OptionSet {
+    public let rawValue: UInt
+    public init(rawValue: UInt) { self.rawValue = rawValue }
+    public static let cpuCacheModeWriteCombined = MTLResourceOptions(rawValue: 1)
+    public static let storageModeShared = MTLResourceOptions([])
+    public static let storageModeManaged = MTLResourceOptions(rawValue: 1 << 4)
+    public static let storageModePrivate = MTLResourceOptions(rawValue: 2 << 4)
+    public static let hazardTrackingModeUntracked = MTLResourceOptions(rawValue: 1 << 8)
+}
+
+/// documentation/metal/mtlcommandbufferstatus: `enum MTLCommandBufferStatus: UInt`
+public enum MTLCommandBufferStatus: UInt {
+    case notEnqueued = 0, enqueued = 1, committed = 2, scheduled = 3, completed = 4, error = 5
+}
+
+/// documentation/metal/mtldispatchthreadgroupsindirectarguments:
+/// `struct MTLDispatchThreadgroupsIndirectArguments { var threadgroupsPerGrid: (UInt32, UInt32, UInt32) }`
+public struct MTLDispatchThreadgroupsIndirectArguments {
+    public var threadgroupsPerGrid: (UInt32, UInt32, UInt32)
+    public init() { threadgroupsPerGrid = (0, 0, 0) }
+    public init(threadgroupsPerGrid: (UInt32, UInt32, UInt32)) { self.threadgroupsPerGrid = threadgroupsPerGrid }
+}
+
+/// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset).
+open class MTLCompileOptions {
+    /// documentation/metal/mtlcompileoptions/fastmathenabled. SoftMetal always compiles
+    /// without fast-math (IEEE float results; see the README).
+    open var fastMathEnabled: Bool = true
+    public init() {}
+}
+
+/// documentation/metal/mtlcommandbufferhandler:
+/// `typealias MTLCommandBufferHandler = @Sendable (any MTLCommandBuffer) -> Void`
+public typealias MTLCommandBufferHandler = @Sendable (any MTLCommandBuffer) -> Void
+
+/// documentation/metal/mtldevice
+public protocol MTLDevice: AnyObject {
+    /// documentation/metal/mtldevice/name
+    var name: String { get }
+    /// documentation/metal/mtldevice/maxthreadsperthreadgroup
+    var maxThreadsPerThreadgroup: MTLSize { get }
+    /// documentation/metal/mtldevice/maxthreadgroupmemorylength
+    var maxThreadgroupMemoryLength: Int { get }
+    /// documentation/metal/mtldevice/makecommandqueue(): `func makeCommandQueue() -> (any MTLCommandQueue)?`
+    func makeCommandQueue() -> (any MTLCommandQueue)?
+    /// documentation/metal/mtldevice/makebuffer(length:options:):
+    /// `func makeBuffer(length: Int, options: MTLResourceOptions = []) -> (any MTLBuffer)?`
+    func makeBuffer(length: Int, options: MTLResourceOptions) -> (any MTLBuffer)?
+    /// documentation/metal/mtldevice/makebuffer(bytes:length:options:):
+    /// `func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int, options: MTLResourceOptions = []) -> (any MTLBuffer)?`
+    func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int, options: MTLResourceOptions) -> (any MTLBuffer)?
+    /// documentation/metal/mtldevice/makebuffer(bytesnocopy:length:options:deallocator:):
+    /// `func makeBuffer(bytesNoCopy pointer: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions = [],
+    ///  deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)? = nil) -> (any MTLBuffer)?`
+    func makeBuffer(bytesNoCopy pointer: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions,
+                    deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) -> (any MTLBuffer)?
+    /// documentation/metal/mtldevice/makelibrary(source:options:):
+    /// `func makeLibrary(source: String, options: MTLCompileOptions?) throws -> any MTLLibrary`
+    func makeLibrary(source: String, options: MTLCompileOptions?) throws -> any MTLLibrary
+    /// documentation/metal/mtldevice/makecomputepipelinestate(function:):
+    /// `func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState`
+    func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState
+}
+
+/// documentation/metal/mtlresource (the part buffers need)
+public protocol MTLResource: AnyObject {
+    /// documentation/metal/mtlresource/device
+    var device: any MTLDevice { get }
+    /// documentation/metal/mtlresource/label
+    var label: String? { get set }
+}
+
+/// documentation/metal/mtlbuffer
+public protocol MTLBuffer: MTLResource {
+    /// documentation/metal/mtlbuffer/length
+    var length: Int { get }
+    /// documentation/metal/mtlbuffer/contents(): `func contents() -> UnsafeMutableRawPointer`
+    func contents() -> UnsafeMutableRawPointer
+}
+
+/// documentation/metal/mtllibrary
+public protocol MTLLibrary: AnyObject {
+    var device: any MTLDevice { get }
+    var label: String? { get set }
+    /// documentation/metal/mtllibrary/functionnames: `var functionNames: [String] { get }`
+    var functionNames: [String] { get }
+    /// documentation/metal/mtllibrary/makefunction(name:): `func makeFunction(name functionName: String) -> (any MTLFunction)?`
+    func makeFunction(name functionName: String) -> (any MTLFunction)?
+}
+
+/// documentation/metal/mtlfunction
+public protocol MTLFunction: AnyObject {
+    var device: any MTLDevice { get }
+    var label: String? { get set }
+    /// documentation/metal/mtlfunction/name
+    var name: String { get }
+}
+
+/// documentation/metal/mtlcomputepipelinestate
+public protocol MTLComputePipelineState: AnyObject {
+    var device: any MTLDevice { get }
+    var label: String? { get }
+    /// documentation/metal/mtlcomputepipelinestate/maxtotalthreadsperthreadgroup
+    var maxTotalThreadsPerThreadgroup: Int { get }
+    /// documentation/metal/mtlcomputepipelinestate/threadexecutionwidth
+    var threadExecutionWidth: Int { get }
+    /// documentation/metal/mtlcomputepipelinestate/staticthreadgroupmemorylength
+    var staticThreadgroupMemoryLength: Int { get }
+}
+
+/// documentation/metal/mtlcommandqueue
+public protocol MTLCommandQueue: AnyObject {
+    var device: any MTLDevice { get }
+    var label: String? { get set }
+    /// documentation/metal/mtlcommandqueue/makecommandbuffer(): `func makeCommandBuffer() -> (any MTLCommandBuffer)?`
+    func makeCommandBuffer() -> (any MTLCommandBuffer)?
+}
+
+/// documentation/metal/mtlcommandbuffer
+public protocol MTLCommandBuffer: AnyObject {
+    var device: any MTLDevice { get }
+    var commandQueue: any MTLCommandQueue { get }
+    var label: String? { get set }
+    /// documentation/metal/mtlcommandbuffer/status
+    var status: MTLCommandBufferStatus { get }
+    /// documentation/metal/mtlcommandbuffer/error: `var error: (any Error)? { get }`
+    var error: (any Error)? { get }
+    /// documentation/metal/mtlcommandbuffer/makecomputecommandencoder():
+    /// `func makeComputeCommandEncoder() -> (any MTLComputeCommandEncoder)?`
+    func makeComputeCommandEncoder() -> (any MTLComputeCommandEncoder)?
+    /// documentation/metal/mtlcommandbuffer/addcompletedhandler(_:):
+    /// `func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler)`
+    func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler)
+    /// documentation/metal/mtlcommandbuffer/commit()
+    func commit()
+    /// documentation/metal/mtlcommandbuffer/waituntilcompleted()
+    func waitUntilCompleted()
+}
+
+/// documentation/metal/mtlcommandencoder
+public protocol MTLCommandEncoder: AnyObject {
+    var device: any MTLDevice { get }
+    var label: String? { get set }
+    /// documentation/metal/mtlcommandencoder/endencoding()
+    func endEncoding()
+}
+
+/// documentation/metal/mtlcomputecommandencoder
+public protocol MTLComputeCommandEncoder: MTLCommandEncoder {
+    /// documentation/metal/mtlcomputecommandencoder/setcomputepipelinestate(_:):
+    /// `func setComputePipelineState(_ state: any MTLComputePipelineState)`
+    func setComputePipelineState(_ state: any MTLComputePipelineState)
+    /// documentation/metal/mtlcomputecommandencoder/setbuffer(_:offset:index:):
+    /// `func setBuffer(_ buffer: (any MTLBuffer)?, offset: Int, index: Int)`
+    func setBuffer(_ buffer: (any MTLBuffer)?, offset: Int, index: Int)
+    /// documentation/metal/mtlcomputecommandencoder/setbytes(_:length:index:):
+    /// `func setBytes(_ bytes: UnsafeRawPointer, length: Int, index: Int)`
+    func setBytes(_ bytes: UnsafeRawPointer, length: Int, index: Int)
+    /// documentation/metal/mtlcomputecommandencoder/setthreadgroupmemorylength(_:index:):
+    /// `func setThreadgroupMemoryLength(_ length: Int, index: Int)`
+    func setThreadgroupMemoryLength(_ length: Int, index: Int)
+    /// documentation/metal/mtlcomputecommandencoder/dispatchthreadgroups(_:threadsperthreadgroup:):
+    /// `func dispatchThreadgroups(_ threadgroupsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize)`
+    func dispatchThreadgroups(_ threadgroupsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize)
+    /// documentation/metal/mtlcomputecommandencoder/dispatchthreadgroups(indirectbuffer:indirectbufferoffset:threadsperthreadgroup:):
+    /// `func dispatchThreadgroups(indirectBuffer: any MTLBuffer, indirectBufferOffset: Int, threadsPerThreadgroup: MTLSize)`
+    func dispatchThreadgroups(indirectBuffer: any MTLBuffer, indirectBufferOffset: Int, threadsPerThreadgroup: MTLSize)
+    /// documentation/metal/mtlcomputecommandencoder/dispatchthreads(_:threadsperthreadgroup:):
+    /// `func dispatchThreads(_ threadsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize)`
+    func dispatchThreads(_ threadsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize)
+}
+
+// Apple's default arguments.
+extension MTLDevice {
+    public func makeBuffer(length: Int) -> (any MTLBuffer)? { makeBuffer(length: length, options: []) }
+    public func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int) -> (any MTLBuffer)? {
+        makeBuffer(bytes: pointer, length: length, options: [])
+    }
+    public func makeBuffer(bytesNoCopy pointer: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions = [])
+        -> (any MTLBuffer)? {
+        makeBuffer(bytesNoCopy: pointer, length: length, options: options, deallocator: nil)
+    }
+}
+
+/// documentation/metal/mtlcreatesystemdefaultdevice(): `func MTLCreateSystemDefaultDevice() -> (any MTLDevice)?`
+public func MTLCreateSystemDefaultDevice() -> (any MTLDevice)? { SoftMetalDevice.shared }
+#endif

@@ -1,0 +1,198 @@
+#if os(Linux)
+import CSoftMetal
+import Glibc
+
+/// Compiles translated MSL with clang++ into a shared object, cached on disk by a hash of
+/// the translated source, the flags and the runtime header, and dlopens it.
+///
+/// Cache directory: $SOFTMETAL_CACHE_DIR, else $XDG_CACHE_HOME/moe-swift/softmetal, else
+/// ~/.cache/moe-swift/softmetal. Files are written under a temporary name and renamed, so
+/// concurrent processes never see half-written files. Compiler: $SOFTMETAL_CXX, else
+/// clang++ on PATH.
+final class KernelCompiler: @unchecked Sendable {
+    static let shared = KernelCompiler()
+
+    static let runtimeHeader: String = String(decoding: PackageResources.softmetal_runtime_h, as: UTF8.self)
+    static let runtimeHash: String = Hash128.of([runtimeHeader])
+
+    static let flags = [
+        "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
+        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno",
+        "-Wno-unused-variable", "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-Wno-unknown-attributes",
+        "-Wno-unused-function", "-ferror-limit=20", "-fno-color-diagnostics", "-fno-caret-diagnostics",
+    ]
+
+    private let lock = SMLock()
+    private var loaded: [String: UnsafeMutableRawPointer] = [:]
+    private(set) var compilations = 0
+    private(set) var cacheHits = 0
+
+    struct Stats { var compilations: Int; var cacheHits: Int }
+    var stats: Stats { lock.withLock { Stats(compilations: compilations, cacheHits: cacheHits) } }
+
+    static var cacheDirectory: String {
+        let env = SMEnv.self
+        if let dir = env.get("SOFTMETAL_CACHE_DIR"), !dir.isEmpty { return dir }
+        if let xdg = env.get("XDG_CACHE_HOME"), !xdg.isEmpty { return xdg + "/moe-swift/softmetal" }
+        if let home = env.get("HOME"), !home.isEmpty { return home + "/.cache/moe-swift/softmetal" }
+        return "/tmp/moe-swift-softmetal-\(getuid())"
+    }
+
+    static func findCompiler() throws -> String {
+        if let cxx = SMEnv.get("SOFTMETAL_CXX"), !cxx.isEmpty {
+            guard access(cxx, X_OK) == 0 || !cxx.contains("/") else {
+                throw SoftMetalError.compile("SOFTMETAL_CXX=\(cxx) is not an executable")
+            }
+            return cxx
+        }
+        for dir in (SMEnv.get("PATH") ?? "/usr/bin:/bin").split(separator: ":") {
+            let candidate = String(dir) + "/clang++"
+            if access(candidate, X_OK) == 0 { return candidate }
+        }
+        throw SoftMetalError.compile(
+            "SoftMetal compiles MSL with clang++, which is not on PATH: install clang (the Swift toolchain ships one in its usr/bin) or set SOFTMETAL_CXX")
+    }
+
+    /// Drops the in-process map from key to handle, so the next load goes to the disk cache
+    /// (the handles stay open). For tests.
+    func forgetLoadedLibraries() { lock.withLock { loaded = [:] } }
+
+    /// Returns the dlopen handle of the compiled source.
+    func load(translated: String) throws -> UnsafeMutableRawPointer {
+        let compiler = try KernelCompiler.findCompiler()
+        let key = Hash128.of([translated, KernelCompiler.flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
+        if let handle = lock.withLock({ loaded[key] }) { return handle }
+        let dir = KernelCompiler.cacheDirectory
+        try SMFile.makeDirectories(dir)
+        let so = "\(dir)/\(key).so"
+        if access(so, R_OK) == 0 {
+            lock.withLock { cacheHits += 1 }
+        } else {
+            try compile(translated, key: key, dir: dir, compiler: compiler, output: so)
+            lock.withLock { compilations += 1 }
+        }
+        guard let handle = dlopen(so, RTLD_NOW | RTLD_LOCAL) else {
+            let message = dlerror().map { String(cString: $0) } ?? "unknown error"
+            throw SoftMetalError.compile("cannot load the compiled kernels \(so): \(message)")
+        }
+        lock.withLock { loaded[key] = handle }
+        return handle
+    }
+
+    private func compile(_ translated: String, key: String, dir: String, compiler: String, output: String) throws {
+        let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
+        let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
+        if access(header, R_OK) != 0 {
+            try SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)
+        }
+        let source = "\(dir)/\(key).cpp"
+        try SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)
+        let temporary = "\(output).\(unique).tmp"
+        let log = "\(dir)/\(key).\(unique).log"
+        let argv = [compiler] + KernelCompiler.flags + ["-I", dir, source, "-o", temporary]
+        let status = SMFile.spawn(argv, output: log)
+        let messages = (try? SMFile.read(log)) ?? ""
+        unlink(log)
+        guard status == 0 else {
+            unlink(temporary)
+            if status < 0 {
+                throw SoftMetalError.compile("cannot run \(compiler): \(String(cString: strerror(errno)))")
+            }
+            throw SoftMetalError.compile(messages)
+        }
+        guard rename(temporary, output) == 0 else {
+            unlink(temporary)
+            throw SoftMetalError.compile("cannot write \(output): \(String(cString: strerror(errno)))")
+        }
+    }
+}
+
+/// Small file helpers on Glibc (the library avoids Foundation).
+enum SMFile {
+    static func makeDirectories(_ path: String) throws {
+        var current = path.hasPrefix("/") ? "" : "."
+        for part in path.split(separator: "/") {
+            current += "/" + part
+            if mkdir(current, 0o755) != 0 && errno != EEXIST {
+                throw SoftMetalError.compile("cannot create the cache directory \(current): \(String(cString: strerror(errno)))")
+            }
+        }
+    }
+
+    static func writeAtomically(_ path: String, _ text: String, unique: String) throws {
+        let temporary = "\(path).\(unique).tmp"
+        guard let f = fopen(temporary, "wb") else {
+            throw SoftMetalError.compile("cannot write \(temporary): \(String(cString: strerror(errno)))")
+        }
+        let bytes = Array(text.utf8)
+        let written = bytes.withUnsafeBytes { fwrite($0.baseAddress, 1, $0.count, f) }
+        fclose(f)
+        guard written == bytes.count, rename(temporary, path) == 0 else {
+            unlink(temporary)
+            throw SoftMetalError.compile("cannot write \(path): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    static func listDirectory(_ path: String) throws -> [String] {
+        guard let dir = opendir(path) else { throw SoftMetalError.compile("cannot list \(path)") }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    static func read(_ path: String) throws -> String {
+        guard let f = fopen(path, "rb") else { throw SoftMetalError.compile("cannot read \(path)") }
+        defer { fclose(f) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, f) }
+            if n <= 0 { break }
+            bytes += chunk[0..<n]
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    static func spawn(_ argv: [String], output: String) -> Int32 {
+        var cStrings: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) }
+        cStrings.append(nil)
+        defer { for p in cStrings { free(p) } }
+        return cStrings.withUnsafeBufferPointer { buffer in
+            buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
+                csm_spawn_wait($0, output)
+            }
+        }
+    }
+}
+
+enum SMEnv {
+    static func get(_ name: String) -> String? {
+        guard let value = getenv(name) else { return nil }
+        return String(cString: value)
+    }
+}
+
+/// A pthread mutex (works on Swift 6.0 and every platform).
+final class SMLock: @unchecked Sendable {
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    init() {
+        mutex = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+    }
+    deinit {
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+    }
+    func withLock<R>(_ body: () throws -> R) rethrows -> R {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body()
+    }
+}
+#endif

@@ -1,0 +1,561 @@
+#if os(Linux)
+/// MSL source -> C++17 source that includes softmetal_runtime.h.
+///
+/// The rewrite keeps every line where it was (replacements never add or remove newlines),
+/// so a `#line 1` directive maps the compiler's line numbers back to the MSL source:
+/// - comments are blanked; `#include <metal_*>` / `<simd/*>` lines are blanked;
+/// - `kernel void f(...)` becomes `static void f(...)`; the parameters' attributes
+///   (`[[buffer(0)]]`, `[[thread_position_in_grid]]`, ...) are recorded and blanked;
+/// - address spaces: `device` and `thread` are dropped, `constant` becomes `const`,
+///   `threadgroup` on a pointer or reference is dropped, and `threadgroup T x[N];` in a
+///   kernel body becomes a reference to storage the whole threadgroup shares
+///   (`metal::__sm::tg_var`);
+/// - vector constructors `float4(a.xy, b, c)` become `metal::__sm::vmake<float4>(...)`
+///   (C++ has no such constructors for clang vectors; a cast would bit-cast);
+/// - half literals `1.0h` become `((half)(1.0))`;
+/// then, per kernel, a body thunk that binds arguments and built-ins, an `extern "C"`
+/// launcher `__sm_launch_<name>` and a reflection table `__sm_info_<name>`.
+struct MSLTranslator {
+    struct Parameter: Equatable {
+        enum Kind: Equatable { case buffer(Int), threadgroup(Int), builtin(String) }
+        var kind: Kind
+        var type: String
+        var name: String
+    }
+
+    struct Kernel: Equatable {
+        var name: String
+        var parameters: [Parameter]
+        var maxTotalThreadsPerThreadgroup: Int
+    }
+
+    struct Output {
+        var source: String
+        var kernels: [Kernel]
+    }
+
+    static let sourceName = "source.metal"
+
+    static let builtins: Set<String> = [
+        "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
+        "threads_per_threadgroup", "dispatch_threads_per_threadgroup", "threadgroups_per_grid",
+        "threads_per_grid", "grid_size", "grid_origin", "thread_index_in_threadgroup",
+        "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup",
+        "dispatch_simdgroups_per_threadgroup", "threads_per_simdgroup", "thread_execution_width",
+        "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
+    ]
+
+    static let vectorTypes: Set<String> = {
+        var s = Set<String>()
+        for base in ["float", "half", "int", "uint", "short", "ushort", "char", "uchar", "long", "ulong", "bool", "bfloat"] {
+            for n in [2, 3, 4] { s.insert("\(base)\(n)") }
+        }
+        for base in ["float", "half", "int", "uint", "short", "ushort", "char", "uchar", "long", "ulong", "bool"] {
+            for n in [8, 16] { s.insert("\(base)\(n)") }
+        }
+        return s
+    }()
+
+    // MARK: lexing helpers
+
+    private var text: [UInt8]        // comments blanked
+    private var edits: [(start: Int, end: Int, replacement: String)] = []
+    private var kernels: [Kernel] = []
+    private var tgSlot = 0
+
+    init(source: String) {
+        text = MSLTranslator.blankComments(Array(source.utf8))
+    }
+
+    static func isIdentStart(_ c: UInt8) -> Bool { (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c == 95 }
+    static func isIdent(_ c: UInt8) -> Bool { isIdentStart(c) || (c >= 48 && c <= 57) }
+    static func isSpace(_ c: UInt8) -> Bool { c == 32 || c == 9 || c == 10 || c == 13 || c == 12 || c == 11 }
+
+    /// Comments -> spaces (newlines kept); string and character literals untouched.
+    static func blankComments(_ s: [UInt8]) -> [UInt8] {
+        var out = s
+        var i = 0
+        let n = s.count
+        while i < n {
+            let c = s[i]
+            if c == 34 || c == 39 {  // " or '
+                i += 1
+                while i < n && s[i] != c {
+                    if s[i] == 92 { i += 1 }
+                    if i < n && s[i] == 10 { break }
+                    i += 1
+                }
+                i += 1
+            } else if c == 47 && i + 1 < n && s[i + 1] == 47 {  // //
+                while i < n && s[i] != 10 { out[i] = 32; i += 1 }
+            } else if c == 47 && i + 1 < n && s[i + 1] == 42 {  // /*
+                out[i] = 32; out[i + 1] = 32
+                i += 2
+                while i < n && !(s[i] == 42 && i + 1 < n && s[i + 1] == 47) {
+                    if s[i] != 10 { out[i] = 32 }
+                    i += 1
+                }
+                if i < n { out[i] = 32; if i + 1 < n { out[i + 1] = 32 } }
+                i += 2
+            } else {
+                i += 1
+            }
+        }
+        return out
+    }
+
+    private func string(_ a: Int, _ b: Int) -> String { String(decoding: text[a..<b], as: UTF8.self) }
+
+    private func skipSpace(_ i: Int) -> Int {
+        var i = i
+        while i < text.count && MSLTranslator.isSpace(text[i]) { i += 1 }
+        return i
+    }
+
+    private func skipSpaceBack(_ i: Int) -> Int {  // index of the previous non-space char, or -1
+        var i = i
+        while i >= 0 && MSLTranslator.isSpace(text[i]) { i -= 1 }
+        return i
+    }
+
+    private func identifier(at i: Int) -> (String, Int)? {
+        guard i < text.count, MSLTranslator.isIdentStart(text[i]) else { return nil }
+        var j = i
+        while j < text.count && MSLTranslator.isIdent(text[j]) { j += 1 }
+        return (string(i, j), j)
+    }
+
+    /// Index just past the bracket that closes the one at `open`.
+    private func matching(_ open: Int) -> Int? {
+        let o = text[open]
+        let c: UInt8 = o == 40 ? 41 : (o == 91 ? 93 : 125)
+        var depth = 0
+        var i = open
+        while i < text.count {
+            let ch = text[i]
+            if ch == 34 || ch == 39 {
+                i += 1
+                while i < text.count && text[i] != ch { if text[i] == 92 { i += 1 }; i += 1 }
+            } else if ch == o { depth += 1 } else if ch == c {
+                depth -= 1
+                if depth == 0 { return i + 1 }
+            }
+            i += 1
+        }
+        return nil
+    }
+
+    private static func lineOf(_ text: [UInt8], _ index: Int) -> Int {
+        var line = 1
+        for i in 0..<min(index, text.count) where text[i] == 10 { line += 1 }
+        return line
+    }
+
+    private func fail(_ at: Int, _ message: String) -> SoftMetalError {
+        .compile("\(MSLTranslator.sourceName):\(MSLTranslator.lineOf(text, at)): error: \(message)")
+    }
+
+    /// Same length, newlines kept.
+    private static func blank(_ s: ArraySlice<UInt8>) -> String {
+        String(decoding: s.map { $0 == 10 ? 10 : 32 }, as: UTF8.self)
+    }
+
+    // MARK: translation
+
+    static func translate(_ source: String) throws -> Output {
+        var t = MSLTranslator(source: source)
+        try t.run()
+        return t.output()
+    }
+
+    private mutating func run() throws {
+        blankIncludes()
+        // One pass over identifiers and numbers outside string literals.
+        var i = 0
+        var lineStart = true
+        var inDirective = false
+        while i < text.count {
+            let c = text[i]
+            if c == 10 { lineStart = true; inDirective = false; i += 1; continue }
+            if c == 35 && lineStart { inDirective = true }  // #
+            if !MSLTranslator.isSpace(c) { lineStart = false }
+            if c == 34 || c == 39 {
+                var j = i + 1
+                while j < text.count && text[j] != c && text[j] != 10 { if text[j] == 92 { j += 1 }; j += 1 }
+                i = j + 1
+                continue
+            }
+            if c == 91 && i + 1 < text.count && text[i + 1] == 91 {  // [[attribute]]: handled by kernel()
+                var j = i + 2
+                while j + 1 < text.count && !(text[j] == 93 && text[j + 1] == 93) { j += 1 }
+                i = j + 2
+                continue
+            }
+            if (c >= 48 && c <= 57) || (c == 46 && i + 1 < text.count && text[i + 1] >= 48 && text[i + 1] <= 57) {
+                if i > 0 && MSLTranslator.isIdent(text[i - 1]) { i += 1; continue }
+                i = number(at: i)
+                continue
+            }
+            guard MSLTranslator.isIdentStart(c), i == 0 || !MSLTranslator.isIdent(text[i - 1]) else { i += 1; continue }
+            let (word, end) = identifier(at: i)!
+            if inDirective && (word == "include" || word == "pragma") { i = end; continue }
+            switch word {
+            case "kernel":
+                if let after = try kernel(at: i, end: end) { i = after; continue }
+            case "device", "thread":
+                if !isMember(i) { edits.append((i, end, String(repeating: " ", count: end - i))) }
+            case "constant":
+                if !isMember(i) { edits.append((i, end, "const   ")) }
+            case "threadgroup":
+                if !isMember(i) { i = try threadgroup(at: i, end: end); continue }
+            default:
+                if MSLTranslator.vectorTypes.contains(word) { vectorConstructor(at: i, end: end, word: word) }
+            }
+            i = end
+        }
+    }
+
+    private func isMember(_ i: Int) -> Bool {
+        let p = skipSpaceBack(i - 1)
+        return p >= 0 && (text[p] == 46 || (text[p] == 62 && p > 0 && text[p - 1] == 45))  // . or ->
+    }
+
+    private mutating func blankIncludes() {
+        var start = 0
+        while start < text.count {
+            var end = start
+            while end < text.count && text[end] != 10 { end += 1 }
+            let line = string(start, end).trimmingSpaces
+            if line.hasPrefix("#") {
+                let rest = line.dropFirst().trimmingSpacesSub
+                if rest.hasPrefix("include") {
+                    let target = rest.dropFirst("include".count).trimmingSpacesSub
+                    if target.hasPrefix("<metal_") || target.hasPrefix("<simd/") {
+                        for k in start..<end { text[k] = 32 }
+                    }
+                }
+            }
+            start = end + 1
+        }
+    }
+
+    /// Numbers: a literal with an `h` suffix becomes a half.
+    private mutating func number(at i: Int) -> Int {
+        var j = i
+        var isHex = false
+        if text[j] == 48 && j + 1 < text.count && (text[j + 1] == 120 || text[j + 1] == 88) { isHex = true; j += 2 }
+        while j < text.count {
+            let c = text[j]
+            if MSLTranslator.isIdent(c) || c == 46 {
+                if !isHex && (c == 101 || c == 69) && j + 1 < text.count && (text[j + 1] == 43 || text[j + 1] == 45) { j += 2; continue }
+                j += 1
+            } else { break }
+        }
+        let literal = string(i, j)
+        if !isHex, let last = literal.last, last == "h" || last == "H" {
+            edits.append((i, j, "((half)(\(literal.dropLast())))"))
+        }
+        return j
+    }
+
+    private mutating func vectorConstructor(at i: Int, end: Int, word: String) {
+        let next = skipSpace(end)
+        guard next < text.count, text[next] == 40 else { return }  // (
+        var start = i
+        let p = skipSpaceBack(i - 1)
+        if p >= 0 && (text[p] == 46 || text[p] == 62) { return }
+        if p >= 1 && text[p] == 58 && text[p - 1] == 58 {  // metal::float4(
+            let q = skipSpaceBack(p - 2)
+            var k = q
+            while k >= 0 && MSLTranslator.isIdent(text[k]) { k -= 1 }
+            if string(k + 1, q + 1) == "metal" { start = k + 1 } else { return }
+        } else if p >= 0 && MSLTranslator.isIdent(text[p]) {
+            var k = p
+            while k >= 0 && MSLTranslator.isIdent(text[k]) { k -= 1 }
+            if string(k + 1, p + 1) == "operator" { return }
+        }
+        edits.append((start, end, "::metal::__sm::vmake<::metal::\(word)>"))
+    }
+
+    /// `threadgroup` as an address space is dropped; `threadgroup T name[N]...;` declares a
+    /// variable the threadgroup shares.
+    private mutating func threadgroup(at i: Int, end: Int) throws -> Int {
+        // Find the end of the statement or parameter.
+        var j = end
+        var depth = 0
+        while j < text.count {
+            let c = text[j]
+            if c == 40 || c == 91 || c == 123 { depth += 1 }
+            if c == 41 || c == 93 || c == 125 { if depth == 0 { break }; depth -= 1 }
+            if depth == 0 && (c == 59 || c == 44 || c == 61) { break }  // ; , =
+            j += 1
+        }
+        let declaration = string(end, j)
+        let isStatement = j < text.count && text[j] == 59
+        let previous = skipSpaceBack(i - 1)
+        let atStatementStart = previous < 0 || [59, 123, 125].contains(text[previous])
+        if isStatement && atStatementStart && !declaration.contains("*") && !declaration.contains("&") && !declaration.contains("(") {
+            // threadgroup TYPE NAME [DIMS] ;
+            guard let bracket = declaration.firstIndex(of: "[") ?? Optional(declaration.endIndex) else { return j }
+            let head = declaration[..<bracket].trimmingSpacesSub
+            let dims = String(declaration[bracket...]).trimmingSpaces
+            guard let nameStart = head.lastIndex(where: { !($0.isLetter || $0.isNumber || $0 == "_") }) else {
+                throw fail(i, "cannot parse the threadgroup declaration `threadgroup\(declaration);`")
+            }
+            let name = String(head[head.index(after: nameStart)...])
+            let type = String(head[...nameStart]).trimmingSpaces
+            if name.isEmpty || type.isEmpty {
+                throw fail(i, "cannot parse the threadgroup declaration `threadgroup\(declaration);`")
+            }
+            let slot = tgSlot
+            tgSlot += 1
+            let newlines = String(repeating: "\n", count: text[i..<j].filter { $0 == 10 }.count)
+            let arrayType = "\(type) \(dims)"
+            let replacement: String
+            if dims.isEmpty {
+                replacement = "\(type)& \(name) = *reinterpret_cast<\(type)*>(::metal::__sm::tg_var(\(slot), sizeof(\(type)), alignof(\(type))))"
+            } else {
+                replacement = "\(type) (&\(name))\(dims) = *reinterpret_cast<\(type) (*)\(dims)>(::metal::__sm::tg_var(\(slot), sizeof(\(arrayType)), alignof(\(type))))"
+            }
+            edits.append((i, j, replacement + newlines))
+            return j
+        }
+        if isStatement && atStatementStart && declaration.contains(",") {
+            throw fail(i, "declare one threadgroup variable per statement")
+        }
+        edits.append((i, end, String(repeating: " ", count: end - i)))
+        return end
+    }
+
+    /// `kernel void name(params)`: records the kernel, rewrites `kernel` to `static` and
+    /// blanks the parameters' attributes. Returns where scanning continues (the body).
+    private mutating func kernel(at i: Int, end: Int) throws -> Int? {
+        guard let (void, afterVoid) = identifier(at: skipSpace(end)), void == "void" else { return nil }
+        guard let (name, afterName) = identifier(at: skipSpace(afterVoid)) else { return nil }
+        let open = skipSpace(afterName)
+        guard open < text.count, text[open] == 40, let close = matching(open) else {
+            throw fail(i, "cannot parse the parameters of kernel \(name)")
+        }
+        edits.append((i, end, "static"))
+        // [[max_total_threads_per_threadgroup(n)]] before `kernel`
+        var maxThreads = 0
+        let before = skipSpaceBack(i - 1)
+        if before >= 1 && text[before] == 93 && text[before - 1] == 93 {
+            var k = before - 2
+            while k > 0 && !(text[k] == 91 && text[k - 1] == 91) { k -= 1 }
+            let attribute = string(k + 1, before - 1)
+            if attribute.contains("max_total_threads_per_threadgroup"),
+               let a = attribute.firstIndex(of: "("), let b = attribute.firstIndex(of: ")") {
+                maxThreads = Int(attribute[attribute.index(after: a)..<b].trimmingSpacesSub) ?? 0
+            }
+            edits.append((k - 1, before + 1, MSLTranslator.blank(text[(k - 1)...before])))
+        }
+        // Parameters, split at top-level commas.
+        var parameters: [Parameter] = []
+        var start = open + 1
+        var depth = 0
+        var k = open + 1
+        while k < close {
+            let c = text[k]
+            if c == 40 || c == 91 || c == 60 || c == 123 { depth += 1 }
+            if c == 41 || c == 93 || c == 62 || c == 125 { depth -= 1 }
+            if (c == 44 && depth == 0) || k == close - 1 {
+                let stop = (c == 44 && depth == 0) ? k : close - 1
+                if let p = try parameter(start, stop, kernel: name) { parameters.append(p) }
+                start = k + 1
+            }
+            k += 1
+        }
+        kernels.append(Kernel(name: name, parameters: parameters, maxTotalThreadsPerThreadgroup: maxThreads))
+        return open + 1  // the address spaces inside the parameters are rewritten by the main pass
+    }
+
+    private mutating func parameter(_ a: Int, _ b: Int, kernel: String) throws -> Parameter? {
+        let raw = string(a, b)
+        if raw.trimmingSpaces.isEmpty || raw.trimmingSpaces == "void" { return nil }
+        // The attribute [[...]].
+        var attribute: String?
+        var declaration = ""
+        var k = a
+        var bytes: [UInt8] = []
+        while k < b {
+            if text[k] == 91 && k + 1 < b && text[k + 1] == 91 {
+                var e = k + 2
+                while e + 1 < b && !(text[e] == 93 && text[e + 1] == 93) { e += 1 }
+                attribute = string(k + 2, e).trimmingSpaces
+                edits.append((k, min(e + 2, b), MSLTranslator.blank(text[k..<min(e + 2, b)])))
+                k = e + 2
+                continue
+            }
+            bytes.append(text[k])
+            k += 1
+        }
+        declaration = String(decoding: bytes, as: UTF8.self)
+        // Address spaces out of the type; names are the last identifier.
+        var words = declaration.splitWords
+        words.removeAll { $0 == "device" || $0 == "thread" || $0 == "threadgroup" }
+        words = words.map { $0 == "constant" ? "const" : $0 }
+        let joined = words.joined(separator: " ")
+        guard let nameStart = joined.lastIndex(where: { !($0.isLetter || $0.isNumber || $0 == "_") }) else {
+            throw fail(a, "kernel \(kernel): cannot parse the parameter `\(raw.trimmingSpaces)`")
+        }
+        let name = String(joined[joined.index(after: nameStart)...])
+        let type = String(joined[...nameStart]).trimmingSpaces
+            .replacingAll(" *", with: "*").replacingAll(" &", with: "&")
+        guard let attribute else {
+            throw fail(a, "kernel \(kernel): the parameter `\(raw.trimmingSpaces)` has no attribute; SoftMetal needs [[buffer(n)]], [[threadgroup(n)]] or a thread-position attribute")
+        }
+        let attrName = String(attribute.prefix { $0 != "(" }).trimmingSpaces
+        var argument: Int?
+        if let p = attribute.firstIndex(of: "("), let q = attribute.firstIndex(of: ")") {
+            argument = Int(attribute[attribute.index(after: p)..<q].trimmingSpacesSub)
+        }
+        switch attrName {
+        case "buffer":
+            guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
+            return Parameter(kind: .buffer(n), type: type, name: name)
+        case "threadgroup":
+            guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
+            return Parameter(kind: .threadgroup(n), type: type, name: name)
+        default:
+            guard MSLTranslator.builtins.contains(attrName) else {
+                throw fail(a, "kernel \(kernel): the attribute [[\(attribute)]] is not supported by SoftMetal")
+            }
+            return Parameter(kind: .builtin(attrName), type: type, name: name)
+        }
+    }
+
+    // MARK: output
+
+    private func output() -> Output {
+        var result = Array(text)
+        for edit in edits.sorted(by: { $0.start > $1.start }) {
+            result.replaceSubrange(edit.start..<edit.end, with: Array(edit.replacement.utf8))
+        }
+        var out = "#line 1 \"\(MSLTranslator.sourceName)\"\n"
+        out += String(decoding: result, as: UTF8.self)
+        out += "\n#line 1 \"softmetal-generated.cpp\"\n"
+        for k in kernels { out += MSLTranslator.launcher(k) }
+        return Output(source: out, kernels: kernels)
+    }
+
+    static func builtinExpression(_ name: String) -> String {
+        let g = "__g", d = "__d", l = "__L"
+        switch name {
+        case "thread_position_in_grid":
+            return "\(g)->gpos[0] * \(d)->tptg[0] + \(l)->pos[0], \(g)->gpos[1] * \(d)->tptg[1] + \(l)->pos[1], \(g)->gpos[2] * \(d)->tptg[2] + \(l)->pos[2]"
+        case "thread_position_in_threadgroup": return "\(l)->pos[0], \(l)->pos[1], \(l)->pos[2]"
+        case "threadgroup_position_in_grid": return "\(g)->gpos[0], \(g)->gpos[1], \(g)->gpos[2]"
+        case "threads_per_threadgroup": return "\(g)->size[0], \(g)->size[1], \(g)->size[2]"
+        case "dispatch_threads_per_threadgroup": return "\(d)->tptg[0], \(d)->tptg[1], \(d)->tptg[2]"
+        case "threadgroups_per_grid": return "\(d)->threadgroups[0], \(d)->threadgroups[1], \(d)->threadgroups[2]"
+        case "threads_per_grid", "grid_size": return "\(d)->grid[0], \(d)->grid[1], \(d)->grid[2]"
+        case "grid_origin": return "0, 0, 0"
+        case "thread_index_in_threadgroup": return "\(l)->tid, 0, 0"
+        case "thread_index_in_simdgroup": return "\(l)->lane, 0, 0"
+        case "simdgroup_index_in_threadgroup": return "\(l)->sg, 0, 0"
+        case "simdgroups_per_threadgroup": return "\(g)->nsg, 0, 0"
+        case "dispatch_simdgroups_per_threadgroup": return "(\(d)->tptg[0] * \(d)->tptg[1] * \(d)->tptg[2] + 31) / 32, 0, 0"
+        case "threads_per_simdgroup", "thread_execution_width": return "32, 0, 0"
+        case "thread_index_in_quadgroup": return "\(l)->tid % 4, 0, 0"
+        case "quadgroup_index_in_threadgroup": return "\(l)->tid / 4, 0, 0"
+        case "quadgroups_per_threadgroup": return "(\(g)->n + 3) / 4, 0, 0"
+        default: return "0, 0, 0"
+        }
+    }
+
+    static func cString(_ s: String) -> String {
+        "\"" + s.replacingAll("\\", with: "\\\\").replacingAll("\"", with: "\\\"") + "\""
+    }
+
+    static func launcher(_ k: Kernel) -> String {
+        var args: [String] = []
+        var infos: [String] = []
+        for p in k.parameters {
+            switch p.kind {
+            case .buffer(let i):
+                args.append("::metal::__sm::buf_arg<\(p.type)>(__d->buffers[\(i)])")
+                infos.append("{SM_PARAM_BUFFER, \(i), ::metal::__sm::elem_size<\(p.type)>(), \(p.type.hasSuffix("&") ? 1 : 0), \(cString(p.type)), \(cString(p.name)), \"buffer(\(i))\"}")
+            case .threadgroup(let i):
+                args.append("(\(p.type))__d->tg_mem[\(i)]")
+                infos.append("{SM_PARAM_THREADGROUP, \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(p.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
+            case .builtin(let name):
+                args.append("::metal::__sm::bi<\(p.type)>(\(builtinExpression(name)))")
+                infos.append("{SM_PARAM_BUILTIN, -1, (int64_t)sizeof(\(p.type)), 0, \(cString(p.type)), \(cString(p.name)), \(cString(name))}")
+            }
+        }
+        if infos.isEmpty { infos.append("{0, 0, 0, 0, \"\", \"\", \"\"}") }
+        let n = k.name
+        return """
+        static void __sm_body_\(n)(::metal::__sm::Lane* __L) {
+            ::metal::__sm::Group* __g = __L->g;
+            ::sm_dispatch* __d = __g->d;
+            (void)__g; (void)__d;
+            \(n)(\(args.joined(separator: ",\n        ")));
+        }
+        extern "C" __attribute__((visibility("default"))) int32_t __sm_launch_\(n)(::sm_dispatch* d) {
+            return ::metal::__sm::launch(d, &__sm_body_\(n));
+        }
+        static const ::sm_param_info __sm_params_\(n)[] = {
+            \(infos.joined(separator: ",\n    "))
+        };
+        extern "C" __attribute__((visibility("default"))) const ::sm_kernel_info* __sm_info_\(n)(void) {
+            static const ::sm_kernel_info info = {SM_ABI_VERSION, \(k.parameters.count), __sm_params_\(n), \(k.maxTotalThreadsPerThreadgroup)};
+            return &info;
+        }
+
+        """
+    }
+}
+
+extension StringProtocol {
+    var trimmingSpaces: String {
+        String(trimmingSpacesSub)
+    }
+    var trimmingSpacesSub: SubSequence {
+        let isSpace: (Character) -> Bool = { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "\r" }
+        guard let first = firstIndex(where: { !isSpace($0) }) else { return self[endIndex...] }
+        let last = lastIndex(where: { !isSpace($0) })!
+        return self[first...last]
+    }
+    /// Identifiers and punctuation separated by spaces: "const  float*x" -> ["const", "float", "*", "x"].
+    var splitWords: [String] {
+        var words: [String] = []
+        var current = ""
+        for ch in self {
+            if ch.isLetter || ch.isNumber || ch == "_" || ch == ":" || ch == "<" || ch == ">" || ch == "," {
+                current.append(ch)
+            } else {
+                if !current.isEmpty { words.append(current); current = "" }
+                if !ch.isWhitespace { words.append(String(ch)) }
+            }
+        }
+        if !current.isEmpty { words.append(current) }
+        return words
+    }
+    func replacingAll(_ target: String, with replacement: String) -> String {
+        var result = ""
+        var rest = Substring(self)
+        while let range = rest.firstRange(ofPlain: target) {
+            result += rest[..<range.lowerBound]
+            result += replacement
+            rest = rest[range.upperBound...]
+        }
+        return result + rest
+    }
+}
+
+extension Substring {
+    func firstRange(ofPlain target: String) -> Range<Index>? {
+        guard !target.isEmpty else { return nil }
+        var i = startIndex
+        while i < endIndex {
+            if self[i...].hasPrefix(target) {
+                return i..<index(i, offsetBy: target.count)
+            }
+            i = index(after: i)
+        }
+        return nil
+    }
+}
+#endif

@@ -1,0 +1,200 @@
+#if os(Linux)
+import Dispatch
+
+/// Command buffers of one queue run in commit order on a serial Dispatch queue; each
+/// dispatch spreads its threadgroups over the machine's cores.
+public final class SoftMetalCommandQueue: MTLCommandQueue, @unchecked Sendable {
+    public let device: any MTLDevice
+    public var label: String?
+    let serial = DispatchQueue(label: "softmetal.commandqueue")
+
+    init(device: any MTLDevice) { self.device = device }
+
+    public func makeCommandBuffer() -> (any MTLCommandBuffer)? { SoftMetalCommandBuffer(queue: self) }
+}
+
+public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable {
+    public var device: any MTLDevice { queue.device }
+    public var commandQueue: any MTLCommandQueue { queue }
+    public var label: String?
+    let queue: SoftMetalCommandQueue
+    private let lock = SMLock()
+    private var _status = MTLCommandBufferStatus.notEnqueued
+    private var _error: (any Error)?
+    private var handlers: [MTLCommandBufferHandler] = []
+    private var commands: [DispatchCommand] = []
+    private let done = DispatchSemaphore(value: 0)
+    private var finished = false
+    private var waiters = 0
+
+    init(queue: SoftMetalCommandQueue) { self.queue = queue }
+
+    public var status: MTLCommandBufferStatus { lock.withLock { _status } }
+    public var error: (any Error)? { lock.withLock { _error } }
+
+    public func makeComputeCommandEncoder() -> (any MTLComputeCommandEncoder)? {
+        guard lock.withLock({ _status == .notEnqueued }) else { return nil }
+        return SoftMetalComputeCommandEncoder(commandBuffer: self)
+    }
+
+    func append(_ command: DispatchCommand) { lock.withLock { commands.append(command) } }
+
+    public func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler) {
+        lock.withLock { handlers.append(block) }
+    }
+
+    public func commit() {
+        let work: [DispatchCommand]? = lock.withLock {
+            guard _status == .notEnqueued else { return nil }
+            _status = .committed
+            return commands
+        }
+        guard let work else { return }
+        queue.serial.async { [self] in
+            lock.withLock { _status = .scheduled }
+            var failure: (any Error)?
+            for command in work {
+                do { try Executor.run(command) } catch {
+                    failure = error  // later commands do not run, as after a GPU fault
+                    break
+                }
+            }
+            let toCall: [MTLCommandBufferHandler] = lock.withLock {
+                _status = failure == nil ? .completed : .error
+                _error = failure
+                commands = []
+                return handlers
+            }
+            for handler in toCall { handler(self) }
+            lock.withLock {
+                handlers = []
+                finished = true
+                for _ in 0..<waiters { done.signal() }
+                waiters = 0
+            }
+        }
+    }
+
+    public func waitUntilCompleted() {
+        let mustWait: Bool = lock.withLock {
+            if finished || _status == .notEnqueued { return false }
+            waiters += 1
+            return true
+        }
+        if mustWait { done.wait() }
+    }
+}
+
+/// One recorded dispatch.
+struct DispatchCommand {
+    enum Size {
+        case threadgroups(MTLSize)
+        case threads(MTLSize)
+        case indirect(SoftMetalBuffer, Int)
+    }
+    var kernel: CompiledKernel?
+    var failure: SoftMetalError? = nil
+    var maxThreads: Int
+    var buffers: [(buffer: SoftMetalBuffer, offset: Int)?]
+    var threadgroupLengths: [Int]
+    var size: Size
+    var threadsPerThreadgroup: MTLSize
+    var checkRaces: Bool
+    var poison: Bool
+}
+
+public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @unchecked Sendable {
+    public var device: any MTLDevice { commandBuffer.device }
+    public var label: String?
+    let commandBuffer: SoftMetalCommandBuffer
+    private var pipeline: SoftMetalComputePipelineState?
+    private var buffers = [(buffer: SoftMetalBuffer, offset: Int)?](repeating: nil, count: 31)
+    private var threadgroupLengths = [Int](repeating: 0, count: 31)
+    private var ended = false
+    /// Errors found while encoding (Metal's validation layer would stop the program); the
+    /// command buffer then fails with it.
+    private var encodingError: SoftMetalError?
+
+    /// SoftMetal only: run this encoder's dispatches twice, the second time with permuted
+    /// thread and threadgroup order, and fail the command buffer with SoftMetalError.race
+    /// if any bound buffer differs. Default: SoftMetalOptions.checkRaces.
+    public var softMetalCheckRaces = SoftMetalOptions.checkRaces
+    /// SoftMetal only: fill threadgroup memory with 0xFF before each threadgroup.
+    /// Default: SoftMetalOptions.poisonThreadgroupMemory.
+    public var softMetalPoisonThreadgroupMemory = SoftMetalOptions.poisonThreadgroupMemory
+
+    init(commandBuffer: SoftMetalCommandBuffer) { self.commandBuffer = commandBuffer }
+
+    private func misuse(_ message: String) {
+        if encodingError == nil { encodingError = .invalidUsage(message) }
+    }
+
+    public func setComputePipelineState(_ state: any MTLComputePipelineState) {
+        guard let s = state as? SoftMetalComputePipelineState else { return misuse("the pipeline was not made by SoftMetal") }
+        pipeline = s
+    }
+
+    public func setBuffer(_ buffer: (any MTLBuffer)?, offset: Int, index: Int) {
+        guard index >= 0 && index < 31 else { return misuse("setBuffer: index \(index) is outside 0...30") }
+        guard let buffer else { buffers[index] = nil; return }
+        guard let b = buffer as? SoftMetalBuffer else { return misuse("setBuffer: the buffer was not made by SoftMetal") }
+        guard offset >= 0 && offset <= b.length else {
+            return misuse("setBuffer: offset \(offset) is outside the buffer (\(b.length) bytes) at index \(index)")
+        }
+        buffers[index] = (b, offset)
+    }
+
+    /// The bytes are copied into a new guarded buffer, as Metal copies them at this call.
+    public func setBytes(_ bytes: UnsafeRawPointer, length: Int, index: Int) {
+        guard index >= 0 && index < 31 else { return misuse("setBytes: index \(index) is outside 0...30") }
+        guard length > 0, let b = SoftMetalBuffer(device: device, length: length) else {
+            return misuse("setBytes: length \(length) at index \(index)")
+        }
+        b.contents().copyMemory(from: bytes, byteCount: length)
+        buffers[index] = (b, 0)
+    }
+
+    public func setThreadgroupMemoryLength(_ length: Int, index: Int) {
+        guard index >= 0 && index < 31 else { return misuse("setThreadgroupMemoryLength: index \(index) is outside 0...30") }
+        guard length >= 0 && length % 16 == 0 else {
+            return misuse("setThreadgroupMemoryLength: \(length) bytes at index \(index) is not a multiple of 16")
+        }
+        threadgroupLengths[index] = length
+    }
+
+    private func record(_ size: DispatchCommand.Size, _ threadsPerThreadgroup: MTLSize) {
+        if ended { return misuse("dispatch after endEncoding()") }
+        guard let pipeline else { return misuse("dispatch without setComputePipelineState(_:)") }
+        commandBuffer.append(DispatchCommand(
+            kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
+            threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
+            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory))
+    }
+
+    public func dispatchThreadgroups(_ threadgroupsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize) {
+        record(.threadgroups(threadgroupsPerGrid), threadsPerThreadgroup)
+    }
+
+    public func dispatchThreadgroups(indirectBuffer: any MTLBuffer, indirectBufferOffset: Int, threadsPerThreadgroup: MTLSize) {
+        guard let b = indirectBuffer as? SoftMetalBuffer else { return misuse("indirect buffer not made by SoftMetal") }
+        record(.indirect(b, indirectBufferOffset), threadsPerThreadgroup)
+    }
+
+    public func dispatchThreads(_ threadsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize) {
+        record(.threads(threadsPerGrid), threadsPerThreadgroup)
+    }
+
+    public func endEncoding() {
+        ended = true
+        if let encodingError { commandBuffer.append(DispatchCommand.failing(encodingError)) }
+    }
+}
+
+extension DispatchCommand {
+    /// A command that fails with `error` when it runs (errors found while encoding).
+    static func failing(_ error: SoftMetalError) -> DispatchCommand {
+        DispatchCommand(kernel: nil, failure: error, maxThreads: 0, buffers: [], threadgroupLengths: [],
+                        size: .threadgroups(MTLSize()), threadsPerThreadgroup: MTLSize(), checkRaces: false, poison: false)
+    }
+}
+#endif

@@ -1,0 +1,204 @@
+#if os(Linux)
+import CSoftMetal
+import Glibc
+
+/// The software device: MTLCreateSystemDefaultDevice() returns its one instance.
+public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
+    public static let shared = SoftMetalDevice()
+
+    public let name = "SoftMetal (CPU)"
+    public let maxThreadsPerThreadgroup = MTLSize(width: 1024, height: 1024, depth: 1024)
+    public let maxThreadgroupMemoryLength = 32768
+
+    public func makeCommandQueue() -> (any MTLCommandQueue)? { SoftMetalCommandQueue(device: self) }
+
+    public func makeBuffer(length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
+        SoftMetalBuffer(device: self, length: length)
+    }
+
+    public func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
+        guard let buffer = SoftMetalBuffer(device: self, length: length) else { return nil }
+        if length > 0 { buffer.contents().copyMemory(from: pointer, byteCount: length) }
+        return buffer
+    }
+
+    /// The memory is the caller's, so it cannot be given guard pages: out-of-bounds
+    /// accesses to such a buffer are not detected. Like Metal, the pointer and the length
+    /// must be page-aligned (else nil).
+    public func makeBuffer(bytesNoCopy pointer: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions,
+                           deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) -> (any MTLBuffer)? {
+        let page = Int(csm_page_size())
+        guard length > 0, Int(bitPattern: pointer) % page == 0, length % page == 0 else { return nil }
+        return SoftMetalBuffer(device: self, noCopy: pointer, length: length, deallocator: deallocator)
+    }
+
+    public func makeLibrary(source: String, options: MTLCompileOptions?) throws -> any MTLLibrary {
+        try SoftMetalLibrary(device: self, source: source)
+    }
+
+    public func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState {
+        guard let f = function as? SoftMetalFunction else {
+            throw SoftMetalError.invalidUsage("makeComputePipelineState: the function was not made by SoftMetal")
+        }
+        return SoftMetalComputePipelineState(function: f)
+    }
+}
+
+/// Storage is mmapped so that the last byte touches a PROT_NONE page (and another guard
+/// page precedes the first page): out-of-bounds accesses from kernels fault and are
+/// reported. makeBuffer(bytesNoCopy:...) memory is not guarded.
+public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
+    public let device: any MTLDevice
+    public var label: String?
+    public let length: Int
+    let storage: UnsafeMutableRawPointer
+    /// false for bytesNoCopy buffers, whose memory SoftMetal cannot place next to a guard page.
+    public let softMetalIsGuarded: Bool
+    private let deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?
+
+    init?(device: any MTLDevice, length: Int) {
+        guard length >= 0, let p = csm_guarded_alloc(length, 1) else { return nil }
+        self.device = device
+        self.length = length
+        storage = p
+        softMetalIsGuarded = true
+        deallocator = nil
+    }
+
+    init(device: any MTLDevice, noCopy: UnsafeMutableRawPointer, length: Int,
+         deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) {
+        self.device = device
+        self.length = length
+        storage = noCopy
+        softMetalIsGuarded = false
+        self.deallocator = deallocator
+    }
+
+    deinit {
+        if softMetalIsGuarded { csm_guarded_free(storage, length) } else { deallocator?(storage, length) }
+    }
+
+    public func contents() -> UnsafeMutableRawPointer { storage }
+}
+
+/// A kernel of a compiled library: its launcher and its parameter reflection.
+final class CompiledKernel: @unchecked Sendable {
+    struct Param {
+        var kind: Int32
+        var index: Int
+        var elemSize: Int
+        var isReference: Bool
+        var type: String
+        var name: String
+        var attribute: String
+        var declaration: String { "\(type) \(name) [[\(attribute)]]" }
+    }
+
+    let name: String
+    let cName: UnsafeMutablePointer<CChar>
+    let launcher: sm_launcher
+    let params: [Param]
+    let maxTotalThreads: Int
+
+    init(name: String, launcher: sm_launcher, info: UnsafePointer<sm_kernel_info>) {
+        self.name = name
+        cName = strdup(name)
+        self.launcher = launcher
+        var params: [Param] = []
+        let i = info.pointee
+        for k in 0..<Int(i.param_count) {
+            let p = i.params[k]
+            params.append(Param(kind: p.kind, index: Int(p.index), elemSize: Int(p.elem_size), isReference: p.is_reference != 0,
+                                type: String(cString: p.type), name: String(cString: p.name),
+                                attribute: String(cString: p.attribute)))
+        }
+        self.params = params
+        maxTotalThreads = i.max_total_threads > 0 ? Int(i.max_total_threads) : 1024
+    }
+
+    deinit { free(cName) }
+}
+
+public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
+    public let device: any MTLDevice
+    public var label: String?
+    public let functionNames: [String]
+    let kernels: [String: CompiledKernel]
+    /// The C++ that the MSL was translated to (for debugging).
+    public let softMetalTranslatedSource: String
+    let handle: UnsafeMutableRawPointer?
+
+    init(device: any MTLDevice, source: String) throws {
+        self.device = device
+        let translated = try MSLTranslator.translate(source)
+        let handle: UnsafeMutableRawPointer
+        do {
+            handle = try KernelCompiler.shared.load(translated: translated.source)
+        } catch let SoftMetalError.compile(message) {
+            throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
+        }
+        var kernels: [String: CompiledKernel] = [:]
+        for k in translated.kernels {
+            guard let launch = dlsym(handle, "__sm_launch_\(k.name)"), let info = dlsym(handle, "__sm_info_\(k.name)") else {
+                throw SoftMetalError.compile("kernel \(k.name): launcher missing from the compiled library")
+            }
+            let infoFn = unsafeBitCast(info, to: sm_info_fn.self)
+            guard let table = infoFn() else { throw SoftMetalError.compile("kernel \(k.name): no reflection") }
+            kernels[k.name] = CompiledKernel(name: k.name, launcher: unsafeBitCast(launch, to: sm_launcher.self), info: table)
+        }
+        self.kernels = kernels
+        self.handle = handle
+        functionNames = translated.kernels.map(\.name)
+        softMetalTranslatedSource = translated.source
+    }
+
+    /// The compiler's output, plus the MSL lines its errors point at.
+    static func explain(_ message: String, source: String) -> String {
+        let lines = source.split(separator: "\n", omittingEmptySubsequences: false)
+        var out = message.trimmingSpaces
+        var quoted = Set<Int>()
+        let marker = MSLTranslator.sourceName + ":"
+        for line in message.split(separator: "\n") where line.contains(": error:") {
+            guard let r = line.firstRange(ofPlain: marker) else { continue }
+            let rest = line[r.upperBound...]
+            guard let n = Int(rest.prefix { $0.isNumber }), n >= 1, n <= lines.count, !quoted.contains(n), quoted.count < 5 else { continue }
+            quoted.insert(n)
+            out += "\n  MSL line \(n): \(lines[n - 1].trimmingSpaces)"
+        }
+        return out
+    }
+
+    public func makeFunction(name functionName: String) -> (any MTLFunction)? {
+        guard let k = kernels[functionName] else { return nil }
+        return SoftMetalFunction(device: device, kernel: k)
+    }
+}
+
+public final class SoftMetalFunction: MTLFunction, @unchecked Sendable {
+    public let device: any MTLDevice
+    public var label: String?
+    public var name: String { kernel.name }
+    let kernel: CompiledKernel
+
+    init(device: any MTLDevice, kernel: CompiledKernel) {
+        self.device = device
+        self.kernel = kernel
+    }
+}
+
+public final class SoftMetalComputePipelineState: MTLComputePipelineState, @unchecked Sendable {
+    public let device: any MTLDevice
+    public let label: String?
+    public var maxTotalThreadsPerThreadgroup: Int { kernel.maxTotalThreads }
+    public let threadExecutionWidth = 32
+    /// Not known before a run (threadgroup variables are sized by the C++ compiler): 0.
+    public let staticThreadgroupMemoryLength = 0
+    let kernel: CompiledKernel
+
+    init(function: SoftMetalFunction) {
+        device = function.device
+        label = function.label
+        kernel = function.kernel
+    }
+}
+#endif

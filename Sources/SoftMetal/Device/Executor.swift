@@ -1,0 +1,200 @@
+#if os(Linux)
+import CSoftMetal
+import Dispatch
+import Glibc
+
+/// Runs recorded dispatches: validates them like Metal's validation layer, splits the
+/// threadgroups into chunks that Dispatch spreads over the cores (each chunk runs on one
+/// OS thread through csm_run and the kernel's launcher), turns the runtime's error kinds
+/// into SoftMetalError, and implements the race check.
+enum Executor {
+    static let cores: Int = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    static let errorCapacity = 2048
+
+    static func run(_ c: DispatchCommand) throws {
+        if let failure = c.failure { throw failure }
+        guard let kernel = c.kernel else { return }
+        let t = c.threadsPerThreadgroup
+        var groups: (Int, Int, Int)
+        var grid: (Int, Int, Int)
+        guard t.width >= 1, t.height >= 1, t.depth >= 1 else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadsPerThreadgroup \(t.width)x\(t.height)x\(t.depth) has a zero dimension")
+        }
+        let perGroup = t.width * t.height * t.depth
+        guard perGroup <= c.maxThreads else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadsPerThreadgroup \(t.width)x\(t.height)x\(t.depth) = \(perGroup) exceeds maxTotalThreadsPerThreadgroup \(c.maxThreads)")
+        }
+        switch c.size {
+        case .threadgroups(let g):
+            groups = (g.width, g.height, g.depth)
+            grid = (g.width * t.width, g.height * t.height, g.depth * t.depth)
+        case .threads(let n):
+            grid = (n.width, n.height, n.depth)
+            groups = ((n.width + t.width - 1) / t.width, (n.height + t.height - 1) / t.height, (n.depth + t.depth - 1) / t.depth)
+        case .indirect(let buffer, let offset):
+            guard offset >= 0, offset % 4 == 0, offset + 12 <= buffer.length else {
+                throw SoftMetalError.invalidUsage("kernel \(kernel.name): indirect buffer offset \(offset) needs 12 bytes inside a buffer of \(buffer.length) (4-byte aligned)")
+            }
+            let p = (buffer.contents() + offset).assumingMemoryBound(to: UInt32.self)
+            groups = (Int(p[0]), Int(p[1]), Int(p[2]))
+            grid = (groups.0 * t.width, groups.1 * t.height, groups.2 * t.depth)
+        }
+        guard groups.0 >= 0, groups.1 >= 0, groups.2 >= 0 else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): negative grid size")
+        }
+        let total = groups.0 * groups.1 * groups.2
+        if total == 0 { return }
+        guard total <= Int(UInt32.max), grid.0 <= Int(UInt32.max), grid.1 <= Int(UInt32.max), grid.2 <= Int(UInt32.max) else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): grid too large")
+        }
+
+        // Every buffer and threadgroup memory index the kernel uses must be bound.
+        for p in kernel.params {
+            if p.kind == SM_PARAM_BUFFER {
+                guard p.index < c.buffers.count, let binding = c.buffers[p.index] else {
+                    throw SoftMetalError.invalidUsage("kernel \(kernel.name): buffer(\(p.index)) (`\(p.type) \(p.name)`) is not bound: call setBuffer(_:offset:index:) or setBytes(_:length:index:) with index \(p.index)")
+                }
+                let available = binding.buffer.length - binding.offset
+                if p.isReference && available < p.elemSize {
+                    throw SoftMetalError.invalidUsage("kernel \(kernel.name): buffer(\(p.index)) (`\(p.type) \(p.name)`) has \(available) bytes, the type needs \(p.elemSize)")
+                }
+            } else if p.kind == SM_PARAM_THREADGROUP {
+                guard p.index < c.threadgroupLengths.count, c.threadgroupLengths[p.index] > 0 else {
+                    throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadgroup(\(p.index)) (`\(p.type) \(p.name)`) has no memory: call setThreadgroupMemoryLength(_:index:) with index \(p.index)")
+                }
+            }
+        }
+        let dynamicTG = c.threadgroupLengths.reduce(0, +)
+        guard dynamicTG <= 32768 else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): \(dynamicTG) bytes of threadgroup memory exceed the 32768 bytes of Apple GPUs")
+        }
+
+        var base = sm_dispatch()
+        base.abi_version = UInt32(SM_ABI_VERSION)
+        base.flags = c.poison ? UInt32(SM_FLAG_POISON) : 0
+        base.kernel_name = UnsafePointer(kernel.cName)
+        for (i, binding) in c.buffers.enumerated() {
+            guard let binding else { continue }
+            csm_set_buffer(&base, Int32(i), binding.buffer.storage + binding.offset, UInt64(binding.buffer.length - binding.offset))
+        }
+        for (i, length) in c.threadgroupLengths.enumerated() where length > 0 {
+            csm_set_threadgroup_length(&base, Int32(i), UInt64(length))
+        }
+        csm_set_dims(&base, UInt32(groups.0), UInt32(groups.1), UInt32(groups.2), UInt32(t.width), UInt32(t.height),
+                     UInt32(t.depth), UInt32(grid.0), UInt32(grid.1), UInt32(grid.2))
+        base.order_mul = 1
+        base.max_threads = UInt32(perGroup)
+
+        if !c.checkRaces {
+            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil)
+            return
+        }
+        // Race check: the same dispatch in order, then from the same inputs with threads and
+        // threadgroups permuted; every bound buffer must come out the same.
+        var distinct: [SoftMetalBuffer] = []
+        for case let binding? in c.buffers where !distinct.contains(where: { $0 === binding.buffer }) {
+            distinct.append(binding.buffer)
+        }
+        let before = distinct.map { snapshot($0) }
+        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil)
+        let first = distinct.map { snapshot($0) }
+        for (b, saved) in zip(distinct, before) { restore(b, saved) }
+        var seed = UInt64.random(in: 1..<UInt64.max)
+        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: seed)
+        for (b, expected) in zip(distinct, first) {
+            let now = snapshot(b)
+            guard let at = now.indices.first(where: { now[$0] != expected[$0] }) else { continue }
+            let names = c.buffers.enumerated().compactMap { i, binding -> String? in
+                guard let binding, binding.buffer === b else { return nil }
+                return "buffer(\(i)) at byte offset \(at - binding.offset)"
+            }
+            seed = 0
+            throw SoftMetalError.race("kernel \(kernel.name): the result depends on execution order: \(names.joined(separator: ", ")) differs between a run in order and a run with permuted threads and threadgroups (byte \(expected[at]) vs \(now[at])); a missing barrier, a data race between threads or threadgroups, or an order-dependent atomic")
+        }
+    }
+
+    private static func snapshot(_ b: SoftMetalBuffer) -> [UInt8] {
+        Array(UnsafeRawBufferPointer(start: b.contents(), count: b.length))
+    }
+
+    private static func restore(_ b: SoftMetalBuffer, _ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { b.contents().copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+    }
+
+    private static func gcd(_ a: Int, _ b: Int) -> Int { b == 0 ? a : gcd(b, a % b) }
+
+    private struct ChunkResult {
+        var kind: Int32 = 0
+        var message = ""
+    }
+
+    /// Runs all threadgroups; `permutation` (a seed) changes the order of threadgroups
+    /// (and of chunks) and of the lanes inside each threadgroup.
+    private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
+                                bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?) throws {
+        let chunks = min(total, cores * 4)
+        var template = base
+        if let seed = permutation {
+            var mul = Int(seed % UInt64(max(total, 1))) | 1
+            while gcd(mul, total) != 1 { mul += 1 }
+            template.order_mul = UInt32(mul % max(total, 1) == 0 ? 1 : mul % total)
+            template.order_add = UInt32(Int(seed >> 32) % total)
+            template.seed = seed
+        }
+        let results = UnsafeMutableBufferPointer<ChunkResult>.allocate(capacity: chunks)
+        results.initialize(repeating: ChunkResult())
+        defer { results.deallocate() }
+        let work = { (i: Int) in
+            let chunk = permutation == nil ? i : chunks - 1 - i
+            var d = template
+            d.first_group = UInt32(total * chunk / chunks)
+            d.end_group = UInt32(total * (chunk + 1) / chunks)
+            let message = UnsafeMutablePointer<CChar>.allocate(capacity: errorCapacity)
+            message.initialize(to: 0)
+            defer { message.deallocate() }
+            d.error = message
+            d.error_capacity = UInt32(errorCapacity)
+            let kind = csm_run(kernel.launcher, &d, UInt32(lanes))
+            guard kind != SM_OK else { return }
+            var text = String(cString: message)
+            if kind == SM_ERROR_OUT_OF_BOUNDS {
+                text = outOfBoundsMessage(kernel, bindings)
+            } else if kind == SM_ERROR_STACK_OVERFLOW {
+                text = "kernel \(kernel.name): stack overflow in a GPU thread (thread-private memory over the fiber stack size; set SOFTMETAL_STACK_KB)"
+            }
+            results[chunk] = ChunkResult(kind: kind, message: text)
+        }
+        if chunks == 1 { work(0) } else { DispatchQueue.concurrentPerform(iterations: chunks, execute: work) }
+        guard let failed = results.first(where: { $0.kind != SM_OK }) else { return }
+        switch failed.kind {
+        case SM_ERROR_OUT_OF_BOUNDS: throw SoftMetalError.outOfBounds(failed.message)
+        case SM_ERROR_DIVERGENCE: throw SoftMetalError.barrierDivergence(failed.message)
+        default: throw SoftMetalError.runtime(failed.message)
+        }
+    }
+
+    /// Called on the thread whose csm_run reported the fault.
+    private static func outOfBoundsMessage(_ kernel: CompiledKernel, _ bindings: [(buffer: SoftMetalBuffer, offset: Int)?]) -> String {
+        let address = Int(bitPattern: csm_fault_address())
+        let start = Int(bitPattern: csm_fault_region_start())
+        let length = Int(bitPattern: csm_fault_region_length())
+        let tag = csm_fault_region_tag()
+        if tag == -100 {
+            return "kernel \(kernel.name): out-of-bounds access to threadgroup variables declared in the kernel (byte offset \(address - start) of the threadgroup arena)"
+        }
+        if tag < 0 {
+            return "kernel \(kernel.name): out-of-bounds access to threadgroup(\(-tag - 1)) at byte offset \(address - start) (its length is \(length) bytes)"
+        }
+        var names: [String] = []
+        for (i, binding) in bindings.enumerated() {
+            guard let binding, Int(bitPattern: binding.buffer.storage) == start else { continue }
+            let available = binding.buffer.length - binding.offset
+            names.append("buffer(\(i)) at byte offset \(address - start - binding.offset) (\(available) bytes are bound\(binding.offset > 0 ? " from offset \(binding.offset)" : ""))")
+        }
+        if names.isEmpty {
+            return "kernel \(kernel.name): out-of-bounds access at byte offset \(address - start) of a \(length)-byte buffer that is not bound to this dispatch"
+        }
+        return "kernel \(kernel.name): out-of-bounds access to \(names.joined(separator: " and "))"
+    }
+}
+#endif

@@ -1,0 +1,46 @@
+#if os(Linux)
+import Glibc
+
+/// SoftMetal-only switches and measurements; none of this exists in Apple's Metal, so
+/// code shared with the Metal backend must not use it (tests and harnesses may).
+public enum SoftMetalOptions {
+    private static let lock = SMLock()
+    nonisolated(unsafe) private static var _checkRaces = SMEnv.get("SOFTMETAL_CHECK_RACES") == "1"
+    nonisolated(unsafe) private static var _poison = SMEnv.get("SOFTMETAL_POISON") != "0"
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalCheckRaces for new encoders
+    /// (initially: $SOFTMETAL_CHECK_RACES == 1). Costs about twice the dispatch time
+    /// plus copies of the bound buffers.
+    public static var checkRaces: Bool {
+        get { lock.withLock { _checkRaces } }
+        set { lock.withLock { _checkRaces = newValue } }
+    }
+
+    /// Default of softMetalPoisonThreadgroupMemory for new encoders (initially on, unless
+    /// $SOFTMETAL_POISON == 0).
+    public static var poisonThreadgroupMemory: Bool {
+        get { lock.withLock { _poison } }
+        set { lock.withLock { _poison = newValue } }
+    }
+
+    /// The cache directory of compiled kernels.
+    public static var cacheDirectory: String { KernelCompiler.cacheDirectory }
+
+    /// Kernel compilations and compile-cache hits in this process.
+    public static var compileCounts: (compilations: Int, cacheHits: Int) {
+        let s = KernelCompiler.shared.stats
+        return (s.compilations, s.cacheHits)
+    }
+
+    /// The cost of one fiber switch in nanoseconds (two fibers switching back and forth
+    /// with the runtime's context switch), measured in a compiled library.
+    public static func measureFiberSwitchNanoseconds(in library: any MTLLibrary, iterations: Int = 2_000_000) throws -> Double {
+        guard let lib = library as? SoftMetalLibrary else { throw SoftMetalError.invalidUsage("not a SoftMetal library") }
+        guard let handle = lib.handle, let sym = dlsym(handle, "__sm_bench_switch") else {
+            throw SoftMetalError.runtime("the library has no fiber benchmark")
+        }
+        typealias Bench = @convention(c) (UInt64) -> Double
+        return unsafeBitCast(sym, to: Bench.self)(UInt64(iterations))
+    }
+}
+#endif
