@@ -1,0 +1,215 @@
+// The SoftMetal part of the C ABI (moe_softmetal_* in moe_swift.h): compile MSL and launch
+// one kernel on the software Metal device, for the Python harness moe_swift.softmetal.
+// Like every export, nothing here traps: errors become a status, a moe_softmetal_error
+// kind and the thread's moe_last_error() message. Without SoftMetal (Apple platforms)
+// every function returns MOE_ERROR_UNAVAILABLE.
+import CMoESwift
+#if os(Linux)
+import Dispatch
+import SoftMetal
+#endif
+
+private func unavailable(_ kind: UnsafeMutablePointer<Int32>?) -> moe_status {
+    kind?.pointee = Int32(MOE_SOFTMETAL_RUNTIME.rawValue)
+    moe_internal_set_error("SoftMetal is only built on Linux (on Apple platforms use the Metal backend)")
+    return MOE_ERROR_UNAVAILABLE
+}
+
+#if os(Linux)
+private final class SoftMetalHandle {
+    let library: any MTLLibrary
+    let queue: any MTLCommandQueue
+    init(library: any MTLLibrary, queue: any MTLCommandQueue) {
+        self.library = library
+        self.queue = queue
+    }
+}
+
+private let softMetalLock = Lock()
+nonisolated(unsafe) private var softMetalHandles: [OpaquePointer: SoftMetalHandle] = [:]
+nonisolated(unsafe) private var softMetalLastHandle = 8
+
+private struct HarnessError: Error {
+    var kind: moe_softmetal_error
+    var status: moe_status
+    var message: String
+}
+
+private func softMetalStatus(_ kind: UnsafeMutablePointer<Int32>?, _ body: () throws -> Void) -> moe_status {
+    kind?.pointee = Int32(MOE_SOFTMETAL_OK.rawValue)
+    do {
+        try body()
+        return MOE_OK
+    } catch let e as HarnessError {
+        kind?.pointee = Int32(e.kind.rawValue)
+        moe_internal_set_error(e.message)
+        return e.status
+    } catch let e as SoftMetalError {
+        let k: moe_softmetal_error
+        switch e {
+        case .compile: k = MOE_SOFTMETAL_COMPILE
+        case .outOfBounds: k = MOE_SOFTMETAL_OUT_OF_BOUNDS
+        case .barrierDivergence: k = MOE_SOFTMETAL_BARRIER_DIVERGENCE
+        case .race: k = MOE_SOFTMETAL_RACE
+        case .invalidUsage: k = MOE_SOFTMETAL_INVALID_USAGE
+        case .runtime: k = MOE_SOFTMETAL_RUNTIME
+        }
+        kind?.pointee = Int32(k.rawValue)
+        moe_internal_set_error(e.message)
+        return MOE_ERROR_INVALID_ARGUMENT
+    } catch {
+        kind?.pointee = Int32(MOE_SOFTMETAL_RUNTIME.rawValue)
+        moe_internal_set_error("\(error)")
+        return MOE_ERROR_INTERNAL
+    }
+}
+
+private func usage(_ message: String) -> HarnessError {
+    HarnessError(kind: MOE_SOFTMETAL_INVALID_USAGE, status: MOE_ERROR_INVALID_ARGUMENT, message: message)
+}
+
+private func handle(_ h: OpaquePointer?) throws -> SoftMetalHandle {
+    guard let h else { throw usage("library handle is NULL") }
+    guard let found = softMetalLock.withLock({ softMetalHandles[h] }) else {
+        throw usage("library handle \(h) is not a live SoftMetal library")
+    }
+    return found
+}
+#endif
+
+@_cdecl("moe_softmetal_compile")
+public func moe_softmetal_compile(_ source: UnsafePointer<CChar>?, _ out: UnsafeMutablePointer<OpaquePointer?>?,
+                                  _ kind: UnsafeMutablePointer<Int32>?) -> moe_status {
+#if os(Linux)
+    return softMetalStatus(kind) {
+        guard let out else { throw usage("out is NULL") }
+        out.pointee = nil
+        guard let source else { throw usage("source is NULL") }
+        guard let device = MTLCreateSystemDefaultDevice(), let queue = device.makeCommandQueue() else {
+            throw HarnessError(kind: MOE_SOFTMETAL_RUNTIME, status: MOE_ERROR_INTERNAL, message: "no SoftMetal device")
+        }
+        let library = try device.makeLibrary(source: String(cString: source), options: nil)
+        let made = SoftMetalHandle(library: library, queue: queue)
+        out.pointee = softMetalLock.withLock {
+            softMetalLastHandle += 8
+            let h = OpaquePointer(bitPattern: softMetalLastHandle)!
+            softMetalHandles[h] = made
+            return h
+        }
+    }
+#else
+    return unavailable(kind)
+#endif
+}
+
+@_cdecl("moe_softmetal_launch")
+public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutablePointer<moe_softmetal_launch_desc>?,
+                                 _ kind: UnsafeMutablePointer<Int32>?) -> moe_status {
+#if os(Linux)
+    return softMetalStatus(kind) {
+        let h = try handle(library)
+        guard let desc else { throw usage("desc is NULL") }
+        guard desc.pointee.struct_size >= UInt32(MemoryLayout<moe_softmetal_launch_desc>.size) else {
+            throw usage("desc.struct_size is \(desc.pointee.struct_size), expected \(MemoryLayout<moe_softmetal_launch_desc>.size)")
+        }
+        var d = desc.pointee
+        guard let name = d.kernel.map({ String(cString: $0) }) else { throw usage("desc.kernel is NULL") }
+        guard let function = h.library.makeFunction(name: name) else {
+            throw usage("no kernel named \(name) in the library (kernels: \(h.library.functionNames.joined(separator: ", ")))")
+        }
+        let device = h.library.device
+        let pipeline = try device.makeComputePipelineState(function: function)
+
+        // Copy the arrays into guarded buffers.
+        let count = Int(d.num_buffers)
+        guard count >= 0, count <= 31 else { throw usage("num_buffers \(count) is outside 0...31") }
+        var buffers: [(index: Int, buffer: any MTLBuffer, data: UnsafeMutableRawPointer, length: Int, back: Bool)] = []
+        for i in 0..<count {
+            guard let indices = d.buffer_indices, let datas = d.buffer_data, let lengths = d.buffer_lengths else {
+                throw usage("buffer_indices, buffer_data and buffer_lengths are required when num_buffers > 0")
+            }
+            let index = Int(indices[i]), length = Int(lengths[i])
+            guard index >= 0, index < 31 else { throw usage("buffer index \(index) is outside 0...30") }
+            guard length >= 0, let data = datas[i] ?? (length == 0 ? UnsafeMutableRawPointer(bitPattern: 16) : nil) else {
+                throw usage("buffer(\(index)): NULL data or negative length")
+            }
+            guard let b = device.makeBuffer(length: length, options: .storageModeShared) else {
+                throw HarnessError(kind: MOE_SOFTMETAL_RUNTIME, status: MOE_ERROR_OUT_OF_MEMORY, message: "cannot allocate \(length) bytes")
+            }
+            if length > 0 { b.contents().copyMemory(from: data, byteCount: length) }
+            let back = d.buffer_write_back.map { $0[i] != 0 } ?? true
+            buffers.append((index, b, data, length, back))
+        }
+        var indirect: (any MTLBuffer)?
+        if d.mode == 2 {
+            guard let data = d.indirect_data, d.indirect_length > 0,
+                  let b = device.makeBuffer(bytes: data, length: Int(d.indirect_length), options: []) else {
+                throw usage("mode 2 (indirect) needs indirect_data and indirect_length")
+            }
+            indirect = b
+        } else if d.mode != 0 && d.mode != 1 {
+            throw usage("mode \(d.mode) is not 0, 1 or 2")
+        }
+
+        guard let cb = h.queue.makeCommandBuffer(), let encoder = cb.makeComputeCommandEncoder() else {
+            throw HarnessError(kind: MOE_SOFTMETAL_RUNTIME, status: MOE_ERROR_INTERNAL, message: "cannot make a command buffer")
+        }
+        if let e = encoder as? SoftMetalComputeCommandEncoder {
+            e.softMetalCheckRaces = d.check_races != 0
+            e.softMetalPoisonThreadgroupMemory = d.poison_threadgroup_memory != 0
+        }
+        encoder.setComputePipelineState(pipeline)
+        for b in buffers { encoder.setBuffer(b.buffer, offset: 0, index: b.index) }
+        for i in 0..<Int(max(0, d.num_threadgroup_memory)) {
+            guard let indices = d.threadgroup_memory_indices, let lengths = d.threadgroup_memory_lengths else {
+                throw usage("threadgroup_memory_indices and threadgroup_memory_lengths are required")
+            }
+            encoder.setThreadgroupMemoryLength(Int(lengths[i]), index: Int(indices[i]))
+        }
+        let size = [Int(d.size.0), Int(d.size.1), Int(d.size.2)]
+        let tptg = [Int(d.threads_per_threadgroup.0), Int(d.threads_per_threadgroup.1), Int(d.threads_per_threadgroup.2)]
+        let grid = MTLSize(width: size[0], height: size[1], depth: size[2])
+        let threads = MTLSize(width: tptg[0], height: tptg[1], depth: tptg[2])
+        switch d.mode {
+        case 0: encoder.dispatchThreadgroups(grid, threadsPerThreadgroup: threads)
+        case 1: encoder.dispatchThreads(grid, threadsPerThreadgroup: threads)
+        default: encoder.dispatchThreadgroups(indirectBuffer: indirect!, indirectBufferOffset: Int(d.indirect_offset), threadsPerThreadgroup: threads)
+        }
+        encoder.endEncoding()
+        let start = DispatchTime.now().uptimeNanoseconds
+        cb.commit()
+        cb.waitUntilCompleted()
+        d.seconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+        desc.pointee.seconds = d.seconds
+        if let error = cb.error { throw error }
+        for b in buffers where b.back && b.length > 0 {
+            b.data.copyMemory(from: b.buffer.contents(), byteCount: b.length)
+        }
+    }
+#else
+    return unavailable(kind)
+#endif
+}
+
+@_cdecl("moe_softmetal_fiber_switch_ns")
+public func moe_softmetal_fiber_switch_ns(_ library: OpaquePointer?, _ iterations: Int64,
+                                          _ out: UnsafeMutablePointer<Double>?) -> moe_status {
+#if os(Linux)
+    return softMetalStatus(nil) {
+        let h = try handle(library)
+        guard let out else { throw usage("out is NULL") }
+        guard iterations > 0 else { throw usage("iterations must be positive") }
+        out.pointee = try SoftMetalOptions.measureFiberSwitchNanoseconds(in: h.library, iterations: Int(iterations))
+    }
+#else
+    return unavailable(nil)
+#endif
+}
+
+@_cdecl("moe_softmetal_free")
+public func moe_softmetal_free(_ library: OpaquePointer?) {
+#if os(Linux)
+    guard let library else { return }
+    _ = softMetalLock.withLock { softMetalHandles.removeValue(forKey: library) }
+#endif
+}

@@ -1,0 +1,208 @@
+"""Kernel-level harness for SoftMetal, the software Metal device (Linux).
+
+    lib = moe_swift.softmetal.compile(msl_source)
+    lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
+               threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
+               threadgroup_memory={0: nbytes}, check_races=False)
+
+NumPy arrays are copied into guarded Metal buffers and their contents copied back after
+the dispatch (in place; arrays must be C-contiguous and writeable). Anything else that
+exposes a buffer (bytes, ctypes structures, np.void records, read-only arrays) is an
+input only. `buffers` may also be a dict {index: array}. `grid=(x, y, z)` instead of
+`threadgroups` dispatches threads (dispatchThreads, partial edge threadgroups);
+`indirect=(array, byte_offset)` reads the threadgroup counts from an
+MTLDispatchThreadgroupsIndirectArguments buffer.
+
+Errors raise a SoftMetalError subclass whose message says which: CompileError,
+OutOfBoundsError, BarrierDivergenceError, RaceError, InvalidUsageError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import _native
+from ._native import MoEError
+
+__all__ = [
+    "compile",
+    "Library",
+    "SoftMetalError",
+    "CompileError",
+    "OutOfBoundsError",
+    "BarrierDivergenceError",
+    "RaceError",
+    "InvalidUsageError",
+    "available",
+]
+
+
+class SoftMetalError(MoEError):
+    """An error of the software Metal device."""
+
+
+class CompileError(SoftMetalError):
+    """The MSL did not translate or compile; the message has clang's output and MSL lines."""
+
+
+class OutOfBoundsError(SoftMetalError):
+    """A kernel accessed memory past a buffer's end (or threadgroup memory's)."""
+
+
+class BarrierDivergenceError(SoftMetalError):
+    """Threads reached different barriers, or a simd operation at different places."""
+
+
+class RaceError(SoftMetalError):
+    """The result changed when the dispatch ran again in another thread order."""
+
+
+class InvalidUsageError(SoftMetalError, ValueError):
+    """A bad launch: unbound buffer, bad sizes, unknown kernel."""
+
+
+class RuntimeFailure(SoftMetalError):
+    """Another failure while running a kernel (e.g. stack overflow)."""
+
+
+_KINDS = {
+    1: (CompileError, "compile error"),
+    2: (OutOfBoundsError, "out-of-bounds access"),
+    3: (BarrierDivergenceError, "barrier divergence"),
+    4: (RaceError, "race"),
+    5: (InvalidUsageError, "invalid usage"),
+    6: (RuntimeFailure, "runtime error"),
+}
+
+
+def _raise(status, kind):
+    ffi, lib, _ = _native.load()
+    if status == _native.OK:
+        return
+    message = ffi.string(lib.moe_last_error()).decode("utf-8", "replace")
+    if status == _native.UNAVAILABLE:
+        raise _native.BackendUnavailableError(message)
+    cls, what = _KINDS.get(kind, (SoftMetalError, "error"))
+    raise cls(f"SoftMetal {what}: {message}")
+
+
+def available() -> bool:
+    """True where SoftMetal is built (Linux) and clang++ can be found."""
+    import shutil
+    import os
+    import sys
+
+    return sys.platform.startswith("linux") and bool(os.environ.get("SOFTMETAL_CXX") or shutil.which("clang++"))
+
+
+def compile(source: str) -> "Library":  # noqa: A001 - the harness's documented name
+    """Translates and compiles MSL source (compiled objects are cached on disk)."""
+    ffi, lib, _ = _native.load()
+    out = ffi.new("moe_softmetal_library **")
+    kind = ffi.new("int32_t *")
+    _raise(lib.moe_softmetal_compile(source.encode("utf-8"), out, kind), kind[0])
+    return Library(out[0])
+
+
+def _triple(name, value):
+    try:
+        t = tuple(int(v) for v in value)
+    except TypeError:
+        t = (int(value),)
+    if not 1 <= len(t) <= 3 or any(v < 0 for v in t):
+        raise InvalidUsageError(f"{name} must be 1 to 3 non-negative integers, got {value!r}")
+    return t + (1,) * (3 - len(t))
+
+
+class Library:
+    """A compiled MSL library; `launch` runs one dispatch of one of its kernels."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def close(self):
+        if self._handle is not None:
+            _, lib, _ = _native.load()
+            lib.moe_softmetal_free(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def fiber_switch_ns(self, iterations: int = 2_000_000) -> float:
+        """The cost of one fiber switch (ns) with this library's context switch."""
+        ffi, lib, _ = _native.load()
+        out = ffi.new("double *")
+        _native.check(lib.moe_softmetal_fiber_switch_ns(self._handle, iterations, out))
+        return out[0]
+
+    def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
+               threadgroup_memory=None, check_races=False, grid=None, indirect=None,
+               poison_threadgroup_memory=True) -> float:
+        """Runs one dispatch; returns its time in seconds. See the module docstring."""
+        if self._handle is None:
+            raise InvalidUsageError("the library is closed")
+        ffi, lib, _ = _native.load()
+        if isinstance(buffers, Mapping):
+            items = sorted((int(k), v) for k, v in buffers.items())
+        else:
+            items = [(i, v) for i, v in enumerate(buffers) if v is not None]
+        keep = []
+        indices, datas, lengths, back = [], [], [], []
+        for index, value in items:
+            if isinstance(value, np.ndarray) and value.flags.writeable:
+                if not value.flags.c_contiguous:
+                    raise InvalidUsageError(f"buffer({index}): the array must be C-contiguous")
+                array, write_back = value, 1
+            else:
+                array, write_back = np.frombuffer(memoryview(value).cast("B").tobytes(), dtype=np.uint8).copy(), 0
+            keep.append(array)
+            indices.append(index)
+            datas.append(ffi.cast("void *", array.ctypes.data))
+            lengths.append(array.nbytes)
+            back.append(write_back)
+        n = len(indices)
+        c_indices = ffi.new("int32_t[]", indices or [0])
+        c_datas = ffi.new("void *[]", datas or [ffi.NULL])
+        c_lengths = ffi.new("int64_t[]", lengths or [0])
+        c_back = ffi.new("int32_t[]", back or [0])
+        tg = sorted((int(k), (int(v) + 15) // 16 * 16) for k, v in (threadgroup_memory or {}).items())
+        c_tg_indices = ffi.new("int32_t[]", [k for k, _ in tg] or [0])
+        c_tg_lengths = ffi.new("int64_t[]", [v for _, v in tg] or [0])
+
+        desc = ffi.new("moe_softmetal_launch_desc *")
+        desc.struct_size = ffi.sizeof("moe_softmetal_launch_desc")
+        name = ffi.new("char[]", kernel.encode("utf-8"))
+        desc.kernel = name
+        desc.num_buffers = n
+        desc.buffer_indices, desc.buffer_data, desc.buffer_lengths = c_indices, c_datas, c_lengths
+        desc.buffer_write_back = c_back
+        desc.num_threadgroup_memory = len(tg)
+        desc.threadgroup_memory_indices, desc.threadgroup_memory_lengths = c_tg_indices, c_tg_lengths
+        given = [x is not None for x in (threadgroups, grid, indirect)]
+        if sum(given) != 1:
+            raise InvalidUsageError("give exactly one of threadgroups=, grid= or indirect=")
+        if threadgroups is not None:
+            desc.mode, desc.size = 0, _triple("threadgroups", threadgroups)
+        elif grid is not None:
+            desc.mode, desc.size = 1, _triple("grid", grid)
+        else:
+            args, offset = indirect if isinstance(indirect, tuple) else (indirect, 0)
+            args = np.ascontiguousarray(args)
+            keep.append(args)
+            desc.mode = 2
+            desc.indirect_data = ffi.cast("void *", args.ctypes.data)
+            desc.indirect_length = args.nbytes
+            desc.indirect_offset = int(offset)
+        desc.threads_per_threadgroup = _triple("threads_per_threadgroup", threads_per_threadgroup)
+        desc.check_races = 1 if check_races else 0
+        desc.poison_threadgroup_memory = 1 if poison_threadgroup_memory else 0
+        kind = ffi.new("int32_t *")
+        status = lib.moe_softmetal_launch(self._handle, desc, kind)
+        _raise(status, kind[0])
+        return desc.seconds
