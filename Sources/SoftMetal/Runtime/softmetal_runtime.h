@@ -1060,9 +1060,10 @@ static inline int32_t launch(sm_dispatch* d, void (*body)(Lane*)) {
             g->simd[s].mask = 0;
         }
         for (uint32_t i = 0; i < TG_SLOTS; i++) g->slot_ptr[i] = nullptr;
-        if (d->flags & SM_FLAG_POISON)
-            for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++)
-                if (d->tg_mem[i]) memset(d->tg_mem[i], 0xff, d->tg_mem_lengths[i]);
+        // Threadgroup memory starts poisoned (0xFF: NaN as float, -1 as int), or zeroed
+        // when poisoning is off, never with what the previous threadgroup left.
+        for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++)
+            if (d->tg_mem[i]) memset(d->tg_mem[i], (d->flags & SM_FLAG_POISON) ? 0xff : 0, d->tg_mem_lengths[i]);
         for (uint32_t t = 0; t < n; t++) {
             char* block = (char*)d->stacks + (uint64_t)t * d->stack_size;
             char* top = block + d->stack_size - LANE_RESERVE;
