@@ -14,6 +14,7 @@
 #pragma once
 #include <stdint.h>
 #include <stddef.h>
+#include <type_traits>
 
 #define __METAL_VERSION__ 310
 #define __SOFTMETAL__ 1
@@ -581,6 +582,58 @@ using metal::normalize; using metal::length; using metal::distance; using metal:
 using metal::clamp; using metal::abs; using metal::erf; using metal::saturate; using metal::copysign;
 }  // namespace precise
 namespace fast = precise;  // no faster approximations here: both give the float result
+
+inline float max3(float a, float b, float c) { return max(max(a, b), c); }
+inline float min3(float a, float b, float c) { return min(min(a, b), c); }
+inline float median3(float a, float b, float c) { return max(min(a, b), min(max(a, b), c)); }
+inline int max3(int a, int b, int c) { return max(max(a, b), c); }
+inline int min3(int a, int b, int c) { return min(min(a, b), c); }
+inline uint max3(uint a, uint b, uint c) { return max(max(a, b), c); }
+inline uint min3(uint a, uint b, uint c) { return min(min(a, b), c); }
+inline float sincos(float x, float& c) { c = __builtin_cosf(x); return __builtin_sinf(x); }
+
+// <metal_type_traits> and <metal_limits>, the parts kernels use.
+using std::is_same;
+using std::enable_if;
+using std::enable_if_t;
+using std::conditional;
+using std::conditional_t;
+using std::is_integral;
+using std::is_signed;
+using std::is_unsigned;
+using std::remove_cv;
+using std::remove_cv_t;
+using std::integral_constant;
+using std::true_type;
+using std::false_type;
+template <class A, class B> constexpr bool is_same_v = std::is_same<A, B>::value;
+template <class T> constexpr bool is_integral_v = std::is_integral<T>::value;
+template <class T> constexpr bool is_signed_v = std::is_signed<T>::value;
+template <class T> constexpr bool is_unsigned_v = std::is_unsigned<T>::value;
+template <class T> struct is_floating_point : std::integral_constant<bool, std::is_floating_point<T>::value ||
+    std::is_same<T, half>::value || std::is_same<T, bfloat>::value> {};
+template <class T> constexpr bool is_floating_point_v = is_floating_point<T>::value;
+template <class T> struct numeric_limits;
+#define SM_LIMITS(T, lo, hi, low, eps, inf, qnan, isint)                                          \
+    template <> struct numeric_limits<T> {                                                        \
+        static constexpr bool is_specialized = true, is_integer = isint;                          \
+        static T min() { return lo; }                                                             \
+        static T max() { return hi; }                                                             \
+        static T lowest() { return low; }                                                         \
+        static T epsilon() { return eps; }                                                        \
+        static T infinity() { return inf; }                                                       \
+        static T quiet_NaN() { return qnan; }                                                     \
+    };
+SM_LIMITS(float, FLT_MIN, FLT_MAX, -FLT_MAX, FLT_EPSILON, __builtin_inff(), __builtin_nanf(""), false)
+SM_LIMITS(half, HALF_MIN, HALF_MAX, (half)-65504.0f, HALF_EPSILON, (half)__builtin_inff(), (half)__builtin_nanf(""), false)
+SM_LIMITS(bfloat, bfloat(1.175494351e-38f), bfloat(BFLOAT_MAX), bfloat(-BFLOAT_MAX), bfloat(0.0078125f), bfloat(__builtin_inff()), bfloat(__builtin_nanf("")), false)
+SM_LIMITS(int, INT_MIN, INT_MAX, INT_MIN, 0, 0, 0, true)
+SM_LIMITS(uint, 0u, UINT_MAX, 0u, 0u, 0u, 0u, true)
+SM_LIMITS(short, (short)SHRT_MIN, (short)SHRT_MAX, (short)SHRT_MIN, (short)0, (short)0, (short)0, true)
+SM_LIMITS(ushort, (ushort)0, (ushort)USHRT_MAX, (ushort)0, (ushort)0, (ushort)0, (ushort)0, true)
+SM_LIMITS(long_t, LONG_MIN, LONG_MAX, LONG_MIN, 0, 0, 0, true)
+SM_LIMITS(ulong, 0ul, ULONG_MAX, 0ul, 0ul, 0ul, 0ul, true)
+#undef SM_LIMITS
 
 // ---- memory flags, atomics ----
 enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4, mem_threadgroup_imageblock = 8, mem_object_data = 16 };
@@ -1315,6 +1368,54 @@ inline simd_vote simd_active_threads_mask(uint __line = __builtin_LINE()) {
 inline bool simd_is_first(uint __line = __builtin_LINE()) {
     uint64_t m = __sm::simd_collective<uint64_t>(0, 0, __line, "simd_is_first", &__sm::complete_mask);
     return (uint32_t)__builtin_ctzll(m) == __sm::cur()->lane;
+}
+
+// Quad operations (groups of 4 lanes). Like simd operations they are collectives of the
+// whole simdgroup here: every active lane of the simdgroup must reach them.
+namespace __sm {
+template <class T, class Op> static void complete_quad_reduce(Group* g, uint32_t sg) {
+    SimdState& s = g->simd[sg];
+    for (uint32_t q = 0; q < 32; q += 4) {
+        T r;
+        bool first = true;
+        for (uint32_t l = q; l < q + 4; l++) {
+            if (!(s.mask & (1u << l))) continue;
+            T v;
+            memcpy(&v, s.in[l], sizeof(T));
+            r = first ? v : Op::apply(r, v);
+            first = false;
+        }
+        for (uint32_t l = q; l < q + 4; l++)
+            if (s.mask & (1u << l)) memcpy(s.out[l], &r, sizeof(T));
+    }
+}
+template <class T, bool Xor> static void complete_quad_shuffle(Group* g, uint32_t sg) {
+    SimdState& s = g->simd[sg];
+    for (uint32_t l = 0; l < 32; l++) {
+        if (!(s.mask & (1u << l))) continue;
+        uint32_t src = (l & ~3u) | ((Xor ? (l ^ s.arg[l]) : s.arg[l]) & 3u);
+        if (!(s.mask & (1u << src))) src = l;
+        memcpy(s.out[l], s.in[src], sizeof(T));
+    }
+}
+}  // namespace __sm
+#define SM_QUAD_REDUCE(name, Op)                                                              \
+    template <class T> inline T name(T v, uint __line = __builtin_LINE()) {                   \
+        return __sm::simd_collective<T>(v, 0, __line, #name, &__sm::complete_quad_reduce<T, __sm::Op>); \
+    }
+SM_QUAD_REDUCE(quad_sum, OpSum)
+SM_QUAD_REDUCE(quad_product, OpProduct)
+SM_QUAD_REDUCE(quad_min, OpMin)
+SM_QUAD_REDUCE(quad_max, OpMax)
+#undef SM_QUAD_REDUCE
+template <class T> inline T quad_shuffle(T v, ushort i, uint __line = __builtin_LINE()) {
+    return __sm::simd_collective<T>(v, i, __line, "quad_shuffle", &__sm::complete_quad_shuffle<T, false>);
+}
+template <class T> inline T quad_broadcast(T v, ushort i, uint __line = __builtin_LINE()) {
+    return __sm::simd_collective<T>(v, i, __line, "quad_broadcast", &__sm::complete_quad_shuffle<T, false>);
+}
+template <class T> inline T quad_shuffle_xor(T v, ushort m, uint __line = __builtin_LINE()) {
+    return __sm::simd_collective<T>(v, m, __line, "quad_shuffle_xor", &__sm::complete_quad_shuffle<T, true>);
 }
 
 // ---- simdgroup matrices (8x8) ----
