@@ -1,0 +1,180 @@
+// SoftMetal's checks seen through the Metal API: a failing dispatch fails its command
+// buffer with a SoftMetalError (status .error), later commands do not run, and the device
+// keeps working afterwards. The SoftMetal-only switches live on SoftMetalComputeCommandEncoder.
+#if os(Linux)
+import XCTest
+@testable import SoftMetal
+
+let checksSource = """
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void copy_shifted(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                         constant int& shift [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
+    y[gid] = x[int(gid) + shift];
+}
+
+kernel void half_barrier(device float* y [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    if (tid % 2 == 1) threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[tid] = 1.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // odd threads pass two barriers, even ones one
+}
+
+kernel void neighbour_without_barrier(device float* y [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                                      uint n [[threads_per_threadgroup]]) {
+    threadgroup float sh[256];
+    sh[tid] = float(tid);
+    y[tid] = sh[(tid + 1) % n];
+}
+
+kernel void deep_stack(device float* y [[buffer(0)]], constant uint& n [[buffer(1)]], uint tid [[thread_index_in_threadgroup]]) {
+    float big[40000];
+    for (uint i = 0; i < n; i++) big[i] = float(i + tid);
+    y[tid] = big[n - 1];
+}
+
+kernel void group_sums(device const uint* x [[buffer(0)]], device uint* y [[buffer(1)]],
+                       uint group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                       uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+    threadgroup uint partial[2];
+    uint s = simd_sum(x[group * 64 + tid]);
+    if (lane == 0) partial[sg] = s;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) y[group] = partial[0] + partial[1];
+}
+"""
+
+final class SoftMetalChecksTests: XCTestCase {
+    let device = MTLCreateSystemDefaultDevice()!
+    lazy var library: any MTLLibrary = try! device.makeLibrary(source: checksSource, options: nil)
+    lazy var queue: any MTLCommandQueue = device.makeCommandQueue()!
+
+    func pipeline(_ name: String) throws -> any MTLComputePipelineState {
+        try device.makeComputePipelineState(function: XCTUnwrap(library.makeFunction(name: name)))
+    }
+
+    /// Encodes one dispatch per element of `dispatches` (each sets its own buffers), commits and waits.
+    func run(_ name: String, groups: Int, threads: Int, configure: ((SoftMetalComputeCommandEncoder) -> Void)? = nil,
+             _ dispatches: [(any MTLComputeCommandEncoder) -> Void]) throws -> any MTLCommandBuffer {
+        let p = try pipeline(name)
+        let cb = try XCTUnwrap(queue.makeCommandBuffer())
+        let enc = try XCTUnwrap(cb.makeComputeCommandEncoder())
+        configure?(enc as! SoftMetalComputeCommandEncoder)
+        enc.setComputePipelineState(p)
+        for d in dispatches {
+            d(enc)
+            enc.dispatchThreadgroups(MTLSize(width: groups, height: 1, depth: 1),
+                                     threadsPerThreadgroup: MTLSize(width: threads, height: 1, depth: 1))
+        }
+        enc.endEncoding()
+        cb.commit()
+        cb.waitUntilCompleted()
+        return cb
+    }
+
+    func message(_ cb: any MTLCommandBuffer) -> String { (cb.error as? SoftMetalError)?.message ?? "\(String(describing: cb.error))" }
+
+    func testOutOfBoundsFailsTheCommandBufferAndLaterCommandsDoNotRun() throws {
+        let x = device.makeBuffer(length: 64 * 4)!
+        let y = device.makeBuffer(length: 64 * 4)!
+        let z = device.makeBuffer(length: 64 * 4)!
+        var shift: Int32 = 1
+        var noShift: Int32 = 0
+        let sevens = z.contents().assumingMemoryBound(to: Float.self)
+        for i in 0..<64 { sevens[i] = 7 }
+        let cb = try run("copy_shifted", groups: 2, threads: 32, [
+            { $0.setBuffer(x, offset: 0, index: 0); $0.setBuffer(y, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2) },
+            { $0.setBuffer(z, offset: 0, index: 0); $0.setBytes(&noShift, length: 4, index: 2) },  // would copy 7s into y
+        ])
+        XCTAssertEqual(cb.status, .error)
+        guard case .outOfBounds(let m)? = cb.error as? SoftMetalError else { return XCTFail("\(String(describing: cb.error))") }
+        XCTAssertTrue(m.contains("copy_shifted") && m.contains("buffer(0) at byte offset 256"), m)
+        // The second dispatch (which would have read z into y) did not run.
+        let yValues = UnsafeBufferPointer(start: y.contents().assumingMemoryBound(to: Float.self), count: 64)
+        XCTAssertFalse(yValues.contains(7), "a dispatch after the failing one ran")
+
+        // The device still works afterwards.
+        shift = 0
+        let ok = try run("copy_shifted", groups: 2, threads: 32, [
+            { $0.setBuffer(x, offset: 0, index: 0); $0.setBuffer(y, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2) },
+        ])
+        XCTAssertEqual(ok.status, .completed, message(ok))
+    }
+
+    func testUnderflowBeforeABufferAtAnOffsetIsReportedRelativeToTheBinding() throws {
+        let x = device.makeBuffer(length: 64 * 4)!
+        let y = device.makeBuffer(length: 64 * 4)!
+        var shift: Int32 = 0
+        let cb = try run("copy_shifted", groups: 1, threads: 16, [
+            { $0.setBuffer(x, offset: 0, index: 0); $0.setBuffer(y, offset: 200, index: 1); $0.setBytes(&shift, length: 4, index: 2) },
+        ])
+        XCTAssertEqual(cb.status, .error)
+        XCTAssertTrue(message(cb).contains("buffer(1) at byte offset 56 (56 bytes are bound from offset 200)"), message(cb))
+    }
+
+    func testBarrierDivergenceIsAnErrorNotAHang() throws {
+        let y = device.makeBuffer(length: 64 * 4)!
+        let cb = try run("half_barrier", groups: 3, threads: 64, [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        XCTAssertEqual(cb.status, .error)
+        guard case .barrierDivergence(let m)? = cb.error as? SoftMetalError else { return XCTFail(message(cb)) }
+        XCTAssertTrue(m.contains("half_barrier") && m.contains("threadgroup_barrier at line"), m)
+    }
+
+    func testRaceCheckIsRequestedOnTheSoftMetalEncoder() throws {
+        let y = device.makeBuffer(length: 256 * 4)!
+        let silent = try run("neighbour_without_barrier", groups: 1, threads: 128, [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        XCTAssertEqual(silent.status, .completed, "without the race check the bug passes unnoticed")
+        let checked = try run("neighbour_without_barrier", groups: 1, threads: 128, configure: { $0.softMetalCheckRaces = true },
+                              [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        XCTAssertEqual(checked.status, .error)
+        guard case .race(let m)? = checked.error as? SoftMetalError else { return XCTFail(message(checked)) }
+        XCTAssertTrue(m.contains("depends on execution order") && m.contains("buffer(0)"), m)
+    }
+
+    func testPoisonedThreadgroupMemoryShowsUnwrittenReads() throws {
+        let y = device.makeBuffer(length: 256 * 4)!
+        _ = try run("neighbour_without_barrier", groups: 1, threads: 64, [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        let poisoned = UnsafeBufferPointer(start: y.contents().assumingMemoryBound(to: Float.self), count: 64)
+        XCTAssertTrue(poisoned[0].isNaN, "thread 0 read slot 1 before thread 1 wrote it: poison")
+        _ = try run("neighbour_without_barrier", groups: 1, threads: 64, configure: { $0.softMetalPoisonThreadgroupMemory = false },
+                    [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        XCTAssertEqual(UnsafeBufferPointer(start: y.contents().assumingMemoryBound(to: Float.self), count: 64)[0], 0)
+    }
+
+    func testStackOverflowInAGPUThreadIsReported() throws {
+        let y = device.makeBuffer(length: 64 * 4)!
+        var n: UInt32 = 40000
+        let cb = try run("deep_stack", groups: 1, threads: 4, [{ $0.setBuffer(y, offset: 0, index: 0); $0.setBytes(&n, length: 4, index: 1) }])
+        XCTAssertEqual(cb.status, .error)
+        XCTAssertTrue(message(cb).contains("stack overflow"), message(cb))
+    }
+
+    func testManyThreadgroupsOverAllCoresAndTwoQueuesAtOnce() throws {
+        let groups = 500
+        var x = [UInt32](repeating: 0, count: groups * 64)
+        for i in x.indices { x[i] = UInt32(i % 1000) }
+        let xb = x.withUnsafeBytes { device.makeBuffer(bytes: $0.baseAddress!, length: $0.count)! }
+        let p = try pipeline("group_sums")
+        var buffers: [(any MTLCommandBuffer, any MTLBuffer)] = []
+        for _ in 0..<2 {
+            let q = device.makeCommandQueue()!
+            let y = device.makeBuffer(length: groups * 4)!
+            let cb = q.makeCommandBuffer()!
+            let enc = cb.makeComputeCommandEncoder()!
+            enc.setComputePipelineState(p)
+            enc.setBuffer(xb, offset: 0, index: 0)
+            enc.setBuffer(y, offset: 0, index: 1)
+            enc.dispatchThreadgroups(MTLSize(width: groups, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 64, height: 1, depth: 1))
+            enc.endEncoding()
+            cb.commit()
+            buffers.append((cb, y))
+        }
+        for (cb, y) in buffers {
+            cb.waitUntilCompleted()
+            XCTAssertEqual(cb.status, .completed, message(cb))
+            let got = UnsafeBufferPointer(start: y.contents().assumingMemoryBound(to: UInt32.self), count: groups)
+            for g in 0..<groups { XCTAssertEqual(got[g], x[g * 64..<(g + 1) * 64].reduce(0, +), "group \(g)") }
+        }
+    }
+}
+#endif
