@@ -85,8 +85,13 @@ final class KernelCompiler: @unchecked Sendable {
         if access(header, R_OK) != 0 {
             try SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)
         }
-        let source = "\(dir)/\(key).cpp"
+        // A source file per compilation, so that concurrent compilers of the same key never
+        // see each other's files; kept as <key>.failed.cpp when the compilation fails (for debugging).
+        let source = "\(dir)/\(key).\(unique).cpp"
         try SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)
+        defer {
+            if access(output, R_OK) == 0 { unlink(source) } else { rename(source, "\(dir)/\(key).failed.cpp") }
+        }
         let temporary = "\(output).\(unique).tmp"
         let log = "\(dir)/\(key).\(unique).log"
         let argv = [compiler] + KernelCompiler.flags + ["-I", dir, source, "-o", temporary]

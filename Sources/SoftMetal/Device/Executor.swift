@@ -99,7 +99,7 @@ enum Executor {
         try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil)
         let first = distinct.map { snapshot($0) }
         for (b, saved) in zip(distinct, before) { restore(b, saved) }
-        var seed = UInt64.random(in: 1..<UInt64.max)
+        let seed = UInt64.random(in: 1..<UInt64.max)
         try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: seed)
         for (b, expected) in zip(distinct, first) {
             let now = snapshot(b)
@@ -108,7 +108,6 @@ enum Executor {
                 guard let binding, binding.buffer === b else { return nil }
                 return "buffer(\(i)) at byte offset \(at - binding.offset)"
             }
-            seed = 0
             throw SoftMetalError.race("kernel \(kernel.name): the result depends on execution order: \(names.joined(separator: ", ")) differs between a run in order and a run with permuted threads and threadgroups (byte \(expected[at]) vs \(now[at])); a missing barrier, a data race between threads or threadgroups, or an order-dependent atomic")
         }
     }
