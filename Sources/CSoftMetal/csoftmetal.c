@@ -214,7 +214,6 @@ static int ensure_stacks(thread_state* ts, uint32_t count) {
 // MARK: the SIGSEGV handler -------------------------------------------------------------
 
 static struct sigaction previous_segv, previous_bus;
-static pthread_once_t handler_once = PTHREAD_ONCE_INIT;
 
 static void chain(int sig, siginfo_t* info, void* context) {
     struct sigaction* prev = sig == SIGBUS ? &previous_bus : &previous_segv;
@@ -247,14 +246,31 @@ static void on_fault(int sig, siginfo_t* info, void* context) {
     chain(sig, info, context);
 }
 
-static void install_handler(void) {
+static pthread_mutex_t handler_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// (Re)installs the handler for one signal if another one replaced it since (e.g. Python's
+// faulthandler enabled later), keeping the replacement as the one to chain to. Never
+// records itself as the previous handler.
+static void install_one(int sig, struct sigaction* previous) {
+    struct sigaction current;
+    if (sigaction(sig, NULL, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_fault) return;
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_fault;
     action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGSEGV, &action, &previous_segv);
-    sigaction(SIGBUS, &action, &previous_bus);
+    struct sigaction old;
+    if (sigaction(sig, &action, &old) == 0) *previous = old;
+}
+
+// Called at every csm_run: one sigaction query per signal (~1 us) keeps the handler in
+// place while kernels run even if someone else installed a handler after SoftMetal.
+static void install_handler(void) {
+    pthread_mutex_lock(&handler_lock);
+    install_one(SIGSEGV, &previous_segv);
+    install_one(SIGBUS, &previous_bus);
+    pthread_mutex_unlock(&handler_lock);
 }
 
 static void ensure_altstack(thread_state* ts) {
@@ -286,7 +302,7 @@ int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed) {
         set_error(d, "out of memory for fiber stacks or threadgroup memory");
         return d->error_kind = SM_ERROR_RUNTIME;
     }
-    pthread_once(&handler_once, install_handler);
+    install_handler();
     ensure_altstack(ts);
     for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++) {
         uint64_t want = d->tg_mem_lengths[i];

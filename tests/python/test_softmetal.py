@@ -643,3 +643,18 @@ def test_dict_buffers_and_input_only_bytes(lib):
     frozen = np.zeros(2, np.uint32)
     frozen.flags.writeable = False
     lib.launch("write_args", [np.zeros(4, np.uint32), frozen], threadgroups=(1,), threads_per_threadgroup=(1,))
+
+
+def test_guard_pages_still_work_after_another_fault_handler_is_installed(bugs):
+    import faulthandler
+
+    was_enabled = faulthandler.is_enabled()
+    faulthandler.disable()
+    faulthandler.enable()  # puts Python's SIGSEGV handler in front of SoftMetal's
+    try:
+        with pytest.raises(softmetal.OutOfBoundsError, match=r"buffer\(0\)"):
+            bugs.launch("read_past_end", [np.ones(8, np.float32), np.zeros(64, np.float32)], threadgroups=(1,),
+                        threads_per_threadgroup=(64,))
+    finally:
+        if not was_enabled:
+            faulthandler.disable()

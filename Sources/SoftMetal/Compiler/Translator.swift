@@ -320,7 +320,7 @@ struct MSLTranslator {
             edits.append((i, j, replacement + newlines))
             return j
         }
-        if isStatement && atStatementStart && declaration.contains(",") {
+        if j < text.count && text[j] == 44 && atStatementStart && !declaration.contains("*") && !declaration.contains("&") {
             throw fail(i, "declare one threadgroup variable per statement")
         }
         edits.append((i, end, String(repeating: " ", count: end - i)))

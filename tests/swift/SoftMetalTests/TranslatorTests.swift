@@ -1,0 +1,117 @@
+// The MSL-to-C++ translation itself: lines stay in place, attributes become reflection,
+// address spaces and threadgroup declarations are rewritten, vector constructors and half
+// literals are mapped.
+#if os(Linux)
+import XCTest
+@testable import SoftMetal
+
+final class TranslatorTests: XCTestCase {
+    func translate(_ source: String) throws -> MSLTranslator.Output { try MSLTranslator.translate(source) }
+
+    /// The translated text of the MSL part (between the first #line and the generated code).
+    func body(_ out: MSLTranslator.Output) -> [Substring] {
+        let text = out.source.split(separator: "\n", omittingEmptySubsequences: false)
+        let end = text.firstIndex { $0.hasPrefix("#line 1 \"softmetal-generated") }!
+        return Array(text[1..<end])
+    }
+
+    func testEveryLineStaysWhereItWas() throws {
+        let source = """
+        #include <metal_stdlib>
+        using namespace metal; /* a comment
+        over two lines */
+        kernel void k(device float* x [[buffer(0)]],
+                      uint gid
+                        [[thread_position_in_grid]]) {
+            threadgroup float
+               sh[32];
+            x[gid] = sh[gid]; // done
+        }
+        """
+        let out = try translate(source)
+        let lines = body(out)
+        XCTAssertEqual(lines.count, source.split(separator: "\n", omittingEmptySubsequences: false).count)
+        XCTAssertTrue(lines[8].contains("x[gid] = sh[gid];"), "\(lines)")
+        XCTAssertFalse(out.source.contains("a comment"))
+        XCTAssertTrue(lines[0].trimmingSpaces.isEmpty, "the metal_stdlib include is dropped")
+    }
+
+    func testKernelSignatureIsRecorded() throws {
+        let out = try translate("""
+        struct P { uint n; };
+        [[max_total_threads_per_threadgroup(256)]]
+        kernel void k(device const float* a [[ buffer(0) ]], constant P& p [[buffer(3)]],
+                      threadgroup float* sh [[threadgroup(1)]], ushort2 tid [[thread_position_in_threadgroup]]) {}
+        kernel void other(device atomic_uint* c [[buffer(1)]]) {}
+        """)
+        XCTAssertEqual(out.kernels.map(\.name), ["k", "other"])
+        let k = out.kernels[0]
+        XCTAssertEqual(k.maxTotalThreadsPerThreadgroup, 256)
+        XCTAssertEqual(k.parameters, [
+            .init(kind: .buffer(0), type: "const float*", name: "a"),
+            .init(kind: .buffer(3), type: "const P&", name: "p"),
+            .init(kind: .threadgroup(1), type: "float*", name: "sh"),
+            .init(kind: .builtin("thread_position_in_threadgroup"), type: "ushort2", name: "tid"),
+        ])
+        XCTAssertEqual(out.kernels[1].parameters, [.init(kind: .buffer(1), type: "atomic_uint*", name: "c")])
+        XCTAssertTrue(out.source.contains("extern \"C\" __attribute__((visibility(\"default\"))) int32_t __sm_launch_k("))
+        XCTAssertTrue(out.source.contains("__sm_info_other"))
+    }
+
+    func testAddressSpacesAndThreadgroupVariables() throws {
+        let out = try translate("""
+        constant float table[2] = {1.0f, 2.0f};
+        inline float f(thread float& a, threadgroup float* b, device const float* c) { return a + b[0] + c[0]; }
+        kernel void k(device float* x [[buffer(0)]]) {
+            threadgroup float tile[8][9];
+            threadgroup atomic_uint counter;
+            threadgroup float* p = (threadgroup float*)tile;
+        }
+        """)
+        let text = out.source
+        XCTAssertTrue(text.contains("const    float table[2]"), text)
+        XCTAssertTrue(text.contains("inline float f(       float& a,             float* b,        const float* c)"), text)
+        XCTAssertTrue(text.contains("float (&tile)[8][9] = *reinterpret_cast<float (*)[8][9]>(::metal::__sm::tg_var(0, sizeof(float [8][9]), alignof(float)))"), text)
+        XCTAssertTrue(text.contains("atomic_uint& counter = *reinterpret_cast<atomic_uint*>(::metal::__sm::tg_var(1, sizeof(atomic_uint), alignof(atomic_uint)))"), text)
+        XCTAssertTrue(text.contains("float* p = (            float*)tile;"), text)
+        XCTAssertFalse(body(out).joined().contains("device"))
+    }
+
+    func testVectorConstructorsAndHalfLiterals() throws {
+        let out = try translate("""
+        kernel void k(device float4* x [[buffer(0)]]) {
+            float4 a = float4(x[0].xy, 1.0f, 2.0f);
+            half h = 1.5h + 2h;
+            float2 b = metal::float2(3);
+            float4 c = x[1].xyzw;
+            float f = 1e-5f + 0x1fu;
+        }
+        """)
+        let text = out.source
+        XCTAssertTrue(text.contains("float4 a = ::metal::__sm::vmake<::metal::float4>(x[0].xy, 1.0f, 2.0f);"), text)
+        XCTAssertTrue(text.contains("half h = ((half)(1.5)) + ((half)(2));"), text)
+        XCTAssertTrue(text.contains("float2 b = ::metal::__sm::vmake<::metal::float2>(3);"), text)
+        XCTAssertTrue(text.contains("float4 c = x[1].xyzw;"), text)
+        XCTAssertTrue(text.contains("float f = 1e-5f + 0x1fu;"), text)
+    }
+
+    func testUnsupportedConstructsAreClearErrors() throws {
+        XCTAssertThrowsError(try translate("kernel void k(device float* x [[buffer(0)]], float4 v [[stage_in]]) {}")) {
+            XCTAssertTrue("\($0)".contains("[[stage_in]] is not supported"), "\($0)")
+        }
+        XCTAssertThrowsError(try translate("kernel void k(device float* x [[buffer(0)]]) {\n threadgroup float a[4], b[4];\n}")) {
+            XCTAssertTrue("\($0)".contains("source.metal:2") && "\($0)".contains("one threadgroup variable per statement"), "\($0)")
+        }
+        XCTAssertThrowsError(try translate("kernel void k(device float* x [[buffer(31)]]) {}")) {
+            XCTAssertTrue("\($0)".contains("indices 0...30"), "\($0)")
+        }
+    }
+
+    func testHashDependsOnEveryPart() {
+        XCTAssertEqual(Hash128.of(["a", "b"]), Hash128.of(["a", "b"]))
+        XCTAssertNotEqual(Hash128.of(["ab", "c"]), Hash128.of(["a", "bc"]))
+        XCTAssertEqual(Hash128.of([""]).count, 32)
+        XCTAssertNotEqual(Hash128.of(["x"]), Hash128.of(["y"]))
+    }
+}
+#endif
