@@ -209,6 +209,23 @@ kernel void sg_elements(device const half* A [[buffer(0)]],
     simdgroup_store(c, out, 8);
 }
 
+// bfloat tiles: C (float) = A * B + C, and the bfloat result of A * B.
+kernel void sg_bfloat(device const bfloat* A [[buffer(0)]],
+                      device const bfloat* B [[buffer(1)]],
+                      device float* C [[buffer(2)]],
+                      device bfloat* D [[buffer(3)]]) {
+    simdgroup_bfloat8x8 a, b;
+    simdgroup_load(a, A, 8);
+    simdgroup_load(b, B, 8);
+    simdgroup_float8x8 c;
+    simdgroup_load(c, C, 8);
+    simdgroup_multiply_accumulate(c, a, b, c);
+    simdgroup_store(c, C, 8);
+    simdgroup_bfloat8x8 d;
+    simdgroup_multiply(d, a, b);
+    simdgroup_store(d, D, 8);
+}
+
 // Writes MTLDispatchThreadgroupsIndirectArguments for the next dispatch.
 kernel void write_args(device uint* args [[buffer(0)]], constant Sizes& p [[buffer(1)]]) {
     args[0] = (p.n + 63) / 64;
@@ -391,6 +408,19 @@ def test_simdgroup_matrix_thread_elements_layout_and_transpose(lib):
         assert lanes[2 * lane] == want[row, col] and lanes[2 * lane + 1] == want[row, col + 1]
         want[row, col] *= 2
     np.testing.assert_array_equal(out, want)
+
+
+def test_simdgroup_matrix_bfloat(lib):
+    rng = np.random.default_rng(5)
+    a = to_bf16_bits(rng.standard_normal((8, 8)))
+    b = to_bf16_bits(rng.standard_normal((8, 8)))
+    c0 = rng.standard_normal((8, 8)).astype(np.float32)
+    c = c0.copy()
+    d = np.zeros((8, 8), np.uint16)
+    lib.launch("sg_bfloat", [a, b, c, d], threadgroups=(1,), threads_per_threadgroup=(32,))
+    product = from_bf16_bits(a).astype(np.float64) @ from_bf16_bits(b).astype(np.float64)
+    np.testing.assert_allclose(c, product + c0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(from_bf16_bits(d), bf16_round(product.astype(np.float32)))
 
 
 def test_indirect_dispatch(lib):

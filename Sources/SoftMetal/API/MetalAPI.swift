@@ -58,8 +58,8 @@ open class MTLCompileOptions {
 /// `typealias MTLCommandBufferHandler = @Sendable (any MTLCommandBuffer) -> Void`
 public typealias MTLCommandBufferHandler = @Sendable (any MTLCommandBuffer) -> Void
 
-/// documentation/metal/mtldevice
-public protocol MTLDevice: AnyObject {
+/// documentation/metal/mtldevice: `protocol MTLDevice : NSObjectProtocol, Sendable`
+public protocol MTLDevice: AnyObject, Sendable {
     /// documentation/metal/mtldevice/name
     var name: String { get }
     /// documentation/metal/mtldevice/maxthreadsperthreadgroup
@@ -103,8 +103,8 @@ public protocol MTLBuffer: MTLResource {
     func contents() -> UnsafeMutableRawPointer
 }
 
-/// documentation/metal/mtllibrary
-public protocol MTLLibrary: AnyObject {
+/// documentation/metal/mtllibrary: `protocol MTLLibrary : NSObjectProtocol, Sendable`
+public protocol MTLLibrary: AnyObject, Sendable {
     var device: any MTLDevice { get }
     var label: String? { get set }
     /// documentation/metal/mtllibrary/functionnames: `var functionNames: [String] { get }`
@@ -162,7 +162,7 @@ public protocol MTLCommandBuffer: AnyObject {
     func waitUntilCompleted()
 }
 
-/// documentation/metal/mtlcommandencoder
+/// documentation/metal/mtlcommandencoder: `protocol MTLCommandEncoder : NSObjectProtocol` (not Sendable)
 public protocol MTLCommandEncoder: AnyObject {
     var device: any MTLDevice { get }
     var label: String? { get set }
