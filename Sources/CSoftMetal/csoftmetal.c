@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char** environ;
@@ -136,7 +137,82 @@ typedef struct thread_state {
     void* tg_static;
     void* scratch;
     int altstack_done;
+    pthread_t thread;
+    volatile double deadline;   // CLOCK_MONOTONIC seconds; the watchdog stops the run after it
+    int watched;                // slot in `watched_threads` + 1
 } thread_state;
+
+// MARK: the watchdog
+// GPU threads are fibers that run until they block, so a kernel that spins waiting for
+// another thread (or loops forever) would hang the process. A watchdog thread sends
+// WATCHDOG_SIGNAL to a worker whose csm_run passed its deadline; the handler siglongjmps
+// back to csm_run, which reports SM_ERROR_TIMEOUT.
+#define WATCHDOG_SIGNAL (SIGRTMIN + 7)
+#define MAX_WATCHED 1024
+static thread_state* volatile watched_threads[MAX_WATCHED];
+static pthread_mutex_t watch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t watchdog_once = PTHREAD_ONCE_INIT;
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+double csm_timeout_seconds(void) {
+    static double timeout = -1;
+    if (timeout < 0) {
+        const char* env = getenv("SOFTMETAL_TIMEOUT_S");
+        double t = env ? atof(env) : 60.0;
+        timeout = t > 0 ? t : 0;
+    }
+    return timeout;
+}
+
+static void* watchdog_main(void* unused) {
+    (void)unused;
+    for (;;) {
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        double now = now_seconds();
+        pthread_mutex_lock(&watch_lock);
+        for (int i = 0; i < MAX_WATCHED; i++) {
+            thread_state* ts = watched_threads[i];
+            if (ts && ts->running && now > ts->deadline) pthread_kill(ts->thread, WATCHDOG_SIGNAL);
+        }
+        pthread_mutex_unlock(&watch_lock);
+    }
+    return NULL;
+}
+
+static void start_watchdog(void) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_create(&t, &attr, watchdog_main, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+static void watch(thread_state* ts) {
+    pthread_mutex_lock(&watch_lock);
+    for (int i = 0; i < MAX_WATCHED; i++) {
+        if (!watched_threads[i]) {
+            watched_threads[i] = ts;
+            ts->watched = i + 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&watch_lock);
+}
+
+static void unwatch(thread_state* ts) {
+    if (!ts->watched) return;
+    pthread_mutex_lock(&watch_lock);
+    watched_threads[ts->watched - 1] = NULL;
+    ts->watched = 0;
+    pthread_mutex_unlock(&watch_lock);
+}
 
 static __thread thread_state* current_thread;
 static pthread_key_t thread_key;
@@ -148,6 +224,7 @@ static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
 static void thread_state_free(void* p) {
     thread_state* ts = p;
     if (ts == NULL) return;
+    unwatch(ts);
     for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++) csm_guarded_free(ts->tg[i], ts->tg_length[i]);
     csm_guarded_free(ts->tg_static, TG_STATIC_CAPACITY);
     if (ts->stacks_map) {
@@ -169,7 +246,9 @@ static thread_state* get_thread_state(void) {
     ts->tg_static = guarded_map(TG_STATIC_CAPACITY, -100, KIND_THREADGROUP);
     if (!ts->scratch || !ts->tg_static) { thread_state_free(ts); return NULL; }
     pthread_setspecific(thread_key, ts);
+    ts->thread = pthread_self();
     current_thread = ts;
+    watch(ts);
     return ts;
 }
 
@@ -246,6 +325,15 @@ static void on_fault(int sig, siginfo_t* info, void* context) {
     chain(sig, info, context);
 }
 
+static void on_watchdog(int sig, siginfo_t* info, void* context) {
+    (void)sig; (void)info; (void)context;
+    thread_state* ts = current_thread;
+    if (ts && ts->running && now_seconds() > ts->deadline) {
+        ts->running = 0;
+        siglongjmp(ts->jmp, SM_ERROR_TIMEOUT);
+    }
+}
+
 static pthread_mutex_t handler_lock = PTHREAD_MUTEX_INITIALIZER;
 
 // (Re)installs the handler for one signal if another one replaced it since (e.g. Python's
@@ -270,7 +358,18 @@ static void install_handler(void) {
     pthread_mutex_lock(&handler_lock);
     install_one(SIGSEGV, &previous_segv);
     install_one(SIGBUS, &previous_bus);
+    static int watchdog_installed;
+    if (!watchdog_installed && csm_timeout_seconds() > 0) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = on_watchdog;
+        action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&action.sa_mask);
+        sigaction(WATCHDOG_SIGNAL, &action, NULL);
+        watchdog_installed = 1;
+    }
     pthread_mutex_unlock(&handler_lock);
+    if (csm_timeout_seconds() > 0) pthread_once(&watchdog_once, start_watchdog);
 }
 
 static void ensure_altstack(thread_state* ts) {
@@ -326,12 +425,24 @@ int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed) {
     d->scratch_size = SCRATCH_SIZE;
     d->error_kind = SM_OK;
 
+    double timeout = csm_timeout_seconds();
+    if (timeout > 0) {
+        // Dispatch's worker threads block asynchronous signals; unblocked before sigsetjmp,
+        // which saves the mask that siglongjmp restores.
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, WATCHDOG_SIGNAL);
+        pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    }
+    ts->deadline = timeout > 0 ? now_seconds() + timeout : 1e300;
     int jumped = sigsetjmp(ts->jmp, 1);
     if (jumped) {
         ts->running = 0;
-        set_error(d, jumped == SM_ERROR_STACK_OVERFLOW ? "stack overflow in a GPU thread" : "out-of-bounds access");
+        set_error(d, jumped == SM_ERROR_STACK_OVERFLOW ? "stack overflow in a GPU thread"
+                     : jumped == SM_ERROR_TIMEOUT ? "timeout" : "out-of-bounds access");
         return d->error_kind = (uint32_t)jumped;
     }
+
     ts->running = 1;
     int32_t result = launcher(d);
     ts->running = 0;

@@ -688,3 +688,28 @@ def test_guard_pages_still_work_after_another_fault_handler_is_installed(bugs):
     finally:
         if not was_enabled:
             faulthandler.disable()
+
+
+def test_a_spin_wait_is_stopped_by_the_watchdog_instead_of_hanging():
+    # Thread 0 waits for thread 1's flag without a barrier: on SoftMetal a thread runs
+    # until it blocks, so the wait never ends; the watchdog stops it. Own process: the
+    # timeout is read once per process.
+    import subprocess
+
+    code = r'''
+import numpy as np, moe_swift.softmetal as sm
+lib = sm.compile("""
+using namespace metal;
+kernel void spin(device atomic_uint* flag [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    if (tid == 0) { while (atomic_load_explicit(flag, memory_order_relaxed) == 0) {} }
+    if (tid == 1) atomic_store_explicit(flag, 1u, memory_order_relaxed);
+}
+""")
+try:
+    lib.launch("spin", [np.zeros(1, np.uint32)], threadgroups=(1,), threads_per_threadgroup=(2,))
+except sm.SoftMetalError as e:
+    print(type(e).__name__, e)
+'''
+    env = dict(__import__("os").environ, SOFTMETAL_TIMEOUT_S="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "did not finish within 1" in out.stdout and "spin" in out.stdout, out.stdout + out.stderr

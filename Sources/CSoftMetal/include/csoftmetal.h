@@ -33,6 +33,7 @@ extern "C" {
 #define SM_ERROR_DIVERGENCE 2     /* barrier / simd divergence or deadlock */
 #define SM_ERROR_RUNTIME 3        /* another error found by the runtime (message in error) */
 #define SM_ERROR_STACK_OVERFLOW 4 /* fault in the guard page of a fiber stack */
+#define SM_ERROR_TIMEOUT 5        /* the watchdog stopped a chunk that ran too long */
 
 /* One dispatch (or one worker's part of it). Filled by the host; the launcher reads it
  * and writes error_kind / error. Positions: the threadgroups at linear positions
@@ -125,6 +126,10 @@ int32_t csm_fault_region_tag(void);
  * installs the SIGSEGV handler once per process, catches faults in guard pages.
  * Returns an SM_ERROR_* (0 = ok); copies the message into d->error. */
 int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed);
+
+/* Seconds a csm_run may take before the watchdog stops it (SM_ERROR_TIMEOUT): from
+ * $SOFTMETAL_TIMEOUT_S (default 60; 0 = no watchdog). */
+double csm_timeout_seconds(void);
 
 /* posix_spawn(argv[0] found on PATH if it has no '/'), stdout and stderr to output_path;
  * returns the exit status, or -1 with errno text in output_path's place when it cannot

@@ -160,6 +160,8 @@ enum Executor {
                 text = outOfBoundsMessage(kernel, bindings)
             } else if kind == SM_ERROR_STACK_OVERFLOW {
                 text = "kernel \(kernel.name): stack overflow in a GPU thread (thread-private memory over the fiber stack size; set SOFTMETAL_STACK_KB)"
+            } else if kind == SM_ERROR_TIMEOUT {
+                text = "kernel \(kernel.name): did not finish within \(csm_timeout_seconds()) s (SOFTMETAL_TIMEOUT_S): an endless loop, or a thread spinning on a value that another thread sets (SoftMetal runs a thread until it reaches a barrier, a simd operation or its end, so spin-waits never see the other threads)"
             }
             results[chunk] = ChunkResult(kind: kind, message: text)
         }
