@@ -320,6 +320,9 @@ struct MSLTranslator {
             edits.append((i, j, replacement + newlines))
             return j
         }
+        if j < text.count && text[j] == 61 && atStatementStart && !declaration.contains("*") && !declaration.contains("&") {
+            throw fail(i, "a threadgroup variable cannot have an initializer (`threadgroup\(declaration) = ...`): assign it in the kernel body, then use a barrier")
+        }
         if j < text.count && text[j] == 44 && atStatementStart && !declaration.contains("*") && !declaration.contains("&") {
             throw fail(i, "declare one threadgroup variable per statement")
         }
@@ -402,6 +405,9 @@ struct MSLTranslator {
         let name = String(joined[joined.index(after: nameStart)...])
         let type = String(joined[...nameStart]).trimmingSpaces
             .replacingAll(" *", with: "*").replacingAll(" &", with: "&")
+        if name.isEmpty || type.isEmpty || type.contains("[") {
+            throw fail(a, "kernel \(kernel): the parameter `\(raw.trimmingSpaces)` is not supported by SoftMetal (arrays of buffers and unnamed parameters are not)")
+        }
         guard let attribute else {
             throw fail(a, "kernel \(kernel): the parameter `\(raw.trimmingSpaces)` has no attribute; SoftMetal needs [[buffer(n)]], [[threadgroup(n)]] or a thread-position attribute")
         }

@@ -102,6 +102,12 @@ final class TranslatorTests: XCTestCase {
         XCTAssertThrowsError(try translate("kernel void k(device float* x [[buffer(0)]]) {\n threadgroup float a[4], b[4];\n}")) {
             XCTAssertTrue("\($0)".contains("source.metal:2") && "\($0)".contains("one threadgroup variable per statement"), "\($0)")
         }
+        XCTAssertThrowsError(try translate("kernel void k(device float* x [[buffer(0)]]) {\n  threadgroup float a = 0.0f;\n}")) {
+            XCTAssertTrue("\($0)".contains("source.metal:2") && "\($0)".contains("cannot have an initializer"), "\($0)")
+        }
+        XCTAssertThrowsError(try translate("kernel void k(device float* xs[2] [[buffer(0)]]) {}")) {
+            XCTAssertTrue("\($0)".contains("arrays of buffers"), "\($0)")
+        }
         XCTAssertThrowsError(try translate("kernel void k(device float* x [[buffer(31)]]) {}")) {
             XCTAssertTrue("\($0)".contains("indices 0...30"), "\($0)")
         }
