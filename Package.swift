@@ -44,7 +44,18 @@ let package = Package(
                 .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
             ],
             path: "Sources/MoEKernels",
-            exclude: ["Metal"]
+            exclude: ["Metal/README.md"],
+            // The Metal backend's MSL, compiled at run time with makeLibrary(source:) (never
+            // Bundle.module, which fails when the library is loaded from Python). The header
+            // is also imported into Swift through CMoESwift's module map.
+            resources: [
+                .embedInCode("Metal/moe_kernel_params.h"),
+                .embedInCode("Metal/moe_common.h"),
+                .embedInCode("Metal/moe_router.metal"),
+                .embedInCode("Metal/moe_bucket.metal"),
+                .embedInCode("Metal/moe_experts.metal"),
+                .embedInCode("Metal/moe_combine.metal"),
+            ]
         ),
         .testTarget(
             name: "MoEKernelsTests",

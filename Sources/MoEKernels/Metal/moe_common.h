@@ -1,0 +1,53 @@
+// moe_common.h - MSL helpers shared by the kernels (selection order, activations).
+// Pasted into the library source like moe_kernel_params.h (see MetalKernels.swift).
+#ifndef MOE_COMMON_H
+#define MOE_COMMON_H
+
+#include <metal_stdlib>
+using namespace metal;
+
+#define MOE_NONE 0xFFFFFFFFu
+
+// NaN by its bits, so that the test survives any math mode.
+static inline bool moe_is_nan(float v) {
+    return (as_type<uint>(v) & 0x7FFFFFFFu) > 0x7F800000u;
+}
+
+// The total order of selection (TokenRouter in Routing.swift): a larger value wins,
+// NaN loses to every number, equal values (and two NaNs) go to the lower index;
+// MOE_NONE (no candidate) loses to everything.
+static inline bool moe_beats(float a, uint ia, float b, uint ib) {
+    if (ib == MOE_NONE) return ia != MOE_NONE;
+    if (ia == MOE_NONE) return false;
+    const bool an = moe_is_nan(a), bn = moe_is_nan(b);
+    if (an || bn) return bn && (!an || ia < ib);
+    return a > b || (a == b && ia < ib);
+}
+
+// The best (value, index) of the simdgroup under moe_beats, in every lane. A total
+// order, so the butterfly gives the same winner as a sequential scan.
+static inline void moe_simd_best(thread float& v, thread uint& i) {
+    for (ushort offset = 16; offset > 0; offset >>= 1) {
+        const float ov = simd_shuffle_xor(v, offset);
+        const uint oi = simd_shuffle_xor(i, offset);
+        if (moe_beats(ov, oi, v, i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+// The gated activations of the spec (GatedActivation in CPU/Activation.swift).
+static inline float moe_activate(uint kind, float g, float u, float alpha, float limit) {
+    if (kind == 0) {
+        return g / (1.0f + exp(-g)) * u;
+    }
+    if (kind == 1) {
+        return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
+    }
+    const float gc = min(g, limit);
+    const float uc = max(min(u, limit), -limit);
+    return gc / (1.0f + exp(-alpha * gc)) * (uc + 1.0f);
+}
+
+#endif

@@ -1,0 +1,121 @@
+/*
+ * moe_kernel_params.h - the parameter structs and constants of the Metal kernels,
+ * declared once for both sides:
+ *   - MSL: MetalKernels.swift pastes this file where a kernel file says
+ *     #include "moe_kernel_params.h" (makeLibrary(source:) cannot resolve includes);
+ *   - Swift: imported through the CMoESwift module map (Sources/CMoESwift/include/
+ *     module.modulemap names this file by a relative path);
+ *   - the Python kernel tests: cffi reads the part between PARAMS-BEGIN and PARAMS-END.
+ * Plain C, fixed-width fields only (4 bytes each, so the layouts agree without packing
+ * rules), every struct padded to a multiple of 16 bytes. Not part of the public ABI.
+ */
+#ifndef MOE_KERNEL_PARAMS_H
+#define MOE_KERNEL_PARAMS_H
+
+#ifdef __METAL_VERSION__
+typedef unsigned int moe_u32;
+typedef int moe_i32;
+#else
+#include <stdint.h>
+typedef uint32_t moe_u32;
+typedef int32_t moe_i32;
+#endif
+
+/* PARAMS-BEGIN */
+
+/* Threads of a simdgroup on every Apple GPU (and on SoftMetal). */
+#define MOE_SIMD_WIDTH 32
+
+/* Router: one threadgroup of MOE_ROUTER_THREADS threads routes up to
+ * MOE_ROUTER_MAX_TOKENS tokens (one simdgroup per token for the top-k). */
+#define MOE_ROUTER_THREADS 256
+#define MOE_ROUTER_SIMDGROUPS 8
+#define MOE_ROUTER_MAX_TOKENS 8
+/* The top-k keeps one bit per expert and lane: at most 32 * 32 experts. */
+#define MOE_MAX_EXPERTS 1024
+
+/* Decode path: matrix-vector kernels; one threadgroup of MOE_GEMV_THREADS threads
+ * computes MOE_GEMV_ROWS output rows (one per simdgroup) of one expert for every
+ * token that selected it (at most MOE_DECODE_MAX_TOKENS). */
+#define MOE_DECODE_MAX_TOKENS 4
+#define MOE_GEMV_THREADS 256
+#define MOE_GEMV_ROWS 8
+
+/* Prefill path: bucketing in one threadgroup; tiled GEMM with simdgroup matrices,
+ * MOE_GEMM_BM bucket rows x MOE_GEMM_BN outputs per threadgroup of MOE_GEMM_THREADS
+ * threads (2 x 2 simdgroups of 16 x 16), K in steps of MOE_GEMM_BK. */
+#define MOE_BUCKET_THREADS 256
+#define MOE_BUCKET_SIMDGROUPS 8
+#define MOE_GEMM_BM 32
+#define MOE_GEMM_BN 32
+#define MOE_GEMM_BK 32
+#define MOE_GEMM_THREADS 128
+
+/* Combine: MOE_COMBINE_THREADS consecutive hidden elements of one token per threadgroup. */
+#define MOE_COMBINE_THREADS 256
+
+/* moe_ffn_params.mode */
+#define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
+#define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
+
+/* moe_router: grid (ceil(tokens / tokens_per_group)), MOE_ROUTER_THREADS threads,
+ * threadgroup(0): tokens_per_group * (logit_stride + 2 * experts) floats. */
+typedef struct moe_router_params {
+    moe_u32 tokens;
+    moe_u32 hidden;
+    moe_u32 experts;
+    moe_u32 top_k;
+    moe_u32 scoring;              /* 0 softmax, 1 sigmoid */
+    moe_u32 norm_topk_prob;
+    float routed_scaling_factor;
+    moe_u32 n_group;
+    moe_u32 topk_group;
+    moe_u32 has_router_bias;
+    moe_u32 has_selection_bias;
+    moe_u32 has_per_expert_scale;
+    moe_u32 has_shared_gate;      /* also compute sigmoid(x . shared_gate) */
+    moe_u32 tokens_per_group;     /* 1 ... MOE_ROUTER_MAX_TOKENS */
+    moe_u32 logit_stride;         /* >= experts + 1 */
+    moe_u32 _pad0;
+} moe_router_params;
+
+/* moe_bucket: one threadgroup of MOE_BUCKET_THREADS threads,
+ * threadgroup(0): 6 * experts uints (counts, cursors, per-simdgroup counts as ushort). */
+typedef struct moe_bucket_params {
+    moe_u32 pairs;                /* tokens * top_k */
+    moe_u32 experts;
+    moe_u32 gate_up_column_tiles; /* ceil(I / MOE_GEMM_BN): y of the gate/up GEMM grid */
+    moe_u32 down_column_tiles;    /* ceil(H / MOE_GEMM_BN): y of the down GEMM grid */
+} moe_bucket_params;
+
+/* The expert kernels (gate/up and down, matrix-vector and GEMM), routed or shared. */
+typedef struct moe_ffn_params {
+    moe_u32 tokens;
+    moe_u32 hidden;               /* H */
+    moe_u32 inner;                /* I (or the shared expert's Is) */
+    moe_u32 top_k;                /* pairs per token (1 for the shared expert) */
+    moe_u32 mode;                 /* MOE_FFN_ROUTED or MOE_FFN_SHARED */
+    moe_u32 activation;           /* 0 silu, 1 gelu_tanh, 2 swiglu_oai */
+    float swiglu_alpha;
+    float swiglu_limit;
+    moe_u32 has_bias;
+    moe_u32 _pad0;
+    moe_u32 _pad1;
+    moe_u32 _pad2;
+} moe_ffn_params;
+
+/* moe_combine: grid (ceil(hidden / MOE_COMBINE_THREADS), tokens). */
+typedef struct moe_combine_params {
+    moe_u32 tokens;
+    moe_u32 hidden;
+    moe_u32 top_k;
+    moe_u32 has_shared;
+    moe_u32 has_residual;
+    moe_u32 _pad0;
+    moe_u32 _pad1;
+    moe_u32 _pad2;
+} moe_combine_params;
+
+/* PARAMS-END */
+
+#endif /* MOE_KERNEL_PARAMS_H */
