@@ -23,6 +23,8 @@ let package = Package(
             pkgConfig: "openblas",
             providers: [.apt(["libopenblas-dev"])]
         ),
+        // Small-M matrix products (AVX2 / AVX-512, chosen at run time) where BLAS is slow.
+        .target(name: "CMoECPU", path: "Sources/CMoECPU"),
         // SoftMetal: a software Metal device (Apple's Metal API names, MSL compiled to C++ and
         // run on the CPU) so that the Metal backend runs on Linux. Empty on Apple platforms.
         // CSoftMetal is its low-level C part: guarded memory, the SIGSEGV handler, fiber stacks,
@@ -40,6 +42,7 @@ let package = Package(
             name: "MoEKernels",
             dependencies: [
                 "CMoESwift",
+                "CMoECPU",
                 .target(name: "COpenBLAS", condition: .when(platforms: [.linux])),
                 .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
             ],
@@ -59,7 +62,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MoEKernelsTests",
-            dependencies: ["MoEKernels", "CMoESwift"],
+            dependencies: ["MoEKernels", "CMoESwift", "CMoECPU"],
             path: "tests/swift/MoEKernelsTests"
         ),
         .testTarget(

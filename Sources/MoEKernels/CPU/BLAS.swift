@@ -4,6 +4,7 @@ import Accelerate
 #else
 import COpenBLAS
 #endif
+import CMoECPU
 
 enum BLAS {
     /// The CPU backend parallelises over its own fixed work items with Dispatch, so BLAS
@@ -15,13 +16,19 @@ enum BLAS {
         #endif
     }()
 
+    /// Below this many rows `moe_cpu_gemm_nt` beats BLAS, which packs the whole weight
+    /// block for every call (CMoECPU/include/moe_cpu_kernels.h has the measurements).
+    static let smallRowLimit = moe_cpu_gemm_nt_available() != 0 ? 96 : 0
+
     /// `c[m×n] = a[m×k] · b[n×k]ᵀ` (row-major, leading dimensions in elements).
     @inline(__always)
     static func gemmNT(m: Int, n: Int, k: Int,
                        a: UnsafePointer<Float>, lda: Int,
                        b: UnsafePointer<Float>, ldb: Int,
                        c: UnsafeMutablePointer<Float>, ldc: Int) {
-        if m == 1 {
+        if m < smallRowLimit {
+            moe_cpu_gemm_nt(Int64(m), Int64(n), Int64(k), a, Int64(lda), b, Int64(ldb), c, Int64(ldc))
+        } else if m == 1 {
             // A single row is a matrix-vector product; gemv streams `b` once.
             cblas_sgemv(CblasRowMajor, CblasNoTrans, Int32(n), Int32(k), 1, b, Int32(ldb), a, 1, 0, c, 1)
         } else {
