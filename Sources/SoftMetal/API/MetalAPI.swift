@@ -8,7 +8,7 @@
 // Nothing SoftMetal-specific is declared on these types: see SoftMetalOptions.swift.
 
 /// documentation/metal/mtlsize: `struct MTLSize { var width, height, depth: Int }`
-public struct MTLSize: Equatable {
+public struct MTLSize {  // not Equatable: Apple's (a C struct) is not either
     public var width: Int
     public var height: Int
     public var depth: Int
