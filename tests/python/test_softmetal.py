@@ -540,10 +540,10 @@ kernel void with_barrier(device const float* x [[buffer(0)]], device float* y [[
     y[tid] = sh[(tid + 1) % n];
 }
 
-// Threadgroups race on one element: the last one to write wins.
+// Threadgroups race on 8 elements: the last one to write each wins.
 kernel void last_group_wins(device uint* y [[buffer(0)]], uint group [[threadgroup_position_in_grid]],
                             uint tid [[thread_index_in_threadgroup]]) {
-    if (tid == 0) y[0] = group;
+    if (tid == 0) y[group % 8] = group;
 }
 
 // Slots claimed with an atomic counter: the order of the output depends on thread order.
@@ -632,7 +632,7 @@ def test_missing_barrier_is_a_race(bugs):
 
 
 def test_racing_threadgroups_are_a_race(bugs):
-    y = np.zeros(1, np.uint32)
+    y = np.zeros(8, np.uint32)
     bugs.launch("last_group_wins", [y], threadgroups=(64,), threads_per_threadgroup=(4,))  # silent without the check
     with pytest.raises(softmetal.RaceError, match="last_group_wins"):
         bugs.launch("last_group_wins", [y], threadgroups=(64,), threads_per_threadgroup=(4,), check_races=True)
