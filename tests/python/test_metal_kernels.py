@@ -106,3 +106,97 @@ def test_router_ties_and_nan(lib):
     wr_tied = np.zeros((E, H), np.float32)
     ids, _, _ = run_router(lib, x[:1], wr_tied, top_k=k, scoring="sigmoid", selection_bias=bias)
     np.testing.assert_array_equal(ids[0], [0, 1, 2, 4, 5])
+
+
+# --- expert matmuls ----------------------------------------------------------------
+
+ACT = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
+
+
+def ffn_params(*, T, H, I, k, shared=False, activation="silu", alpha=1.702, limit=7.0, has_bias=False):
+    return params("moe_ffn_params", tokens=T, hidden=H, inner=I, top_k=k, mode=1 if shared else 0,
+                  activation=ACT[activation], swiglu_alpha=alpha, swiglu_limit=limit, has_bias=int(has_bias))
+
+
+def np_gate_up(x_rows, w, bias, activation):
+    """x_rows (R, H), w (2I, H), bias (2I) or None -> act (R, I) in float64."""
+    I = w.shape[0] // 2
+    gu = x_rows.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        gu = gu + bias
+    return reference.ACTIVATIONS[activation](gu[:, :I], gu[:, I:], alpha=1.702, limit=7.0)
+
+
+def decode_ids(rng, T, E, k, repeat=True):
+    """(T, k) distinct ids per token; with `repeat`, tokens share some experts."""
+    pool = min(E, k + 1) if repeat else E
+    return np.stack([rng.choice(pool, k, replace=False) for _ in range(T)]).astype(np.int32)
+
+
+@pytest.mark.parametrize("activation", sorted(ACT))
+@pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, False), (3, 36, 17, 5, 3, True),
+                                           (4, 13, 9, 6, 2, True), (2, 64, 40, 3, 3, False)])
+def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
+    rng = np.random.default_rng(T * 7 + H)
+    x = f32(T, H, rng=rng)
+    w = f32(E, 2 * I, H, rng=rng, scale=H ** -0.5 * (3 if activation == "swiglu_oai" else 1))
+    b = f32(E, 2 * I, rng=rng) if bias else None
+    ids = decode_ids(rng, T, E, k)
+    act = np.full((T * k, I), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias)
+    lib.launch("moe_gate_up_gemv", {0: p, 1: x, 2: w, 3: b if bias else dummy(), 4: act, 5: ids.ravel()},
+               threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
+               check_races=True)
+    for pair, e in enumerate(ids.ravel()):
+        ref = np_gate_up(x[pair // k][None], w[e], None if b is None else b[e], activation)[0]
+        np.testing.assert_allclose(act[pair], ref, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref).max()))
+    # The shared expert: expert 0, rows = tokens, one threadgroup row.
+    act_s = np.full((T, I), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation)
+    lib.launch("moe_gate_up_gemv", {0: p, 1: x, 2: w[:1].copy(), 3: dummy(), 4: act_s, 5: dummy()},
+               threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), 1), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
+               check_races=True)
+    np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, True), (3, 17, 36, 5, 3, False), (4, 40, 9, 6, 2, True)])
+def test_down_gemv(lib, T, H, I, E, k, bias):
+    rng = np.random.default_rng(T * 5 + I)
+    act = f32(T * k, I, rng=rng)
+    w = f32(E, H, I, rng=rng, scale=I ** -0.5)
+    b = f32(E, H, rng=rng) if bias else None
+    ids = decode_ids(rng, T, E, k)
+    rw = rng.random(T * k).astype(np.float32)
+    out = np.full((T * k, H), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias)
+    lib.launch("moe_down_gemv", {0: p, 1: act, 2: w, 3: b if bias else dummy(), 4: out, 5: ids.ravel(), 8: rw},
+               threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
+               check_races=True)
+    for pair, e in enumerate(ids.ravel()):
+        ref = act[pair].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
+        np.testing.assert_allclose(out[pair], rw[pair] * ref, rtol=1e-4, atol=1e-5)
+
+
+# --- combine -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared,residual", [(False, False), (True, True), (False, True)])
+def test_combine(lib, shared, residual):
+    T, H, k = 5, 300, 3
+    rng = np.random.default_rng(1)
+    pair_out = f32(T * k, H, rng=rng)
+    s = f32(T, H, rng=rng)
+    r = f32(T, H, rng=rng)
+    expected = pair_out.reshape(T, k, H)[:, 0].copy()
+    for j in range(1, k):
+        expected += pair_out.reshape(T, k, H)[:, j]
+    if shared:
+        expected += s
+    if residual:
+        expected += r
+    p = params("moe_combine_params", tokens=T, hidden=H, top_k=k, has_shared=int(shared), has_residual=int(residual))
+    out = np.full((T, H), np.nan, np.float32)
+    lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out},
+               threadgroups=(-(-H // CONST["MOE_COMBINE_THREADS"]), T),
+               threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_races=True)
+    np.testing.assert_array_equal(out, expected)  # float32 in the same order: bit-identical
