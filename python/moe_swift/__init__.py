@@ -5,9 +5,11 @@
     ids, weights = layer.route(x)    # (T, k) int32, (T, k) float32
 
 `moe_swift.reference.moe_forward` is the NumPy float64 oracle of the same computation.
+`moe_swift.softmetal` compiles and launches single MSL kernels on SoftMetal, the software
+Metal device (Linux).
 """
 
-from . import reference
+from . import reference, softmetal
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
 from .layer import MoELayer, available_backends
 
@@ -17,6 +19,7 @@ __all__ = [
     "MoELayer",
     "available_backends",
     "reference",
+    "softmetal",
     "MoEError",
     "BackendUnavailableError",
     "LibraryNotFoundError",

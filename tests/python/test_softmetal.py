@@ -713,3 +713,19 @@ except sm.SoftMetalError as e:
     env = dict(__import__("os").environ, SOFTMETAL_TIMEOUT_S="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "did not finish within 1" in out.stdout and "spin" in out.stdout, out.stdout + out.stderr
+
+
+def test_types_need_no_using_namespace():
+    lib = softmetal.compile("""
+#include <metal_stdlib>
+kernel void k(device float* x [[buffer(0)]], device half* h [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+    float4 v = float4(float2(1.0f, 2.0f), 3.0f, 4.0f);
+    x[i] = v[i] + metal::exp(0.0f);
+    h[i] = half(v[i]) * 0.5h;
+}
+""")
+    x = np.zeros(4, np.float32)
+    h = np.zeros(4, np.float16)
+    lib.launch("k", [x, h], threadgroups=(1,), threads_per_threadgroup=(4,))
+    np.testing.assert_array_equal(x, [2, 3, 4, 5])
+    np.testing.assert_array_equal(h, [0.5, 1, 1.5, 2])

@@ -301,6 +301,43 @@ SM_PACKED(uint, uint, 3)
 SM_PACKED(uint, uint, 4)
 #undef SM_PACKED
 
+}  // namespace metal
+// As in MSL, the scalar and vector type names are usable without `using namespace metal`.
+using metal::uint;
+using metal::ushort;
+using metal::uchar;
+using metal::half;
+using metal::bfloat;
+#define SM_GLOBAL_VECS(name) using metal::name##2; using metal::name##3; using metal::name##4; using metal::name##8; using metal::name##16;
+SM_GLOBAL_VECS(float)
+SM_GLOBAL_VECS(half)
+SM_GLOBAL_VECS(int)
+SM_GLOBAL_VECS(uint)
+SM_GLOBAL_VECS(short)
+SM_GLOBAL_VECS(ushort)
+SM_GLOBAL_VECS(char)
+SM_GLOBAL_VECS(uchar)
+SM_GLOBAL_VECS(long)
+SM_GLOBAL_VECS(ulong)
+SM_GLOBAL_VECS(bool)
+#undef SM_GLOBAL_VECS
+using metal::bfloat2;
+using metal::bfloat3;
+using metal::bfloat4;
+using metal::packed_float2;
+using metal::packed_float3;
+using metal::packed_float4;
+using metal::packed_half2;
+using metal::packed_half3;
+using metal::packed_half4;
+using metal::packed_int2;
+using metal::packed_int3;
+using metal::packed_int4;
+using metal::packed_uint2;
+using metal::packed_uint3;
+using metal::packed_uint4;
+namespace metal {
+
 namespace __sm {
 // vtraits<T>: element type and count of scalars (N = 1) and vectors.
 template <class T> struct vtraits { typedef T E; static constexpr int N = 1; static constexpr bool vec = false; };
