@@ -200,3 +200,106 @@ def test_combine(lib, shared, residual):
                threadgroups=(-(-H // CONST["MOE_COMBINE_THREADS"]), T),
                threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_races=True)
     np.testing.assert_array_equal(out, expected)  # float32 in the same order: bit-identical
+
+
+# --- bucketing ---------------------------------------------------------------------
+
+
+def np_buckets(ids, E):
+    """What moe_bucket must produce: offsets, stable rows, tiles (expert, first row)."""
+    flat = ids.ravel()
+    counts = np.bincount(flat, minlength=E)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+    rows = np.argsort(flat, kind="stable").astype(np.uint32)
+    BM = CONST["MOE_GEMM_BM"]
+    tiles = [(e, offsets[e] + r) for e in range(E) for r in range(0, counts[e], BM)]
+    return offsets, rows, np.array(tiles, np.uint32).reshape(-1, 2)
+
+
+def run_bucket(lib, ids, E, gate_up_tiles=3, down_tiles=5):
+    P = ids.size
+    BM = CONST["MOE_GEMM_BM"]
+    offsets = np.full(E + 1, 0xDEAD, np.uint32)
+    rows = np.full(P, 0xDEAD, np.uint32)
+    tiles = np.full((-(-P // BM) + E, 2), 0xDEAD, np.uint32)
+    args = np.full(8, 0xDEAD, np.uint32)
+    p = params("moe_bucket_params", pairs=P, experts=E, gate_up_column_tiles=gate_up_tiles,
+               down_column_tiles=down_tiles)
+    lib.launch("moe_bucket", [p, ids.ravel().astype(np.int32), offsets, rows, tiles, args], threadgroups=(1,),
+               threads_per_threadgroup=(CONST["MOE_BUCKET_THREADS"],), threadgroup_memory={0: 24 * E}, check_races=True)
+    return offsets, rows, tiles, args
+
+
+@pytest.mark.parametrize("T,E,k", [(5, 4, 2), (300, 8, 3), (97, 300, 8), (40, 1, 1), (64, 16, 16), (700, 2, 1)])
+def test_bucket(lib, T, E, k):
+    rng = np.random.default_rng(T + E)
+    # Skewed choices (some experts hot, some never chosen), distinct per token.
+    p = rng.random(E) ** 3 + 1e-3
+    ids = np.stack([rng.choice(E, k, replace=False, p=p / p.sum()) for _ in range(T)]).astype(np.int32)
+    offsets, rows, tiles, args = run_bucket(lib, ids, E)
+    ref_offsets, ref_rows, ref_tiles = np_buckets(ids, E)
+    np.testing.assert_array_equal(offsets, ref_offsets)
+    np.testing.assert_array_equal(rows, ref_rows)
+    n = len(ref_tiles)
+    np.testing.assert_array_equal(tiles[:n], ref_tiles)
+    np.testing.assert_array_equal(args, [n, 3, 1, 0, n, 5, 1, 0])
+
+
+# --- prefill GEMMs -----------------------------------------------------------------
+
+
+def gemm_grid(n_tiles, N):
+    return dict(threadgroups=(n_tiles, -(-N // CONST["MOE_GEMM_BN"])),
+                threads_per_threadgroup=(CONST["MOE_GEMM_THREADS"],))
+
+
+@pytest.mark.parametrize("activation", sorted(ACT))
+@pytest.mark.parametrize("T,H,I,E,k,bias", [(40, 32, 32, 4, 2, False), (70, 45, 37, 6, 3, True), (9, 8, 70, 3, 1, True)])
+def test_gate_up_gemm(lib, activation, T, H, I, E, k, bias):
+    rng = np.random.default_rng(T + H + I)
+    x = f32(T, H, rng=rng)
+    w = f32(E, 2 * I, H, rng=rng, scale=H ** -0.5 * (3 if activation == "swiglu_oai" else 1))
+    b = f32(E, 2 * I, rng=rng) if bias else None
+    ids = decode_ids(rng, T, E, k, repeat=False)
+    offsets, rows, tiles = np_buckets(ids, E)
+    act = np.full((T * k, I), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias)
+    lib.launch("moe_gate_up_gemm", {0: p, 1: x, 2: w, 3: b if bias else dummy(), 4: act, 5: rows, 6: tiles, 7: offsets},
+               check_races=True, **gemm_grid(len(tiles), I))
+    flat = ids.ravel()
+    for e in range(E):
+        pairs = np.nonzero(flat == e)[0]
+        ref = np_gate_up(x[pairs // k], w[e], None if b is None else b[e], activation)
+        np.testing.assert_allclose(act[pairs], ref, rtol=1e-4, atol=1e-4)
+    # Shared: rows are the tokens, expert 0.
+    act_s = np.full((T, I), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation)
+    lib.launch("moe_gate_up_gemm", {0: p, 1: x, 2: w[:1].copy(), 3: dummy(), 4: act_s, 5: dummy(), 6: dummy(), 7: dummy()},
+               check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), I))
+    np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("T,H,I,E,k,bias", [(40, 32, 32, 4, 2, True), (70, 37, 45, 6, 3, False), (5, 70, 8, 2, 2, True)])
+def test_down_gemm(lib, T, H, I, E, k, bias):
+    rng = np.random.default_rng(T * 3 + H)
+    act = f32(T * k, I, rng=rng)
+    w = f32(E, H, I, rng=rng, scale=I ** -0.5)
+    b = f32(E, H, rng=rng) if bias else None
+    ids = decode_ids(rng, T, E, k, repeat=False)
+    rw = rng.random(T * k).astype(np.float32)
+    offsets, rows, tiles = np_buckets(ids, E)
+    out = np.full((T * k, H), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias)
+    lib.launch("moe_down_gemm", {0: p, 1: act, 2: w, 3: b if bias else dummy(), 4: out, 5: rows, 6: tiles, 7: offsets,
+                                 8: rw}, check_races=True, **gemm_grid(len(tiles), H))
+    flat = ids.ravel()
+    ref = np.stack([act[q].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
+                    for q, e in enumerate(flat)]) * rw[:, None]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    # Shared: rows are tokens, weights are the gate factors.
+    out_s = np.full((T, H), np.nan, np.float32)
+    p = ffn_params(T=T, H=H, I=I, k=1, shared=True)
+    lib.launch("moe_down_gemm", {0: p, 1: act[:T].copy(), 2: w[:1].copy(), 3: dummy(), 4: out_s, 5: dummy(), 6: dummy(),
+                                 7: dummy(), 8: rw[:T].copy()}, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H))
+    np.testing.assert_allclose(out_s, (act[:T].astype(np.float64) @ w[0].astype(np.float64).T) * rw[:T, None],
+                               rtol=1e-4, atol=1e-4)

@@ -150,3 +150,204 @@ kernel void moe_down_gemv(constant moe_ffn_params& p [[buffer(0)]],
         }
     }
 }
+
+// --- prefill: tiled GEMM with simdgroup matrices --------------------------------------
+//
+// Grid: (tiles, column tiles) threadgroups of MOE_GEMM_THREADS threads = 2 x 2
+// simdgroups, each owning 16 x 16 of the MOE_GEMM_BM x MOE_GEMM_BN output tile.
+// Routed: tile x is tiles[x] of moe_bucket (dispatched indirectly with the count that
+// moe_bucket wrote, so every threadgroup has work); its rows are pairs, whose inputs are
+// gathered from their tokens' rows. Shared: tile x is tokens [BM x, BM x + BM).
+// K advances MOE_GEMM_BK at a time through zero-padded threadgroup tiles; the epilogue
+// stores the accumulators to threadgroup memory, applies bias and activation (gate/up) or
+// bias and routing weight (down), and scatters the rows to their pairs.
+
+#define MOE_LDS (MOE_GEMM_BK + 4)
+// Threadgroup tile sizes in floats. (Named: SoftMetal's translator takes a `*` in a
+// threadgroup array's size for a pointer declaration and makes the array thread-private.)
+#define MOE_GATE_UP_SMEM (3 * MOE_GEMM_BM * MOE_LDS)
+#define MOE_DOWN_SMEM (2 * MOE_GEMM_BM * MOE_LDS)
+// The loads and the 2 x 2 simdgroup layout below are written for these sizes.
+static_assert(MOE_GEMM_BM == 32 && MOE_GEMM_BN == 32 && MOE_GEMM_BK == 32 && MOE_GEMM_THREADS == 128,
+              "moe_experts.metal: GEMM tile sizes");
+
+struct moe_tile {
+    uint expert;
+    uint first;   // first bucket row (routed) or token (shared)
+    uint count;   // rows in the tile
+};
+
+static inline moe_tile moe_gemm_tile(constant moe_ffn_params& p, device const uint2* tiles,
+                                     device const uint* offsets, uint x)
+{
+    moe_tile t;
+    if (p.mode == MOE_FFN_SHARED) {
+        t.expert = 0;
+        t.first = x * MOE_GEMM_BM;
+        t.count = t.first < p.tokens ? min((uint)MOE_GEMM_BM, p.tokens - t.first) : 0;
+    } else {
+        const uint2 v = tiles[x];
+        t.expert = v.x;
+        t.first = v.y;
+        t.count = min((uint)MOE_GEMM_BM, offsets[v.x + 1] - v.y);
+    }
+    return t;
+}
+
+// The output row (pair, or token for the shared expert) of tile row i.
+static inline uint moe_gemm_row(constant moe_ffn_params& p, device const uint* rows, moe_tile t, uint i) {
+    return p.mode == MOE_FFN_SHARED ? t.first + i : rows[t.first + i];
+}
+
+kernel void moe_gate_up_gemm(constant moe_ffn_params& p [[buffer(0)]],
+                             device const float* x [[buffer(1)]],          // (T, H)
+                             device const float* w [[buffer(2)]],          // (E, 2I, H)
+                             device const float* bias [[buffer(3)]],       // (E, 2I)
+                             device float* act [[buffer(4)]],              // (rows, I)
+                             device const uint* rows [[buffer(5)]],        // bucket row -> pair
+                             device const uint2* tiles [[buffer(6)]],
+                             device const uint* offsets [[buffer(7)]],     // (E + 1)
+                             uint2 group [[threadgroup_position_in_grid]],
+                             uint tid [[thread_index_in_threadgroup]],
+                             uint sg [[simdgroup_index_in_threadgroup]])
+{
+    threadgroup float smem[MOE_GATE_UP_SMEM];
+    threadgroup float* As = smem;
+    threadgroup float* Bg = smem + MOE_GEMM_BM * MOE_LDS;
+    threadgroup float* Bu = Bg + MOE_GEMM_BN * MOE_LDS;
+
+    const moe_tile t = moe_gemm_tile(p, tiles, offsets, group.x);
+    if (t.count == 0) return;
+    const uint H = p.hidden, I = p.inner, n0 = group.y * MOE_GEMM_BN;
+    // Loads: thread tid fills row tid / 4 of each tile, 8 consecutive k from (tid % 4) * 8.
+    const uint lr = tid / 4, kc = (tid % 4) * 8;
+    const bool a_ok = lr < t.count;
+    const uint a_row = a_ok ? moe_gemm_row(p, rows, t, lr) : 0;
+    device const float* xa = x + (ulong)(p.mode == MOE_FFN_SHARED ? a_row : a_row / p.top_k) * H;
+    const bool b_ok = n0 + lr < I;
+    device const float* wg = w + ((ulong)t.expert * 2 * I + (b_ok ? n0 + lr : 0)) * H;
+    device const float* wu = wg + (ulong)I * H;
+
+    const uint sy = sg / 2, sx = sg % 2;
+    simdgroup_float8x8 g00 = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), g01 = g00, g10 = g00, g11 = g00;
+    simdgroup_float8x8 u00 = g00, u01 = g00, u10 = g00, u11 = g00;
+    for (uint k0 = 0; k0 < H; k0 += MOE_GEMM_BK) {
+        for (uint q = 0; q < 8; q++) {
+            const uint k = k0 + kc + q;
+            const bool in_k = k < H;
+            As[lr * MOE_LDS + kc + q] = a_ok && in_k ? xa[k] : 0.0f;
+            Bg[lr * MOE_LDS + kc + q] = b_ok && in_k ? wg[k] : 0.0f;
+            Bu[lr * MOE_LDS + kc + q] = b_ok && in_k ? wu[k] : 0.0f;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        for (uint kk = 0; kk < MOE_GEMM_BK; kk += 8) {
+            simdgroup_float8x8 a0, a1, b0, b1;
+            simdgroup_load(a0, As + (sy * 16) * MOE_LDS + kk, MOE_LDS);
+            simdgroup_load(a1, As + (sy * 16 + 8) * MOE_LDS + kk, MOE_LDS);
+            simdgroup_load(b0, Bg + (sx * 16) * MOE_LDS + kk, MOE_LDS, ulong2(0, 0), true);
+            simdgroup_load(b1, Bg + (sx * 16 + 8) * MOE_LDS + kk, MOE_LDS, ulong2(0, 0), true);
+            simdgroup_multiply_accumulate(g00, a0, b0, g00);
+            simdgroup_multiply_accumulate(g01, a0, b1, g01);
+            simdgroup_multiply_accumulate(g10, a1, b0, g10);
+            simdgroup_multiply_accumulate(g11, a1, b1, g11);
+            simdgroup_load(b0, Bu + (sx * 16) * MOE_LDS + kk, MOE_LDS, ulong2(0, 0), true);
+            simdgroup_load(b1, Bu + (sx * 16 + 8) * MOE_LDS + kk, MOE_LDS, ulong2(0, 0), true);
+            simdgroup_multiply_accumulate(u00, a0, b0, u00);
+            simdgroup_multiply_accumulate(u01, a0, b1, u01);
+            simdgroup_multiply_accumulate(u10, a1, b0, u10);
+            simdgroup_multiply_accumulate(u11, a1, b1, u11);
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+
+    threadgroup float* Cg = smem;
+    threadgroup float* Cu = smem + MOE_GEMM_BM * MOE_LDS;
+    threadgroup float* cg = Cg + (sy * 16) * MOE_LDS + sx * 16;
+    threadgroup float* cu = Cu + (sy * 16) * MOE_LDS + sx * 16;
+    simdgroup_store(g00, cg, MOE_LDS);
+    simdgroup_store(g01, cg + 8, MOE_LDS);
+    simdgroup_store(g10, cg + 8 * MOE_LDS, MOE_LDS);
+    simdgroup_store(g11, cg + 8 * MOE_LDS + 8, MOE_LDS);
+    simdgroup_store(u00, cu, MOE_LDS);
+    simdgroup_store(u01, cu + 8, MOE_LDS);
+    simdgroup_store(u10, cu + 8 * MOE_LDS, MOE_LDS);
+    simdgroup_store(u11, cu + 8 * MOE_LDS + 8, MOE_LDS);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint i = tid; i < MOE_GEMM_BM * MOE_GEMM_BN; i += MOE_GEMM_THREADS) {
+        const uint r = i / MOE_GEMM_BN, n = n0 + i % MOE_GEMM_BN;
+        if (r >= t.count || n >= I) continue;
+        float g = Cg[r * MOE_LDS + n - n0], u = Cu[r * MOE_LDS + n - n0];
+        if (p.has_bias != 0) {
+            g += bias[(ulong)t.expert * 2 * I + n];
+            u += bias[(ulong)t.expert * 2 * I + I + n];
+        }
+        act[(ulong)moe_gemm_row(p, rows, t, r) * I + n] = moe_activate(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
+    }
+}
+
+kernel void moe_down_gemm(constant moe_ffn_params& p [[buffer(0)]],
+                          device const float* act [[buffer(1)]],        // (rows, I)
+                          device const float* w [[buffer(2)]],          // (E, H, I)
+                          device const float* bias [[buffer(3)]],       // (E, H)
+                          device float* out [[buffer(4)]],              // (rows, H)
+                          device const uint* rows [[buffer(5)]],
+                          device const uint2* tiles [[buffer(6)]],
+                          device const uint* offsets [[buffer(7)]],
+                          device const float* row_weight [[buffer(8)]], // (rows)
+                          uint2 group [[threadgroup_position_in_grid]],
+                          uint tid [[thread_index_in_threadgroup]],
+                          uint sg [[simdgroup_index_in_threadgroup]])
+{
+    threadgroup float smem[MOE_DOWN_SMEM];
+    threadgroup float* As = smem;
+    threadgroup float* Bs = smem + MOE_GEMM_BM * MOE_LDS;
+
+    const moe_tile t = moe_gemm_tile(p, tiles, offsets, group.x);
+    if (t.count == 0) return;
+    const uint H = p.hidden, I = p.inner, n0 = group.y * MOE_GEMM_BN;
+    const uint lr = tid / 4, kc = (tid % 4) * 8;
+    const bool a_ok = lr < t.count;
+    device const float* aa = act + (ulong)(a_ok ? moe_gemm_row(p, rows, t, lr) : 0) * I;
+    const bool b_ok = n0 + lr < H;
+    device const float* wd = w + ((ulong)t.expert * H + (b_ok ? n0 + lr : 0)) * I;
+
+    const uint sy = sg / 2, sx = sg % 2;
+    simdgroup_float8x8 c00 = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), c01 = c00, c10 = c00, c11 = c00;
+    for (uint k0 = 0; k0 < I; k0 += MOE_GEMM_BK) {
+        for (uint q = 0; q < 8; q++) {
+            const uint k = k0 + kc + q;
+            const bool in_k = k < I;
+            As[lr * MOE_LDS + kc + q] = a_ok && in_k ? aa[k] : 0.0f;
+            Bs[lr * MOE_LDS + kc + q] = b_ok && in_k ? wd[k] : 0.0f;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        for (uint kk = 0; kk < MOE_GEMM_BK; kk += 8) {
+            simdgroup_float8x8 a0, a1, b0, b1;
+            simdgroup_load(a0, As + (sy * 16) * MOE_LDS + kk, MOE_LDS);
+            simdgroup_load(a1, As + (sy * 16 + 8) * MOE_LDS + kk, MOE_LDS);
+            simdgroup_load(b0, Bs + (sx * 16) * MOE_LDS + kk, MOE_LDS, ulong2(0, 0), true);
+            simdgroup_load(b1, Bs + (sx * 16 + 8) * MOE_LDS + kk, MOE_LDS, ulong2(0, 0), true);
+            simdgroup_multiply_accumulate(c00, a0, b0, c00);
+            simdgroup_multiply_accumulate(c01, a0, b1, c01);
+            simdgroup_multiply_accumulate(c10, a1, b0, c10);
+            simdgroup_multiply_accumulate(c11, a1, b1, c11);
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+
+    threadgroup float* C = smem;
+    threadgroup float* c = C + (sy * 16) * MOE_LDS + sx * 16;
+    simdgroup_store(c00, c, MOE_LDS);
+    simdgroup_store(c01, c + 8, MOE_LDS);
+    simdgroup_store(c10, c + 8 * MOE_LDS, MOE_LDS);
+    simdgroup_store(c11, c + 8 * MOE_LDS + 8, MOE_LDS);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint i = tid; i < MOE_GEMM_BM * MOE_GEMM_BN; i += MOE_GEMM_THREADS) {
+        const uint r = i / MOE_GEMM_BN, n = n0 + i % MOE_GEMM_BN;
+        if (r >= t.count || n >= H) continue;
+        float y = C[r * MOE_LDS + n - n0];
+        if (p.has_bias != 0) y += bias[(ulong)t.expert * H + n];
+        const uint row = moe_gemm_row(p, rows, t, r);
+        out[(ulong)row * H + n] = y * row_weight[row];
+    }
+}
