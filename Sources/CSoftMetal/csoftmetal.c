@@ -321,6 +321,16 @@ static void on_fault(int sig, siginfo_t* info, void* context) {
             ts->running = 0;
             siglongjmp(ts->jmp, registry[i].kind == KIND_STACKS ? SM_ERROR_STACK_OVERFLOW : SM_ERROR_OUT_OF_BOUNDS);
         }
+        // A fault elsewhere while this thread runs kernel code: a wild address (an index
+        // far out of range, e.g. read from poisoned memory) or a misaligned vector access.
+        // The kernel holds no locks, so it is stopped and reported like a guard-page fault.
+        ts->fault_address = address;
+        ts->fault_start = 0;
+        ts->fault_length = 0;
+        ts->fault_tag = 0;
+        ts->fault_kind = 0;
+        ts->running = 0;
+        siglongjmp(ts->jmp, SM_ERROR_OUT_OF_BOUNDS);
     }
     chain(sig, info, context);
 }

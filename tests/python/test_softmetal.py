@@ -490,6 +490,14 @@ kernel void reads_unwritten(device float* y [[buffer(0)]], threadgroup float* sh
     }
 }
 
+// An index read from threadgroup memory that no thread wrote (poison: 0xFFFFFFFF).
+kernel void poisoned_index(device float* y [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup uint where_to[64];
+    if (tid < 32) where_to[tid] = tid;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[where_to[tid]] = 1.0f;
+}
+
 kernel void barrier_in_branch(device float* y [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
     if (tid < 16) {
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -592,6 +600,15 @@ def test_unwritten_threadgroup_memory_reads_as_nan(bugs):
     bugs.launch("reads_unwritten", [y], threadgroups=(1,), threads_per_threadgroup=(64,), threadgroup_memory={0: 256},
                 poison_threadgroup_memory=False)
     assert np.isfinite(y).all(), y
+
+
+def test_wild_access_from_a_poisoned_index_is_reported_not_a_crash(bugs):
+    y = np.zeros(64, np.float32)
+    with pytest.raises(softmetal.OutOfBoundsError) as e:
+        bugs.launch("poisoned_index", [y], threadgroups=(1,), threads_per_threadgroup=(64,))
+    message = str(e.value)
+    assert "poisoned_index: invalid memory access" in message
+    assert f"nearest: buffer(0) at byte offset {0xFFFFFFFF * 4}" in message, message
 
 
 def test_barrier_reached_by_some_threads_is_divergence(bugs):

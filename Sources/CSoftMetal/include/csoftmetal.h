@@ -116,7 +116,8 @@ size_t csm_page_size(void);
 /* The last fault recorded on the calling thread by csm_run (valid after it returned
  * SM_ERROR_OUT_OF_BOUNDS / SM_ERROR_STACK_OVERFLOW). */
 uintptr_t csm_fault_address(void);
-/* The usable range of the guarded region whose guard pages contain the fault. */
+/* The usable range of the guarded region whose guard pages contain the fault (start 0:
+ * the fault was not in a SoftMetal guard page). */
 uintptr_t csm_fault_region_start(void);
 uintptr_t csm_fault_region_length(void);
 int32_t csm_fault_region_tag(void);

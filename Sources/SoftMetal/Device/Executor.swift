@@ -180,6 +180,21 @@ enum Executor {
         let start = Int(bitPattern: csm_fault_region_start())
         let length = Int(bitPattern: csm_fault_region_length())
         let tag = csm_fault_region_tag()
+        if start == 0 {
+            // Not a guard page: the nearest bound buffer says how far out the access was.
+            var nearest: (distance: Int, text: String)?
+            for (i, binding) in bindings.enumerated() {
+                guard let binding else { continue }
+                let base = Int(bitPattern: binding.buffer.storage) + binding.offset
+                let offset = address &- base
+                let distance = offset < 0 ? -offset : offset
+                if nearest == nil || distance < nearest!.distance {
+                    nearest = (distance, "buffer(\(i)) at byte offset \(offset) (\(binding.buffer.length - binding.offset) bytes are bound)")
+                }
+            }
+            let hex = String(UInt(bitPattern: address), radix: 16)
+            return "kernel \(kernel.name): invalid memory access at address 0x\(hex), far from every buffer\(nearest.map { "; nearest: \($0.text)" } ?? ""): an index far out of range (e.g. read from poisoned or unwritten threadgroup memory: 0xFFFFFFFF), a bad pointer, or a misaligned vector access"
+        }
         if tag == -100 {
             return "kernel \(kernel.name): out-of-bounds access to threadgroup variables declared in the kernel (byte offset \(address - start) of the threadgroup arena)"
         }
