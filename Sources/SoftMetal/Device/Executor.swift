@@ -11,7 +11,29 @@ enum Executor {
     static let cores: Int = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     static let errorCapacity = 2048
 
+    private static let statsLock = SMLock()
+    nonisolated(unsafe) private static var _stats = SoftMetalOptions.Statistics()
+    static var stats: SoftMetalOptions.Statistics { statsLock.withLock { _stats } }
+
+    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool) {
+        statsLock.withLock {
+            _stats.dispatches += 1
+            _stats.threadgroups += groups
+            _stats.threads += threads
+            _stats.seconds += seconds
+            if raceChecked { _stats.raceCheckedDispatches += 1 }
+        }
+    }
+
     static func run(_ c: DispatchCommand) throws {
+        let start = DispatchTime.now().uptimeNanoseconds
+        var counted: (groups: Int, threads: Int)?
+        defer {
+            if let counted {
+                record(groups: counted.groups, threads: counted.threads,
+                       seconds: Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, raceChecked: c.checkRaces)
+            }
+        }
         if let failure = c.failure { throw failure }
         guard let kernel = c.kernel else { return }
         let t = c.threadsPerThreadgroup
@@ -69,6 +91,7 @@ enum Executor {
             throw SoftMetalError.invalidUsage("kernel \(kernel.name): \(dynamicTG) bytes of threadgroup memory exceed the 32768 bytes of Apple GPUs")
         }
 
+        counted = (total, total * perGroup)
         var base = sm_dispatch()
         base.abi_version = UInt32(SM_ABI_VERSION)
         base.flags = c.poison ? UInt32(SM_FLAG_POISON) : 0

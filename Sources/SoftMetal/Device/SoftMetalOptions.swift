@@ -26,6 +26,19 @@ public enum SoftMetalOptions {
     /// The cache directory of compiled kernels.
     public static var cacheDirectory: String { KernelCompiler.cacheDirectory }
 
+    /// What the device ran in this process (dispatches that reached a kernel, failed ones included).
+    public struct Statistics {
+        public var dispatches = 0
+        public var raceCheckedDispatches = 0
+        public var threadgroups = 0
+        /// GPU threads (partial edge threadgroups counted whole).
+        public var threads = 0
+        /// Wall time in dispatches, race-check reruns included.
+        public var seconds = 0.0
+    }
+
+    public static var statistics: Statistics { Executor.stats }
+
     /// Kernel compilations and compile-cache hits in this process.
     public static var compileCounts: (compilations: Int, cacheHits: Int) {
         let s = KernelCompiler.shared.stats

@@ -108,6 +108,25 @@ final class SoftMetalAPITests: XCTestCase {
         XCTAssertEqual(read(out, as: Float.self, count: n), (0..<n).map { Float($0 + 2) + 0.5 * Float($0) * 10 })
     }
 
+    func testStatisticsCountDispatchesAndThreads() throws {
+        let p = try pipeline(addSource, "count_groups")
+        let before = SoftMetalOptions.statistics
+        let queue = try XCTUnwrap(device.makeCommandQueue())
+        let cb = try XCTUnwrap(queue.makeCommandBuffer())
+        let enc = try XCTUnwrap(cb.makeComputeCommandEncoder())
+        enc.setComputePipelineState(p)
+        enc.setBuffer(device.makeBuffer(length: 4), offset: 0, index: 0)
+        enc.dispatchThreadgroups(MTLSize(width: 3, height: 2, depth: 1), threadsPerThreadgroup: MTLSize(width: 16, height: 1, depth: 1))
+        enc.endEncoding()
+        cb.commit()
+        cb.waitUntilCompleted()
+        let after = SoftMetalOptions.statistics
+        XCTAssertGreaterThanOrEqual(after.dispatches - before.dispatches, 1)
+        XCTAssertGreaterThanOrEqual(after.threadgroups - before.threadgroups, 6)
+        XCTAssertGreaterThanOrEqual(after.threads - before.threads, 96)
+        XCTAssertGreaterThan(after.seconds, before.seconds)
+    }
+
     func testCompletedHandlersRunAndSeeTheFinalStatus() throws {
         let p = try pipeline(addSource, "count_groups")
         let counter = try XCTUnwrap(device.makeBuffer(length: 4))
