@@ -188,6 +188,10 @@ struct MSLTranslator {
             if c == 91 && i + 1 < text.count && text[i + 1] == 91 {  // [[attribute]]: handled by kernel()
                 var j = i + 2
                 while j + 1 < text.count && !(text[j] == 93 && text[j + 1] == 93) { j += 1 }
+                if string(i + 2, j).trimmingSpaces == "kernel", let after = try kernel(at: i, end: j + 2) {
+                    i = after  // `[[kernel]] void f(...)`
+                    continue
+                }
                 i = j + 2
                 continue
             }
@@ -330,7 +334,7 @@ struct MSLTranslator {
         return end
     }
 
-    /// `kernel void name(params)`: records the kernel, rewrites `kernel` to `static` and
+    /// `kernel void name(params)` (or `[[kernel]] void ...`): records the kernel, rewrites `kernel` to `static` and
     /// blanks the parameters' attributes. Returns where scanning continues (the body).
     private mutating func kernel(at i: Int, end: Int) throws -> Int? {
         guard let (void, afterVoid) = identifier(at: skipSpace(end)), void == "void" else { return nil }
@@ -339,7 +343,7 @@ struct MSLTranslator {
         guard open < text.count, text[open] == 40, let close = matching(open) else {
             throw fail(i, "cannot parse the parameters of kernel \(name)")
         }
-        edits.append((i, end, "static"))
+        edits.append((i, end, "static" + String(repeating: " ", count: max(0, end - i - 6))))
         // [[max_total_threads_per_threadgroup(n)]] before `kernel`
         var maxThreads = 0
         let before = skipSpaceBack(i - 1)

@@ -58,6 +58,12 @@ final class TranslatorTests: XCTestCase {
         XCTAssertTrue(out.source.contains("__sm_info_other"))
     }
 
+    func testKernelAttributeSpelling() throws {
+        let out = try translate("[[kernel]] void k(device float* x [[buffer(0)]]) { x[0] = 1; }")
+        XCTAssertEqual(out.kernels.map(\.name), ["k"])
+        XCTAssertTrue(out.source.contains("static     void k("), out.source)
+    }
+
     func testAddressSpacesAndThreadgroupVariables() throws {
         let out = try translate("""
         constant float table[2] = {1.0f, 2.0f};
