@@ -3,6 +3,8 @@
     layer = moe_swift.MoELayer(router_weight, gate_proj, up_proj, down_proj, top_k=8)
     y = layer(x)                     # (..., H) -> (..., H) float32
     ids, weights = layer.route(x)    # (T, k) int32, (T, k) float32
+    y = moe_swift.run_layers([layer0, layer1], x)   # x + layer0(x), then + layer1(...)
+    moe_swift.last_stats()           # dispatches, command buffers, waits, allocations
 
 `moe_swift.reference.moe_forward` is the NumPy float64 oracle of the same computation.
 `moe_swift.softmetal` compiles and launches single MSL kernels on SoftMetal, the software
@@ -11,13 +13,15 @@ Metal device (Linux).
 
 from . import reference, softmetal
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
-from .layer import MoELayer, available_backends
+from .layer import MoELayer, available_backends, last_stats, run_layers
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MoELayer",
     "available_backends",
+    "run_layers",
+    "last_stats",
     "reference",
     "softmetal",
     "MoEError",

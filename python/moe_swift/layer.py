@@ -22,6 +22,56 @@ def available_backends() -> list[str]:
     return [name for name in ("metal", "cpu", "softmetal") if lib.moe_backend_available(BACKENDS[name])]
 
 
+_STATS_FIELDS = ("tokens", "layers", "dispatches", "command_buffers", "cpu_waits", "allocations", "allocated_bytes")
+
+
+def last_stats() -> dict:
+    """What the calling thread's last call (layer creation, call, route or run_layers) did
+    on its device: backend, tokens, layers, dispatches (compute kernels encoded),
+    command_buffers, cpu_waits (times the CPU waited for the GPU), allocations and
+    allocated_bytes (device buffers created during the call). The Metal counters are 0 on
+    the cpu backend."""
+    ffi, lib, _ = _native.load()
+    out = ffi.new("moe_stats *")
+    out.struct_size = ffi.sizeof("moe_stats")
+    _native.check(lib.moe_last_stats(out))
+    stats = {"backend": _BACKEND_NAMES.get(out.backend)}
+    stats.update({name: int(getattr(out, name)) for name in _STATS_FIELDS})
+    return stats
+
+
+def run_layers(layers, x):
+    """Several layers in one native call, each output feeding the next:
+    x_{i+1} = x_i + layer_i(x_i); returns x_n with x's shape (float32). All layers must use
+    the same backend and hidden size. On metal/softmetal the whole stack is one command
+    buffer with one wait; on cpu a loop of forwards."""
+    layers = list(layers)
+    if not layers:
+        raise ValueError("run_layers needs at least one layer")
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, MoELayer):
+            raise TypeError(f"layers[{i}] must be a MoELayer, got {type(layer).__name__}")
+    H = layers[0].hidden_size
+    for i, layer in enumerate(layers):
+        if layer.hidden_size != H:
+            raise ValueError(f"all layers must have the same hidden_size: layers[0] has {H}, "
+                             f"layers[{i}] has {layer.hidden_size}")
+        if layer.backend != layers[0].backend:
+            raise ValueError(f"all layers must run on the same backend: layers[0] runs on {layers[0].backend}, "
+                             f"layers[{i}] on {layer.backend}")
+    x = layers[0]._input(x)
+    T = x.size // H
+    y = np.empty(x.shape, dtype=np.float32)
+    ffi, lib, _ = _native.load()
+    handles = ffi.new("moe_layer *[]", [layer._live_handle() for layer in layers])
+    status = lib.moe_run_layers(handles, len(layers), ffi.cast("const float *", x.ctypes.data), T,
+                                ffi.cast("float *", y.ctypes.data))
+    if status != _native.OK and any(layer._closed for layer in layers):
+        raise ValueError("a MoELayer of run_layers was closed during the call")
+    _native.check(status)
+    return y
+
+
 # --- argument checking --------------------------------------------------------------
 
 

@@ -134,6 +134,31 @@ int32_t moe_layer_backend(const moe_layer* layer);
 /* Frees the layer. NULL is ignored. The handle must not be used afterwards. */
 void moe_layer_destroy(moe_layer* layer);
 
+/* Several layers in one call, each layer's output feeding the next:
+ * x_{i+1} = x_i + layer_i(x_i) for i = 0 .. num_layers-1, and y = x_{num_layers}.
+ * All layers must run on the same backend and have the same hidden size H; x and y are
+ * (num_tokens, H) and may alias. On the metal and softmetal backends the whole stack is
+ * one command buffer with one wait at its end; on cpu it is a loop of forwards. */
+moe_status moe_run_layers(moe_layer* const* layers, int64_t num_layers, const float* x,
+                          int64_t num_tokens, float* y);
+
+/* What the calling thread's last call (moe_layer_create, _forward, _route or
+ * moe_run_layers) did on its device. Set struct_size = sizeof(moe_stats) first; only
+ * the first struct_size bytes are written. On the cpu backend the Metal counters are 0. */
+typedef struct moe_stats {
+    uint32_t struct_size;             /* sizeof(moe_stats) of the caller's header */
+    int32_t backend;                  /* moe_backend of the call; -1 before any call */
+    int64_t tokens;                   /* rows of x */
+    int64_t layers;                   /* layers run (1, or num_layers of moe_run_layers) */
+    int64_t dispatches;               /* compute kernels encoded */
+    int64_t command_buffers;          /* command buffers committed */
+    int64_t cpu_waits;                /* times the CPU waited for the GPU */
+    int64_t allocations;              /* device buffers created during the call */
+    int64_t allocated_bytes;          /* their total length */
+} moe_stats;
+
+moe_status moe_last_stats(moe_stats* out);
+
 /* --- SoftMetal: the software Metal device (Linux) ---------------------------------------
  * Compiles MSL source and launches one kernel, with SoftMetal's checks (guard pages,
  * threadgroup-memory poisoning, barrier divergence, optional race check). Used by the

@@ -2,7 +2,12 @@
 #ifndef MOE_SWIFT_INTERNAL_H
 #define MOE_SWIFT_INTERNAL_H
 
+#include "moe_swift.h"
+
 /* Stores message (copied, truncated to 1023 bytes) as the calling thread's last error. */
 void moe_internal_set_error(const char* message);
+
+/* The calling thread's statistics slot behind moe_last_stats() (reset by each call). */
+moe_stats* moe_internal_stats(void);
 
 #endif

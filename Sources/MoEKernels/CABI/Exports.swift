@@ -81,7 +81,7 @@ public func moe_layer_forward(_ handle: OpaquePointer?, _ x: UnsafePointer<Float
                               _ residual: UnsafePointer<Float>?, _ y: UnsafeMutablePointer<Float>?) -> moe_status {
     status {
         let layer = try layer(handle)
-        if tokens == 0 { return }
+        if tokens == 0 { return CallStats.begin(layer.backendKind, tokens: 0) }
         guard let x else { throw MoEError.invalidArgument("x is NULL") }
         guard let y else { throw MoEError.invalidArgument("y is NULL") }
         try layer.forward(x, tokens: Int(tokens), residual: residual, into: y)
@@ -93,7 +93,7 @@ public func moe_layer_route(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?
                             _ ids: UnsafeMutablePointer<Int32>?, _ weights: UnsafeMutablePointer<Float>?) -> moe_status {
     status {
         let layer = try layer(handle)
-        if tokens == 0 { return }
+        if tokens == 0 { return CallStats.begin(layer.backendKind, tokens: 0) }
         guard let x else { throw MoEError.invalidArgument("x is NULL") }
         guard let ids else { throw MoEError.invalidArgument("ids is NULL") }
         guard let weights else { throw MoEError.invalidArgument("weights is NULL") }
@@ -111,4 +111,32 @@ public func moe_layer_backend(_ handle: OpaquePointer?) -> Int32 {
 public func moe_layer_destroy(_ handle: OpaquePointer?) {
     guard let handle else { return }
     _ = liveLayers.withLock { layersByHandle.removeValue(forKey: handle) }
+}
+
+@_cdecl("moe_run_layers")
+public func moe_run_layers(_ handles: UnsafePointer<OpaquePointer?>?, _ count: Int64, _ x: UnsafePointer<Float>?,
+                           _ tokens: Int64, _ y: UnsafeMutablePointer<Float>?) -> moe_status {
+    status {
+        guard count >= 1 else { throw MoEError.invalidArgument("num_layers must be at least 1, got \(count)") }
+        guard let handles else { throw MoEError.invalidArgument("layers is NULL") }
+        guard count <= Int64(Int32.max) else { throw MoEError.invalidArgument("num_layers = \(count) is too large") }
+        var layers: [MoELayer] = []
+        for i in 0..<Int(count) {
+            do {
+                layers.append(try layer(handles[i]))
+            } catch let error as MoEError {
+                throw MoEError.invalidArgument("layers[\(i)]: \(error.description)")
+            }
+        }
+        guard tokens >= 0 && tokens <= Int64(Int32.max) else {
+            throw MoEError.invalidArgument("num_tokens must be in 0...\(Int32.max), got \(tokens)")
+        }
+        if tokens > 0 {
+            guard x != nil else { throw MoEError.invalidArgument("x is NULL") }
+            guard y != nil else { throw MoEError.invalidArgument("y is NULL") }
+        }
+        let dummy = UnsafeMutablePointer<Float>.allocate(capacity: 1)
+        defer { dummy.deallocate() }
+        try MoELayer.runLayers(layers, x ?? UnsafePointer(dummy), tokens: Int(tokens), into: y ?? dummy)
+    }
 }

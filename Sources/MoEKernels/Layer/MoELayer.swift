@@ -1,3 +1,5 @@
+import CMoESwift
+
 /// One Mixture-of-Experts feed-forward layer: router, top-k, expert FFNs, weighted combine,
 /// shared expert and residual, in one call (notes/moe-layer-spec.md).
 ///
@@ -15,7 +17,9 @@ public final class MoELayer: @unchecked Sendable {
         try configuration.validate()
         try weights.validate(for: configuration)
         self.configuration = configuration
+        CallStats.begin(requested, tokens: 0, layers: 1)
         self.backend = try BackendRegistry.make(requested, configuration: configuration, weights: weights)
+        moe_internal_stats().pointee.backend = backend.kind.rawValue
     }
 
     /// The backends that can be created in this process, best first.
@@ -27,8 +31,15 @@ public final class MoELayer: @unchecked Sendable {
     /// `residual` may alias `output`.
     public func forward(_ input: UnsafePointer<Float>, tokens: Int, residual: UnsafePointer<Float>? = nil,
                         into output: UnsafeMutablePointer<Float>) throws {
+        CallStats.begin(backend.kind, tokens: tokens)
         try checkTokens(tokens)
         if tokens == 0 { return }
+        try runForward(input, tokens: tokens, residual: residual, into: output)
+    }
+
+    /// One forward through the backend's stages (statistics not reset).
+    func runForward(_ input: UnsafePointer<Float>, tokens: Int, residual: UnsafePointer<Float>?,
+                    into output: UnsafeMutablePointer<Float>) throws {
         let pass = try backend.makePass(input: input, tokens: tokens)
         pass.route()
         pass.groupPairsByExpert()
@@ -41,6 +52,7 @@ public final class MoELayer: @unchecked Sendable {
     /// The router alone: `ids` and `weights` receive (tokens, topK) values each.
     public func route(_ input: UnsafePointer<Float>, tokens: Int,
                       ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) throws {
+        CallStats.begin(backend.kind, tokens: tokens)
         try checkTokens(tokens)
         if tokens == 0 { return }
         let pass = try backend.makePass(input: input, tokens: tokens)
@@ -96,7 +108,7 @@ public final class MoELayer: @unchecked Sendable {
         return input.count / h
     }
 
-    private func checkTokens(_ tokens: Int) throws {
+    func checkTokens(_ tokens: Int) throws {
         // Pair indices are 32-bit in every backend.
         let limit = Int(Int32.max) / (configuration.topK * 2)
         guard tokens >= 0 && tokens <= limit else {

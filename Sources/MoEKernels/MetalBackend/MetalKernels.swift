@@ -40,4 +40,10 @@ enum MetalKernels {
 
     /// The kernels' names (MSL `kernel void` functions).
     static let router = "moe_router"
+    static let bucket = "moe_bucket"
+    static let gateUpGemv = "moe_gate_up_gemv"
+    static let downGemv = "moe_down_gemv"
+    static let gateUpGemm = "moe_gate_up_gemm"
+    static let downGemm = "moe_down_gemm"
+    static let combine = "moe_combine"
 }

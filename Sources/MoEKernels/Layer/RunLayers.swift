@@ -1,0 +1,42 @@
+extension MoELayer {
+    /// Several layers in one call, each layer's output feeding the next:
+    /// `x_{i+1} = x_i + layer_i(x_i)`, and `output = x_n`. All layers must run on the same
+    /// backend and have the same hidden size; `input` and `output` (tokens, H) may alias.
+    /// On the Metal backends the whole stack is one command buffer with one wait at its end;
+    /// on the CPU it is a loop of forwards.
+    public static func runLayers(_ layers: [MoELayer], _ input: UnsafePointer<Float>, tokens: Int,
+                                 into output: UnsafeMutablePointer<Float>) throws {
+        guard let first = layers.first else {
+            CallStats.begin(.auto, tokens: tokens, layers: 0)
+            throw MoEError.invalidArgument("run_layers needs at least one layer")
+        }
+        let kind = first.backendKind, h = first.configuration.hiddenSize
+        CallStats.begin(kind, tokens: tokens, layers: layers.count)
+        for (i, layer) in layers.enumerated() {
+            guard layer.backendKind == kind else {
+                throw MoEError.invalidArgument(
+                    "all layers must run on the same backend: layers[0] runs on \(kind.name), layers[\(i)] on \(layer.backendKind.name)")
+            }
+            guard layer.configuration.hiddenSize == h else {
+                throw MoEError.invalidArgument(
+                    "all layers must have the same hidden_size: layers[0] has \(h), layers[\(i)] has \(layer.configuration.hiddenSize)")
+            }
+            try layer.checkTokens(tokens)
+        }
+        if tokens == 0 { return }
+        #if canImport(Metal) || canImport(SoftMetal)
+        if let backends = layers.map({ $0.backend as? MetalBackend }) as? [MetalBackend] {
+            try MetalBackend.runLayers(backends, input, tokens: tokens, into: output)
+            return
+        }
+        #endif
+        // A loop of forwards; `current` holds x_i while the layer writes x_{i+1} to output.
+        var current = [Float](UnsafeBufferPointer(start: input, count: tokens * h))
+        for (i, layer) in layers.enumerated() {
+            try current.withUnsafeBufferPointer { x in
+                try layer.runForward(x.baseAddress!, tokens: tokens, residual: x.baseAddress!, into: output)
+            }
+            if i + 1 < layers.count { current.withUnsafeMutableBufferPointer { $0.baseAddress!.update(from: output, count: tokens * h) } }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+#if canImport(Metal)
+import Metal
+#elseif canImport(SoftMetal)
+import SoftMetal
+#endif
+import CMoESwift
+
+#if canImport(Metal) || canImport(SoftMetal)
+/// The one Metal device, command queue and set of pipelines of the process: the MSL is
+/// compiled once, from the source embedded in the binary, the first time a Metal layer is
+/// made (SoftMetal also caches the compiled kernels on disk).
+final class MetalContext: @unchecked Sendable {
+    #if canImport(Metal)
+    /// On Apple platforms this code runs on the GPU...
+    static let kind = MoEBackendKind.metal
+    #else
+    /// ...elsewhere on SoftMetal, the software Metal device.
+    static let kind = MoEBackendKind.softMetal
+    #endif
+
+    let device: any MTLDevice
+    let queue: any MTLCommandQueue
+    let router: any MTLComputePipelineState
+    let bucket: any MTLComputePipelineState
+    let gateUpGemv: any MTLComputePipelineState
+    let downGemv: any MTLComputePipelineState
+    let gateUpGemm: any MTLComputePipelineState
+    let downGemm: any MTLComputePipelineState
+    let combine: any MTLComputePipelineState
+    /// Bound where an optional array is absent (the kernels do not read it then).
+    let placeholder: any MTLBuffer
+
+    private static let made: Result<MetalContext, MoEError> = {
+        do {
+            return .success(try MetalContext())
+        } catch let error as MoEError {
+            return .failure(error)
+        } catch {
+            return .failure(.unavailable("the \(kind.name) backend cannot start: \(error)"))
+        }
+    }()
+
+    /// The process's context, or why there is none (MoEError.unavailable).
+    static func shared() throws -> MetalContext { try made.get() }
+
+    static var isAvailable: Bool {
+        if case .success = made { return true }
+        return false
+    }
+
+    private init() throws {
+        let name = Self.kind.name
+        guard let device = MTLCreateSystemDefaultDevice() else {
+            throw MoEError.unavailable("the \(name) backend found no Metal device")
+        }
+        guard let queue = device.makeCommandQueue(), let placeholder = device.makeBuffer(length: 16, options: .storageModeShared) else {
+            throw MoEError.unavailable("the \(name) backend could not create a command queue")
+        }
+        let options = MTLCompileOptions()
+        // IEEE float math: the router's NaN rules and the spec tolerance assume it.
+        options.fastMathEnabled = false
+        let library: any MTLLibrary
+        do {
+            library = try device.makeLibrary(source: MetalKernels.source, options: options)
+        } catch {
+            throw MoEError.unavailable("the \(name) backend's kernels did not compile: \(error)")
+        }
+        func pipeline(_ kernel: String, threads: Int32) throws -> any MTLComputePipelineState {
+            guard let function = library.makeFunction(name: kernel) else {
+                throw MoEError.internalError("kernel \(kernel) is missing from the Metal library")
+            }
+            let state: any MTLComputePipelineState
+            do {
+                state = try device.makeComputePipelineState(function: function)
+            } catch {
+                throw MoEError.unavailable("the \(name) backend could not make the pipeline of \(kernel): \(error)")
+            }
+            guard state.maxTotalThreadsPerThreadgroup >= Int(threads), state.threadExecutionWidth == Int(MOE_SIMD_WIDTH) else {
+                throw MoEError.unavailable(
+                    "the \(name) backend needs \(threads) threads per threadgroup and simdgroups of \(MOE_SIMD_WIDTH) for \(kernel); "
+                    + "this device offers \(state.maxTotalThreadsPerThreadgroup) and \(state.threadExecutionWidth)")
+            }
+            return state
+        }
+        self.device = device
+        self.queue = queue
+        self.placeholder = placeholder
+        router = try pipeline(MetalKernels.router, threads: MOE_ROUTER_THREADS)
+        bucket = try pipeline(MetalKernels.bucket, threads: MOE_BUCKET_THREADS)
+        gateUpGemv = try pipeline(MetalKernels.gateUpGemv, threads: MOE_GEMV_THREADS)
+        downGemv = try pipeline(MetalKernels.downGemv, threads: MOE_GEMV_THREADS)
+        gateUpGemm = try pipeline(MetalKernels.gateUpGemm, threads: MOE_GEMM_THREADS)
+        downGemm = try pipeline(MetalKernels.downGemm, threads: MOE_GEMM_THREADS)
+        combine = try pipeline(MetalKernels.combine, threads: MOE_COMBINE_THREADS)
+    }
+
+    /// A shared-storage buffer of at least 16 bytes (Metal returns nil for length 0),
+    /// counted in the calling thread's statistics.
+    func makeBuffer(floats count: Int, what: String) throws -> any MTLBuffer {
+        try makeBuffer(bytes: count * MemoryLayout<Float>.stride, what: what)
+    }
+
+    func makeBuffer(bytes: Int, what: String) throws -> any MTLBuffer {
+        let length = max(16, (bytes + 15) / 16 * 16)
+        guard let buffer = device.makeBuffer(length: length, options: .storageModeShared) else {
+            throw MoEError.outOfMemory("cannot allocate \(length) bytes of \(Self.kind.name) device memory for \(what)")
+        }
+        CallStats.allocation(bytes: length)
+        return buffer
+    }
+}
+#endif

@@ -1,0 +1,88 @@
+#if canImport(Metal)
+import Metal
+#elseif canImport(SoftMetal)
+import SoftMetal
+#endif
+import CMoESwift
+
+#if canImport(Metal) || canImport(SoftMetal)
+/// One forward (or routing) on the Metal backend: the stages are encoded as they are
+/// called, into one command buffer and one compute encoder; `finish` commits it and waits
+/// once. The input is copied into a pooled device buffer at creation, the residual at
+/// `combine`, the output out after the wait.
+final class MetalPass: MoEPass {
+    private let backend: MetalBackend
+    private let scratch: MetalScratch
+    private let commandBuffer: any MTLCommandBuffer
+    private let encoder: any MTLComputeCommandEncoder
+    private let layer: MetalLayerEncoder
+    private let tokens: Int
+    private var output: UnsafeMutablePointer<Float>?
+    private var ended = false
+
+    init(backend: MetalBackend, input: UnsafePointer<Float>, tokens: Int) throws {
+        let scratch = try backend.checkOutScratch(tokens: tokens)
+        guard let commandBuffer = backend.context.queue.makeCommandBuffer(),
+              let encoder = commandBuffer.makeComputeCommandEncoder() else {
+            backend.pool.checkIn(scratch)
+            throw MoEError.internalError("the \(backend.kind.name) backend could not create a command buffer")
+        }
+        self.backend = backend
+        self.scratch = scratch
+        self.commandBuffer = commandBuffer
+        self.encoder = encoder
+        self.tokens = tokens
+        let h = backend.configuration.hiddenSize
+        scratch.x.contents().copyMemory(from: input, byteCount: tokens * h * MemoryLayout<Float>.stride)
+        layer = MetalLayerEncoder(backend: backend, encoder: encoder, scratch: scratch, tokens: tokens, x: scratch.x)
+    }
+
+    deinit {
+        if !ended { encoder.endEncoding() }  // Metal requires it before an encoder goes away
+        backend.pool.checkIn(scratch)
+    }
+
+    func route() { layer.route() }
+    func groupPairsByExpert() { layer.groupPairsByExpert() }
+    func gateUp() { layer.gateUp() }
+    func down() { layer.down() }
+
+    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>) {
+        if let residual {
+            let bytes = tokens * backend.configuration.hiddenSize * MemoryLayout<Float>.stride
+            scratch.residual.contents().copyMemory(from: residual, byteCount: bytes)
+        }
+        // The output overwrites the input buffer: nothing reads x after the expert stages.
+        layer.combine(residual: residual == nil ? nil : scratch.residual, output: scratch.x)
+        self.output = output
+    }
+
+    func finish() throws {
+        ended = true
+        try MetalPass.run(commandBuffer, encoder: encoder, kind: backend.kind)
+        if let output {
+            let count = tokens * backend.configuration.hiddenSize
+            output.update(from: scratch.x.contents().assumingMemoryBound(to: Float.self), count: count)
+        }
+    }
+
+    func readRouting(ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) {
+        let count = tokens * backend.configuration.topK
+        ids.update(from: scratch.ids.contents().assumingMemoryBound(to: Int32.self), count: count)
+        weights.update(from: scratch.weights.contents().assumingMemoryBound(to: Float.self), count: count)
+    }
+
+    /// Ends encoding, commits, and waits: the one wait of a call.
+    static func run(_ commandBuffer: any MTLCommandBuffer, encoder: any MTLComputeCommandEncoder,
+                    kind: MoEBackendKind) throws {
+        encoder.endEncoding()
+        commandBuffer.commit()
+        CallStats.commandBuffer()
+        commandBuffer.waitUntilCompleted()
+        CallStats.cpuWait()
+        if let error = commandBuffer.error {
+            throw MoEError.internalError("the \(kind.name) command buffer failed: \(error)")
+        }
+    }
+}
+#endif

@@ -1,0 +1,260 @@
+"""The "softmetal" backend (the Metal backend's own code, run on SoftMetal) through
+MoELayer: every family of the spec against the float64 reference for T in {0, 1, 3, 64, 300}
+and odd sizes, agreement with "cpu", the budgets of issue 4 through moe_swift.last_stats(),
+run_layers, and the CPU backend's bad-input catalogue."""
+
+import numpy as np
+import pytest
+
+import moe_swift
+from moe_swift import reference
+from families import FAMILIES, make_layer_args, spec_tolerance
+import test_bad_inputs
+
+pytestmark = pytest.mark.skipif("softmetal" not in moe_swift.available_backends(),
+                                reason="the softmetal backend needs Linux and clang++")
+
+
+def check(layer, args, x, residual=None):
+    """The layer's output vs the reference on the layer's own ids, within the spec
+    tolerance; returns the ids."""
+    y = layer(x) if residual is None else layer(x, residual=residual)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    ids, _ = layer.route(x)
+    ref = reference.moe_forward(x, **args, residual=residual, ids=ids)
+    err = float(np.abs(y - ref).max()) if y.size else 0.0
+    assert err <= spec_tolerance(ref), (err, spec_tolerance(ref))
+    return ids
+
+
+ROUTER_KEYS = {"router_weight", "top_k", "scoring", "norm_topk_prob", "routed_scaling_factor",
+               "router_bias", "selection_bias", "n_group", "topk_group", "per_expert_scale"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_matches_reference_and_cpu(family):
+    args = make_layer_args(family, H=48, I=40, E=16, k=4, seed=1, shared=24)
+    rng = np.random.default_rng(2)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
+        assert layer.backend == "softmetal"
+        for T in (0, 1, 3, 64, 300):
+            x = rng.standard_normal((T, 48)).astype(np.float32)
+            ids = check(layer, args, x)
+            # The router: the reference's ids on data without near-ties, the CPU's exactly.
+            ref_ids, ref_w = reference.route(x, **{k: v for k, v in args.items() if k in ROUTER_KEYS})
+            np.testing.assert_array_equal(ids, ref_ids)
+            cpu_ids, cpu_w = cpu.route(x)
+            np.testing.assert_array_equal(ids, cpu_ids)
+            _, w = layer.route(x)
+            np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+            # cpu and softmetal agree within the spec tolerance.
+            y, y_cpu = layer(x), cpu(x)
+            if T:
+                assert np.abs(y - y_cpu).max() <= 2 * spec_tolerance(y_cpu)
+        r = rng.standard_normal((3, 48)).astype(np.float32)
+        check(layer, args, rng.standard_normal((3, 48)).astype(np.float32), residual=r)
+        check(layer, args, rng.standard_normal((70, 48)).astype(np.float32), residual=rng.standard_normal((70, 48)).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", [
+    dict(H=33, I=17, E=8, k=2, T=(1, 5, 37)),          # odd sizes everywhere
+    dict(H=5, I=3, E=1, k=1, T=(1, 2, 9)),             # one expert
+    dict(H=13, I=7, E=6, k=6, T=(4, 40)),              # k = E
+    dict(H=64, I=96, E=40, k=8, T=(2, 100)),           # E above a simdgroup, wide experts
+    dict(H=7, I=33, E=3, k=2, T=(300,)),               # many tokens per expert (several tiles)
+])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"])
+def test_odd_shapes(family, shape):
+    s = dict(shape)
+    Ts = s.pop("T")
+    args = make_layer_args(family, seed=s["H"] + s["E"], shared=11, **s)
+    rng = np.random.default_rng(5)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        for T in Ts:
+            check(layer, args, rng.standard_normal((T, s["H"])).astype(np.float32))
+        x = rng.standard_normal((2, 3, s["H"])).astype(np.float32)  # a batch shape
+        check(layer, args, x, residual=rng.standard_normal(x.shape).astype(np.float32))
+
+
+def test_separate_and_fused_gate_up_agree():
+    args = make_layer_args("qwen3_moe", H=24, I=12, E=6, k=2, seed=3, fused=False)
+    fused = dict(args)
+    fused["gate_up_proj"] = np.concatenate([fused.pop("gate_proj"), fused.pop("up_proj")], axis=1)
+    x = np.random.default_rng(1).standard_normal((9, 24)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend="softmetal") as a, moe_swift.MoELayer(**fused, backend="softmetal") as b:
+        np.testing.assert_array_equal(a(x), b(x))
+
+
+def test_deterministic_and_thread_safe():
+    from concurrent.futures import ThreadPoolExecutor
+    args = make_layer_args("deepseek_v3", H=32, I=16, E=8, k=3, seed=4)
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((T, 32)).astype(np.float32) for T in (1, 2, 7, 50)]
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        expected = [layer(x) for x in xs]
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(3):
+                got = list(pool.map(layer, xs))
+                for a, b in zip(got, expected):
+                    np.testing.assert_array_equal(a, b)
+
+
+# --- budgets (issue 4) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_budgets(shared):
+    args = make_layer_args("qwen2_moe" if shared else "mixtral", H=16, I=8, E=4, k=2, seed=0, shared=8)
+    extra = 2 if shared else 0
+    rng = np.random.default_rng(0)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        created = moe_swift.last_stats()
+        assert created["backend"] == "softmetal" and created["allocations"] > 0  # weights, once
+        for T, budget in [(1, 4), (3, 4), (4, 4), (5, 5), (64, 5), (300, 5)]:
+            x = rng.standard_normal((T, 16)).astype(np.float32)
+            layer(x)
+            first = moe_swift.last_stats()
+            assert first["tokens"] == T and first["layers"] == 1
+            assert first["dispatches"] <= budget + extra, (T, first)
+            assert first["command_buffers"] == 1 and first["cpu_waits"] == 1, first
+            layer(x, residual=x)
+            again = moe_swift.last_stats()
+            assert again["allocations"] == 0, (T, again)  # no allocation after the first forward of a shape
+            assert again["dispatches"] == first["dispatches"]
+        # Smaller shapes reuse the buffers of larger ones.
+        for T in (2, 40, 100):
+            layer(rng.standard_normal((T, 16)).astype(np.float32))
+            assert moe_swift.last_stats()["allocations"] == 0
+        layer.route(rng.standard_normal((6, 16)).astype(np.float32))
+        stats = moe_swift.last_stats()
+        assert (stats["dispatches"], stats["command_buffers"], stats["cpu_waits"]) == (1, 1, 1)
+        layer(np.zeros((0, 16), np.float32))
+        assert moe_swift.last_stats()["dispatches"] == 0
+
+
+def test_cpu_stats_are_zero():
+    args = make_layer_args("mixtral", H=16, I=8, E=4, k=2, seed=0)
+    with moe_swift.MoELayer(**args, backend="cpu") as layer:
+        layer(np.ones((3, 16), np.float32))
+        stats = moe_swift.last_stats()
+        assert stats["backend"] == "cpu" and stats["tokens"] == 3
+        assert [stats[k] for k in ("dispatches", "command_buffers", "cpu_waits", "allocations")] == [0, 0, 0, 0]
+
+
+def test_stats_are_per_thread():
+    import threading
+    args = make_layer_args("mixtral", H=16, I=8, E=4, k=2, seed=0)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        layer(np.ones((7, 16), np.float32))
+        seen = {}
+        t = threading.Thread(target=lambda: seen.update(moe_swift.last_stats()))
+        t.start()
+        t.join()
+        assert seen["backend"] is None and seen["dispatches"] == 0
+        assert moe_swift.last_stats()["tokens"] == 7
+
+
+# --- run_layers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [1, 4, 37])
+def test_run_layers(T):
+    families = ["mixtral", "qwen2_moe", "deepseek_v3", "gemma4"]
+    all_args = [make_layer_args(f, H=24, I=8 + n, E=8, k=2, seed=n, shared=6) for n, f in enumerate(families)]
+    x = np.random.default_rng(T).standard_normal((T, 24)).astype(np.float32)
+    expected = x.astype(np.float64)
+    layers = [moe_swift.MoELayer(**a, backend="softmetal") for a in all_args]
+    cpu_layers = [moe_swift.MoELayer(**a, backend="cpu") for a in all_args]
+    try:
+        # x_{i+1} = x_i + layer_i(x_i), on the softmetal layers' own routing.
+        cur = x
+        for layer, a in zip(layers, all_args):
+            ids, _ = layer.route(cur)
+            nxt = reference.moe_forward(cur, **a, residual=cur, ids=ids)
+            cur = nxt.astype(np.float32)
+            expected = nxt
+        y = moe_swift.run_layers(layers, x)
+        stats = moe_swift.last_stats()
+        assert y.shape == x.shape and y.dtype == np.float32
+        assert np.abs(y - expected).max() <= 4 * spec_tolerance(expected)
+        assert stats["layers"] == 4 and stats["command_buffers"] == 1 and stats["cpu_waits"] == 1, stats
+        per_layer = 4 if T <= 4 else 5
+        assert stats["dispatches"] <= 4 * per_layer + 2 * 2  # two layers have a shared expert
+        y_cpu = moe_swift.run_layers(cpu_layers, x)
+        assert np.abs(y - y_cpu).max() <= 4 * spec_tolerance(y_cpu)
+        moe_swift.run_layers(layers, x)
+        assert moe_swift.last_stats()["allocations"] == 0
+        # A batch shape, and one layer.
+        xb = x.reshape(1, T, 24)
+        np.testing.assert_allclose(moe_swift.run_layers(layers[:1], xb)[0], layers[0](x, residual=x), rtol=1e-6, atol=1e-6)
+    finally:
+        for layer in layers + cpu_layers:
+            layer.close()
+
+
+def test_run_layers_errors():
+    a = make_layer_args("mixtral", H=16, I=8, E=4, k=2, seed=0)
+    b = make_layer_args("mixtral", H=12, I=8, E=4, k=2, seed=0)
+    with moe_swift.MoELayer(**a, backend="softmetal") as sm, moe_swift.MoELayer(**a, backend="cpu") as cpu, \
+            moe_swift.MoELayer(**b, backend="softmetal") as other:
+        x = np.ones((2, 16), np.float32)
+        with pytest.raises(ValueError, match="same backend"):
+            moe_swift.run_layers([sm, cpu], x)
+        with pytest.raises(ValueError, match="same hidden_size"):
+            moe_swift.run_layers([sm, other], x)
+        with pytest.raises(ValueError, match="at least one layer"):
+            moe_swift.run_layers([], x)
+        with pytest.raises(TypeError, match="MoELayer"):
+            moe_swift.run_layers([sm, "layer"], x)
+        with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 16\)"):
+            moe_swift.run_layers([sm], np.ones((2, 12), np.float32))
+        assert moe_swift.run_layers([sm], np.ones((0, 16), np.float32)).shape == (0, 16)
+    closed = moe_swift.MoELayer(**a, backend="softmetal")
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        moe_swift.run_layers([closed], np.ones((1, 16), np.float32))
+
+
+# --- the CPU backend's bad-input catalogue, on softmetal ------------------------------
+
+
+@pytest.fixture
+def args():
+    a = make_layer_args("mixtral", H=test_bad_inputs.H, I=test_bad_inputs.I, E=test_bad_inputs.E,
+                        k=test_bad_inputs.K, seed=0)
+    a["backend"] = "softmetal"
+    return a
+
+
+@pytest.mark.parametrize("case", sorted(test_bad_inputs.CASES))
+def test_bad_layer_arguments(args, case):
+    test_bad_inputs.CASES[case](args)
+
+
+def test_bad_call_arguments_and_use_after_close(args):
+    test_bad_inputs.test_swiglu_limit_must_be_positive(args)
+    test_bad_inputs.test_bad_call_arguments(args)
+    test_bad_inputs.test_use_after_close(args)
+
+
+def test_too_many_experts_is_a_clear_error():
+    a = make_layer_args("mixtral", H=4, I=2, E=1025, k=1, seed=0)
+    with pytest.raises(ValueError, match="at most 1024 experts"):
+        moe_swift.MoELayer(**a, backend="softmetal")
+
+
+def test_non_finite_inputs_give_valid_ids_and_no_crash():
+    args = make_layer_args("deepseek_v3", H=16, I=8, E=8, k=3, seed=2, shared=4)
+    x = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
+    x[::3, 0] = np.nan
+    x[1::5, 2] = np.inf
+    x[2::7] = 3e38
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
+        ids, _ = layer.route(x)
+        assert ((ids >= 0) & (ids < 8)).all()
+        assert all(len(set(row)) == 3 for row in ids)
+        # Same ids as the CPU router where the logits do not depend on the summation order
+        # (3e38 rows overflow to +-inf or NaN depending on it).
+        exact = ~(x == 3e38).any(axis=1)
+        np.testing.assert_array_equal(ids[exact], cpu.route(x)[0][exact])
+        layer(x)  # no crash
