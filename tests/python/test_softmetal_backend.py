@@ -258,3 +258,37 @@ def test_non_finite_inputs_give_valid_ids_and_no_crash():
         exact = ~(x == 3e38).any(axis=1)
         np.testing.assert_array_equal(ids[exact], cpu.route(x)[0][exact])
         layer(x)  # no crash
+
+
+# --- whole forwards with SoftMetal's race check -----------------------------------------
+
+RACE_SCRIPT = r"""
+import numpy as np, moe_swift
+from moe_swift import reference
+from families import make_layer_args, spec_tolerance
+for family, T in [("mixtral", 1), ("qwen2_moe", 3), ("deepseek_v3", 40), ("gpt_oss", 70)]:
+    args = make_layer_args(family, H=24, I=16, E=8, k=2, seed=T, shared=8)
+    x = np.random.default_rng(T).standard_normal((T, 24)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        y = layer(x, residual=x)
+        ids, _ = layer.route(x)
+        ref = reference.moe_forward(x, **args, residual=x, ids=ids)
+        assert np.abs(y - ref).max() <= spec_tolerance(ref), family
+        y2 = moe_swift.run_layers([layer, layer], x)
+        assert np.isfinite(y2).all()
+print("ok")
+"""
+
+
+def test_whole_forwards_pass_the_race_check():
+    # Every dispatch of decode, prefill, shared-expert and run_layers forwards runs twice
+    # (in order, then with permuted threads and threadgroups) and must give the same bytes;
+    # this also covers the in-place combine of run_layers.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, SOFTMETAL_CHECK_RACES="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", RACE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

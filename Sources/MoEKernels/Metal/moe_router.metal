@@ -109,7 +109,7 @@ kernel void moe_router(constant moe_router_params& p [[buffer(0)]],
         }
         simdgroup_barrier(mem_flags::mem_threadgroup);
         uint kept = 0;  // bit i: group lane + 32 i is kept
-        for (uint round = 0; round < p.topk_group; round++) {
+        for (uint pick = 0; pick < p.topk_group; pick++) {
             float bv = 0.0f;
             uint bi = MOE_NONE;
             for (uint g = lane, i = 0; g < G; g += MOE_SIMD_WIDTH, i++) {
