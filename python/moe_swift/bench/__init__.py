@@ -1,0 +1,13 @@
+"""Benchmark of the CPU backend: `python -m moe_swift.bench` (see __main__.py and the
+README's Performance section).
+
+Modules: shapes (the layer shapes and their random weights), grouped (the grouped
+NumPy baseline), peers (ours, NumPy, reference, transformers eager / grouped_mm, MLX),
+roofline (GEMV bandwidth and SGEMM peak of this machine), runner (checks and the
+alternating-block timing), report (tables, JSON), plot (PNG, needs matplotlib).
+"""
+
+from .grouped import moe_grouped, route
+from .shapes import SHAPES, Shape, Weights
+
+__all__ = ["SHAPES", "Shape", "Weights", "moe_grouped", "route"]

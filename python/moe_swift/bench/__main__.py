@@ -1,0 +1,226 @@
+"""python -m moe_swift.bench: the CPU backend against NumPy, the reference, transformers
+(torch) and MLX on the shapes of notes/landscape.md, with the machine's roofline.
+
+    python -m moe_swift.bench                      # every shape, T in {1, 8, 64, 512} (~15 min)
+    python -m moe_swift.bench --quick              # 2 shapes, 16 experts, T in {1, 64} (~1 min)
+    python -m moe_swift.bench --shapes qwen3-30b-a3b --tokens 1,512 --peers ours,numpy,torch-grouped
+    python -m moe_swift.bench --experts mixtral-8x7b=8 --json /tmp/b.json --plot /tmp/b.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import peers, plot, report, roofline
+from .runner import Progress, bench_shape, loadavg, peak_rss_gb
+from .shapes import DEFAULT_SHAPES, QUICK_EXPERTS, QUICK_SHAPES, SHAPES
+
+DEFAULT_TOKENS = [1, 8, 64, 512]
+QUICK_TOKENS = [1, 64]
+
+
+def results_dir() -> Path:
+    """benchmarks/results of the source checkout this package lives in (editable
+    install), else ./benchmarks/results."""
+    root = Path(__file__).resolve().parents[3]
+    if (root / "benchmarks").is_dir() and (root / "python" / "moe_swift").is_dir():
+        return root / "benchmarks" / "results"
+    return Path.cwd() / "benchmarks" / "results"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m moe_swift.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="shapes: " + ", ".join(SHAPES) + "\npeers: " + ", ".join(peers.PEERS))
+    p.add_argument("--shapes", help=f"comma list (default: all; --quick: {','.join(QUICK_SHAPES)})")
+    p.add_argument("--tokens", help="comma list of T (default 1,8,64,512; --quick: 1,64)")
+    p.add_argument("--peers", help=f"comma list of implementations (default: all: {','.join(peers.PEERS)}); "
+                                   "ours always runs (it is what the others are checked against)")
+    p.add_argument("--experts", action="append", default=[], metavar="SHAPE=N",
+                   help="benchmark N experts of SHAPE (repeatable), or N for every shape")
+    p.add_argument("--quick", action="store_true",
+                   help=f"small run: {', '.join(QUICK_SHAPES)} with {QUICK_EXPERTS} experts, T in {{1, 64}}, "
+                        "few repeats (about a minute)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="most timed runs per implementation and T (x3 for T <= 8; default 7, --quick 3)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of timed calls per implementation and T: slower ones get fewer runs "
+                        "(default 2.5, --quick 0.5)")
+    p.add_argument("--max-call", type=float, default=30.0,
+                   help="skip an implementation at a T where one call is predicted (linearly from the "
+                        "previous T) to take longer than this many seconds (default 30)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of alternating blocks (default 3, --quick 2)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="pause in seconds before each block so that BLAS/OpenMP threads of the previous one "
+                        "go idle (default 0.3, --quick 0.1)")
+    p.add_argument("--ref-tokens", type=int, default=None,
+                   help="time the reference on at most this many tokens, scaled to T (default 8, --quick 2)")
+    p.add_argument("--ref-gb", type=float, default=2.0,
+                   help="most GB of float64 expert copies for the reference (fewer tokens if needed; default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="output JSON (default benchmarks/results/bench.json; --quick: bench_quick.json)")
+    p.add_argument("--plot", help="output PNG (default: the JSON path with .png)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = p.parse_args(argv)
+
+    q = args.quick
+    args.repeats = args.repeats or (3 if q else 7)
+    args.budget = args.budget if args.budget is not None else (0.5 if q else 2.5)
+    args.rounds = args.rounds or (2 if q else 3)
+    args.settle = args.settle if args.settle is not None else (0.1 if q else 0.3)
+    args.ref_tokens = args.ref_tokens or (2 if q else 8)
+    shapes = (args.shapes or ",".join(QUICK_SHAPES if q else DEFAULT_SHAPES)).split(",")
+    for s in shapes:
+        if s not in SHAPES:
+            p.error(f"unknown shape {s!r}; known: {', '.join(SHAPES)}")
+    try:
+        tokens = [int(t) for t in (args.tokens or ",".join(map(str, QUICK_TOKENS if q else DEFAULT_TOKENS))).split(",")]
+    except ValueError:
+        p.error("--tokens must be a comma list of integers")
+    if any(t < 1 for t in tokens):
+        p.error("--tokens must be positive")
+    selected = (args.peers or ",".join(peers.PEERS)).split(",")
+    for n in selected:
+        if n not in peers.PEERS:
+            p.error(f"unknown peer {n!r}; known: {', '.join(peers.PEERS)}")
+    selected = ["ours"] + [n for n in peers.PEERS if n in selected and n != "ours"]
+    experts = {s: QUICK_EXPERTS for s in shapes} if q else {}
+    for item in args.experts:
+        try:
+            if "=" in item:
+                s, n = item.split("=", 1)
+                if s not in SHAPES:
+                    p.error(f"--experts: unknown shape {s!r}")
+                experts[s] = int(n)
+            else:
+                experts.update({s: int(item) for s in shapes})
+        except ValueError:
+            p.error(f"--experts {item!r}: expected SHAPE=N or N")
+    for s in shapes:
+        E = experts.get(s, SHAPES[s].default_experts)
+        if not SHAPES[s].top_k <= E:
+            p.error(f"{s}: needs at least top_k = {SHAPES[s].top_k} experts, got {E}")
+        experts[s] = E
+    args.shapes, args.tokens, args.selected, args.experts = shapes, sorted(set(tokens)), selected, experts
+    default_json = results_dir() / ("bench_quick.json" if q else "bench.json")
+    args.json = Path(args.json) if args.json else default_json
+    args.plot = None if args.no_plot else (Path(args.plot) if args.plot else args.json.with_suffix(".png"))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log = Progress(quiet=args.quiet)
+    started = datetime.datetime.now().astimezone()
+    out = print
+
+    out(f"moe-swift CPU benchmark ({started:%Y-%m-%d %H:%M %Z}): one MoE layer, ours vs peers, with the roofline")
+    out(f"  machine: {platform.machine()}, {peers.cores()} cores, {_cpu_model()}, {_mem_gb():.0f} GB; "
+        f"load average at start {loadavg()} (shared machines distort multi-threaded BLAS most)")
+    out(f"  numpy {np.__version__}" + (f" ({roofline.blas_info()})" if roofline.blas_info() else ""))
+    for line in roofline.env_warnings():
+        out("  " + line)
+        print(line, file=sys.stderr)
+    out("  implementations:")
+    for n in peers.PEERS:
+        if n not in args.selected:
+            out(f"    {n:14s} not selected (--peers)")
+        elif peers.status(n) is None:
+            out(f"    {n:14s} {peers.info(n)}")
+        else:
+            out(f"    {n:14s} {peers.status(n)}")
+    out(f"  timing: medians of up to {args.repeats} runs (x3 for T <= {roofline.DECODE_MAX_T}) per implementation, "
+        f"{args.budget:g} s of calls each at most (>= 3 runs unless one call takes longer), in {args.rounds} rounds "
+        f"of alternating blocks (pause {args.settle:g} s + warm-up call, then back-to-back calls on fresh inputs)")
+    out("  checks before timing: every implementation vs ours, |y - ours| <= 1e-4 max|ours| + 1e-5; ours vs "
+        "the float64 reference on a few tokens (spec tolerance)")
+
+    log("measuring the roofline (GEMV bandwidth, SGEMM peak) ...")
+    roof_start = roofline.measure(quick=args.quick)
+    log(f"roofline: {roof_start['gemv_GBps_best']:.1f} GB/s, {roof_start['gemm_GFLOPs_best']:.0f} GFLOP/s")
+
+    rows, failures = [], []
+    for s in args.shapes:
+        shape = SHAPES[s]
+        E = args.experts[s]
+        log(f"=== {s}: H={shape.hidden} I={shape.inter} E={E}"
+            + (f" (of {shape.experts})" if E != shape.experts else "") + f" k={shape.top_k}"
+            + (f" shared={shape.shared}" if shape.shared else "") + f", T in {args.tokens}")
+        rows += bench_shape(shape, E, args.tokens, args.selected, args, log, failures)
+        log(f"{s}: done, peak RSS so far {peak_rss_gb():.1f} GB")
+
+    log("measuring the roofline again ...")
+    roof_end = roofline.measure(quick=args.quick)
+    roof = roofline.combine(roof_start, roof_end)
+    report.add_fractions(rows, roof)
+
+    out("")
+    out(report.tables(rows, args.selected, roof))
+    out("")
+    out(report.LEGEND)
+    out(f"Roofline measured with NumPy on {peers.cores()} cores (best of the start and end of the run): "
+        f"GEMV over a {roof_start['gemv_matrix_bytes'] / 2**30:.2f} GiB float32 matrix "
+        f"{roof_start['gemv_GBps_best']:.1f} / {roof_end['gemv_GBps_best']:.1f} GB/s (start / end), "
+        f"SGEMM {roof_start['gemm_n']}^3 {roof_start['gemm_GFLOPs_best']:.0f} / {roof_end['gemm_GFLOPs_best']:.0f} GFLOP/s")
+    total = log.elapsed()
+    out(f"peak RSS {peak_rss_gb():.1f} GB, total {total:.0f} s, load average at end {loadavg()}")
+
+    payload = dict(
+        benchmark="moe_swift.bench", date=started.isoformat(timespec="seconds"), argv=sys.argv[1:],
+        machine=dict(arch=platform.machine(), cores=peers.cores(), cpu=_cpu_model(), memory_gb=_mem_gb(),
+                     python=platform.python_version(), numpy=np.__version__, blas=roofline.blas_info()),
+        env={k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                         "OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
+        env_warnings=roofline.env_warnings(),
+        implementations={n: (peers.info(n) if peers.status(n) is None else peers.status(n))
+                         if n in args.selected else "not selected" for n in peers.PEERS},
+        settings=dict(shapes=args.shapes, tokens=args.tokens, experts=args.experts, peers=args.selected,
+                      repeats=args.repeats, budget_s=args.budget, max_call_s=args.max_call, rounds=args.rounds,
+                      settle_s=args.settle, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
+                      seed=args.seed, decode_max_T=roofline.DECODE_MAX_T),
+        roofline=dict(used=roof, start=roof_start, end=roof_end),
+        loadavg_end=loadavg(), total_seconds=total, peak_rss_gb=peak_rss_gb(),
+        failures=failures, rows=rows)
+    report.write_json(args.json, payload)
+    out(f"wrote {args.json}")
+    if args.plot:
+        why = plot.plot(rows, args.selected, roof, args.plot,
+                        f"moe-swift CPU backend vs peers, {peers.cores()} cores, {started:%Y-%m-%d} "
+                        f"(roofline {roof['GBps']:.0f} GB/s, {roof['GFLOPs']:.0f} GFLOP/s)")
+        out(f"wrote {args.plot}" if why is None else f"plot skipped: {why}")
+    if failures:
+        out("FAILED checks:")
+        for f in failures:
+            out("  " + f)
+        return 1
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _mem_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

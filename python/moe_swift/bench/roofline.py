@@ -1,0 +1,107 @@
+"""The machine's roofline, measured in the same run with NumPy's BLAS on all cores:
+read bandwidth of a large matrix-vector product and the peak of a large SGEMM.
+
+Decode points (T <= DECODE_MAX_T) are compared with the bandwidth: bytes of weights a
+forward must read (the distinct experts chosen across the T tokens x gate, up and down
+(+ biases), plus the router and shared expert) per second. Prefill points with the GEMM
+peak: FLOPs of the router, the three expert matmuls over all (token, slot) pairs and
+the shared expert, per second.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+DECODE_MAX_T = 8
+SLOW_OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def env_warnings() -> list[str]:
+    """Environment that distorts NumPy's OpenBLAS (and so the baseline and the roofline)."""
+    out = []
+    for var in SLOW_OPENBLAS_VARS:
+        if os.environ.get(var):
+            out.append(f"WARNING: {var}={os.environ[var]} is set: it makes a current NumPy's OpenBLAS pick "
+                       "slower kernels / blocking, so the NumPy baseline and the roofline read low; unset it.")
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(var):
+            out.append(f"note: {var}={os.environ[var]} is set (limits the BLAS threads of NumPy / torch).")
+    return out
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+        return "; ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture', '')} "
+                         f"{i.get('num_threads')} threads" for i in threadpool_info()
+                         if i.get("user_api") == "blas")
+    except Exception:  # noqa: BLE001 - threadpoolctl is optional
+        return ""
+
+
+def _best(fn, runs, settle):
+    times = []
+    for _ in range(runs):
+        time.sleep(settle)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure(*, gemv_bytes=1 << 30, gemm_n=4096, runs=7, settle=0.05, quick=False) -> dict:
+    """Bandwidth (GB/s) of y = A @ v with a `gemv_bytes` float32 A, and GFLOP/s of a
+    `gemm_n`^3 SGEMM, both NumPy on all cores: best and median of `runs`."""
+    if quick:
+        gemv_bytes, gemm_n, runs = gemv_bytes // 4, min(gemm_n, 2048), max(3, runs // 2)
+    n = int(round((gemv_bytes / 4) ** 0.5))
+    A = np.empty((n, n), np.float32)
+    A[...] = 1.0 / n  # touch every page; values do not matter for the speed
+    v = np.ones(n, np.float32)
+    A @ v  # warm-up (first-touch of BLAS buffers)
+    t = _best(lambda: A @ v, runs, settle)
+    gbs = [A.nbytes / s / 1e9 for s in t]
+    del A, v
+    rng = np.random.default_rng(0)
+    B = rng.standard_normal((gemm_n, gemm_n), dtype=np.float32)
+    C = rng.standard_normal((gemm_n, gemm_n), dtype=np.float32)
+    B @ C
+    t = _best(lambda: B @ C, max(3, runs - 2), settle)
+    gf = [2.0 * gemm_n ** 3 / s / 1e9 for s in t]
+    return dict(gemv_matrix_bytes=n * n * 4, gemv_GBps_best=max(gbs), gemv_GBps_median=float(np.median(gbs)),
+                gemm_n=gemm_n, gemm_GFLOPs_best=max(gf), gemm_GFLOPs_median=float(np.median(gf)),
+                gemv_GBps_all=gbs, gemm_GFLOPs_all=gf)
+
+
+def combine(first: dict, last: dict | None) -> dict:
+    """The roofline used for the fractions: the best of the measurements at the start
+    and at the end of the run (the machine is shared; the best is closest to its peak)."""
+    if not last:
+        return dict(GBps=first["gemv_GBps_best"], GFLOPs=first["gemm_GFLOPs_best"])
+    return dict(GBps=max(first["gemv_GBps_best"], last["gemv_GBps_best"]),
+                GFLOPs=max(first["gemm_GFLOPs_best"], last["gemm_GFLOPs_best"]))
+
+
+def bound(T: int) -> str:
+    return "bandwidth" if T <= DECODE_MAX_T else "gemm"
+
+
+def fraction(T: int, ms: float | None, bytes_read: float, flops: float, roof: dict) -> float | None:
+    """Fraction of the roofline reached: bytes/s over bandwidth (T <= 8), FLOP/s over
+    the GEMM peak (larger T)."""
+    if ms is None or ms <= 0:
+        return None
+    s = ms * 1e-3
+    if bound(T) == "bandwidth":
+        return bytes_read / s / 1e9 / roof["GBps"]
+    return flops / s / 1e9 / roof["GFLOPs"]
+
+
+def roofline_tokens_per_s(T: int, bytes_read: float, flops: float, roof: dict) -> float:
+    """Best throughput the machine allows for T tokens: neither faster than reading the
+    weights at the bandwidth nor than the FLOPs at the GEMM peak."""
+    t = max(bytes_read / (roof["GBps"] * 1e9), flops / (roof["GFLOPs"] * 1e9))
+    return T / t

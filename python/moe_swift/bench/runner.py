@@ -1,0 +1,293 @@
+"""One shape: build every implementation from the same weights, check each against ours,
+then time them in alternating blocks.
+
+Timing method (kept from the first benchmark, benchmarks/bench_cpu.py): the timed runs
+of each implementation are split into rounds; a round runs one block per implementation
+(ours, numpy, reference, torch-eager, torch-grouped, mlx); each block starts with a
+pause (`settle`) and an untimed warm-up call, then times back-to-back calls, each on a
+fresh input (the same inputs for every implementation, so in decode all of them read
+the same experts). Tables give medians. The pause matters on a small machine: NumPy's
+OpenBLAS and torch's OpenMP worker threads spin for a while after a call and would
+otherwise take a core from the next block (alternating call by call made our decode
+look ~1.5x slower than it is).
+
+Slow implementations get fewer runs: each has `budget` seconds of timed calls per point
+(at least 3 runs, 1 when a single call takes longer than the budget, at most `repeats`,
+three times that for decode), and one whose call is predicted (linearly in T from the
+previous T) to take more than `max_call` seconds is skipped at that T, with the reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+
+import numpy as np
+
+from .. import reference
+from . import peers
+from .roofline import DECODE_MAX_T
+from .shapes import Weights
+
+
+class Progress:
+    """Progress lines on stderr with the elapsed time: long runs show they are alive."""
+
+    def __init__(self, stream=None, quiet=False):
+        self.t0 = time.perf_counter()
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def __call__(self, msg: str):
+        if not self.quiet:
+            print(f"[{self.elapsed():7.1f} s] {msg}", file=self.stream, flush=True)
+
+
+def timed(fn, *a):
+    t0 = time.perf_counter()
+    out = fn(*a)
+    return time.perf_counter() - t0, out
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def rss_gb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except OSError:
+        return float("nan")
+
+
+def peak_rss_gb() -> float:
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+    except Exception:  # noqa: BLE001
+        return float("nan")
+
+
+def tolerance(ref) -> float:
+    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (notes/moe-layer-spec.md)."""
+    return 1e-4 * float(np.max(np.abs(ref))) + 1e-5
+
+
+def near_ties(x, w, rel=1e-5):
+    """Tokens whose k-th and (k+1)-th routing scores (float64) are within `rel` of each
+    other: float32 routers may choose differently there, so outputs are not compared."""
+    k, E = w.k, w.E
+    if k >= E:
+        return np.zeros(x.shape[0], dtype=bool)
+    logits = x.astype(np.float64) @ w.router.T.astype(np.float64)
+    if w.router_bias is not None:
+        logits += w.router_bias
+    s = np.exp(logits - logits.max(axis=1, keepdims=True))
+    s /= s.sum(axis=1, keepdims=True)
+    top = -np.partition(-s, (k - 1, k), axis=1)
+    return (top[:, k - 1] - top[:, k]) <= rel * top[:, k - 1]
+
+
+def plan_runs(t_call: float, max_runs: int, budget: float) -> int:
+    if t_call >= budget:
+        return 1
+    return max(min(3, max_runs), min(max_runs, int(budget / max(t_call, 1e-9))))
+
+
+def build(shape, E, selected, args, log):
+    """Weights and every selected implementation for one shape. Returns (weights,
+    {name: callable}, {name: reason it cannot run})."""
+    t, w = timed(Weights, shape, E, args.seed)
+    log(f"{shape.name}: {w.nbytes() / 1e9:.2f} GB of float32 weights generated in {t:.1f} s")
+    impls, state = {}, {}
+    t, impls["ours"] = timed(peers.Ours, w)
+    log(f"{shape.name}: ours built in {t:.1f} s (native copy)")
+    if "numpy" in selected:
+        impls["numpy"] = peers.NumPyGrouped(w)
+    torch_names = [n for n in peers.TORCH_IMPLEMENTATIONS if n in selected]
+    runnable = [n for n in torch_names if peers.status(n) is None]
+    for n in torch_names:
+        if n not in runnable:
+            state[n] = peers.status(n)
+    if runnable:
+        try:
+            t, block = timed(peers.TorchBlock, w)
+            log(f"{shape.name}: transformers block built in {t:.1f} s (shares the NumPy arrays)")
+            for n in runnable:
+                impls[n] = block.impl(n)
+            impls["_torch_block"] = block
+        except Exception as exc:  # noqa: BLE001
+            for n in runnable:
+                state[n] = f"failed to build the transformers block: {exc.__class__.__name__}: {exc}"
+    if "mlx" in selected:
+        if peers.status("mlx") is not None:
+            state["mlx"] = peers.status("mlx")
+        else:
+            try:
+                t, impls["mlx"] = timed(peers.MLXLayer, w)
+                log(f"{shape.name}: MLX layer built in {t:.1f} s (copy)")
+            except Exception as exc:  # noqa: BLE001
+                state["mlx"] = f"failed to build: {exc.__class__.__name__}: {exc}"
+    if "reference" in selected and peers.status("reference") is not None:
+        state["reference"] = peers.status("reference")
+    log(f"{shape.name}: process RSS {rss_gb():.1f} GB")
+    return w, impls, state
+
+
+def close_all(impls):
+    for v in impls.values():
+        try:
+            v.close()
+        except Exception:  # noqa: BLE001
+            pass
+    impls.clear()
+    gc.collect()
+
+
+def bench_shape(shape, E, tokens, selected, args, log, failures):
+    """Rows (one per T) for one shape; appends messages of failed checks to `failures`."""
+    w, impls, state = build(shape, E, selected, args, log)
+    rows, last = [], {}
+    try:
+        for T in tokens:
+            rows.append(bench_point(w, T, impls, state, selected, args, log, failures, last))
+    finally:
+        close_all(impls)
+        del w
+        gc.collect()
+    return rows
+
+
+def bench_point(w, T, impls, state, selected, args, log, failures, last):
+    shape = w.shape
+    tag = f"{shape.name} T={T}"
+    rng = np.random.default_rng([args.seed, 10, T])
+    max_runs = args.repeats * (3 if T <= DECODE_MAX_T else 1)
+    # xs[0]: checks, xs[1]: warm-ups, xs[2:]: one different input per timed run.
+    xs = [rng.standard_normal((T, w.H), dtype=np.float32) for _ in range(max_runs + 2)]
+    x0 = xs[0]
+    ours = impls["ours"]
+    res = {}
+
+    # --- checks ------------------------------------------------------------------------
+    t_check, y_ours = timed(ours, x0)
+    ids, _ = ours.route(x0)
+    keep = ~near_ties(x0, w)
+    tol = tolerance(y_ours)
+    res["ours"] = dict(status="ok", t_check=t_check)
+    ref_case = None
+    if "reference" in selected and "reference" not in state:
+        sub, kw = peers.reference_case(w, x0, ids, max_tokens=args.ref_tokens, budget_bytes=args.ref_gb * 1e9)
+        t_ref, y_ref = timed(lambda: reference.moe_forward(x0[sub], **kw))
+        diff = float(np.max(np.abs(y_ours[sub] - y_ref)))
+        ok = bool(np.all(np.isfinite(y_ours)) and diff <= tolerance(y_ref))
+        n_sub = len(sub)
+        res["reference"] = dict(status="ok", t_check=t_ref, scale=T / n_sub, tokens_timed=n_sub,
+                                experts_float64=int(kw["gate_proj"].shape[0]),
+                                check=dict(vs="ours", max_diff=diff, tol=tolerance(y_ref), tokens=n_sub))
+        if not ok:
+            msg = f"{tag}: ours vs the float64 reference DISAGREE: {diff:.3e} > {tolerance(y_ref):.3e}"
+            failures.append(msg)
+            log(msg)
+            res["ours"]["status"] = "WRONG vs reference"
+        ref_case = (sub, kw)
+    for name in selected:
+        if name in ("ours", "reference"):
+            continue
+        if name in state:
+            res[name] = dict(status=state[name])
+            continue
+        fn = impls[name]
+        if name in last:
+            T_prev, s_prev = last[name]
+            predicted = s_prev * T / T_prev
+            if predicted > args.max_call:
+                res[name] = dict(status=f"skipped: ~{predicted:.0f} s per call predicted from T={T_prev} "
+                                        f"(> --max-call {args.max_call:g} s)")
+                log(f"{tag}: {name} {res[name]['status']}")
+                continue
+        try:
+            t, y = timed(fn, x0)
+        except Exception as exc:  # noqa: BLE001
+            res[name] = dict(status=f"failed: {exc.__class__.__name__}: {exc}")
+            failures.append(f"{tag}: {name} raised {exc.__class__.__name__}: {exc}")
+            log(f"{tag}: {name} FAILED: {exc}")
+            continue
+        y = np.asarray(y, dtype=np.float32).reshape(T, w.H)
+        diff = float(np.max(np.abs(y - y_ours)[keep])) if keep.any() else 0.0
+        ok = bool(np.all(np.isfinite(y[keep])) and diff <= tol)
+        check = dict(vs="ours", max_diff=diff, tol=tol, tokens=int(keep.sum()))
+        if not ok:
+            res[name] = dict(status=f"WRONG: max|y - ours| = {diff:.2e} > {tol:.2e}", check=check)
+            failures.append(f"{tag}: {name} disagrees with ours: {diff:.3e} > {tol:.3e}")
+            log(f"{tag}: {name} DISAGREES with ours ({diff:.3e} > {tol:.3e}); not timed")
+            continue
+        res[name] = dict(status="ok", t_check=t, check=check)
+        if t > 2.0:
+            log(f"{tag}: {name} checked ({t:.1f} s per call)")
+    log(f"{tag}: checks done (" + ", ".join(
+        f"{n} {r['t_check'] * 1e3:.1f} ms" for n, r in res.items() if r["status"] == "ok") + ")")
+
+    # --- timing ------------------------------------------------------------------------
+    calls = {}
+    for name, r in res.items():
+        if r["status"] != "ok":
+            continue
+        if name == "reference":
+            sub, kw = ref_case
+            calls[name] = lambda x, sub=sub, kw=kw: reference.moe_forward(x0[sub], **kw)
+        else:
+            calls[name] = impls[name]
+        if r["t_check"] >= args.budget and name != "reference":
+            r["runs_planned"] = 0  # slow: its check call (on a fresh input) is its one timed run
+            r["note"] = "1 run (the check call)"
+        else:
+            r["runs_planned"] = plan_runs(r["t_check"], max_runs, args.budget)
+    rounds = max(1, min(args.rounds, max((r.get("runs_planned", 0) for r in res.values()), default=1)))
+    times = {n: ([res[n]["t_check"]] if res[n]["runs_planned"] == 0 else []) for n in calls}
+    for rnd in range(rounds):
+        for name, fn in calls.items():
+            n = res[name]["runs_planned"]
+            per = -(-n // rounds)
+            js = range(rnd * per, min(n, (rnd + 1) * per))
+            if not js:
+                continue
+            time.sleep(args.settle)
+            if res[name]["t_check"] < args.budget / 2:
+                fn(xs[1])
+            for j in js:
+                times[name].append(timed(fn, xs[2 + j])[0])
+        if rounds > 1:
+            log(f"{tag}: timing round {rnd + 1}/{rounds} done")
+
+    # --- results -----------------------------------------------------------------------
+    used = max((len(v) for v in times.values()), default=1)
+    distinct = [len(np.unique(ours.route(xs[2 + j])[0])) for j in range(max(1, used))]
+    row = dict(shape=shape.name, family=shape.family, H=w.H, I=w.I, E=w.E, E_model=shape.experts,
+               top_k=w.k, shared=shape.shared, activation=shape.activation, biases=shape.biases,
+               scale_note=shape.scale_note if w.E != shape.experts else "", T=T,
+               distinct_experts=float(np.mean(distinct)),
+               bytes_read=float(np.mean(distinct)) * w.expert_bytes() + w.fixed_bytes(),
+               flops=w.flops(T), near_tie_tokens=int((~keep).sum()), loadavg=loadavg(), impl={})
+    for name in selected:
+        r = res.get(name, dict(status="not selected"))
+        if name in times and times[name]:
+            scale = r.get("scale", 1.0)
+            v = [t * scale * 1e3 for t in times[name]]
+            r.update(ms=float(np.median(v)), ms_min=float(min(v)), runs=len(v), ms_all=v)
+            last[name] = (T, float(np.median(v)) / 1e3)
+        r.pop("runs_planned", None)
+        row["impl"][name] = r
+    ours_ms = row["impl"]["ours"].get("ms")
+    log(f"{tag}: " + ", ".join(f"{n} {r['ms']:.2f} ms" for n, r in row["impl"].items() if "ms" in r)
+        + (f"; ours {T / ours_ms * 1e3:.0f} tok/s" if ours_ms else "") + f" [load {row['loadavg']}]")
+    return row
