@@ -52,11 +52,13 @@ def _best(fn, runs, settle):
     return times
 
 
-def measure(*, gemv_bytes=1 << 30, gemm_n=4096, runs=7, settle=0.05, quick=False) -> dict:
+def measure(*, gemv_bytes=1 << 30, gemm_n=4096, runs=10, settle=0.05, quick=False) -> dict:
     """Bandwidth (GB/s) of y = A @ v with a `gemv_bytes` float32 A, and GFLOP/s of a
-    `gemm_n`^3 SGEMM, both NumPy on all cores: best and median of `runs`."""
+    `gemm_n`^3 SGEMM, both NumPy on all cores: best and median of `runs` (a GEMV call is
+    ~40 ms: on a loaded machine single calls lose milliseconds waiting for the second
+    BLAS thread, hence best-of-many)."""
     if quick:
-        gemv_bytes, gemm_n, runs = gemv_bytes // 4, min(gemm_n, 2048), max(3, runs // 2)
+        gemm_n = min(gemm_n, 3072)
     n = int(round((gemv_bytes / 4) ** 0.5))
     A = np.empty((n, n), np.float32)
     A[...] = 1.0 / n  # touch every page; values do not matter for the speed
@@ -69,7 +71,7 @@ def measure(*, gemv_bytes=1 << 30, gemm_n=4096, runs=7, settle=0.05, quick=False
     B = rng.standard_normal((gemm_n, gemm_n), dtype=np.float32)
     C = rng.standard_normal((gemm_n, gemm_n), dtype=np.float32)
     B @ C
-    t = _best(lambda: B @ C, max(3, runs - 2), settle)
+    t = _best(lambda: B @ C, 5, settle)
     gf = [2.0 * gemm_n ** 3 / s / 1e9 for s in t]
     return dict(gemv_matrix_bytes=n * n * 4, gemv_GBps_best=max(gbs), gemv_GBps_median=float(np.median(gbs)),
                 gemm_n=gemm_n, gemm_GFLOPs_best=max(gf), gemm_GFLOPs_median=float(np.median(gf)),
