@@ -85,7 +85,10 @@ def _load():
     ffi.cdef(cdef_source(text))
     path = library_path()
     try:
-        lib = ffi.dlopen(str(path))
+        # RTLD_NODELETE: never unmapped, not even when cffi closes it while the interpreter
+        # shuts down - libdispatch worker threads (the CPU backend's and SoftMetal's) may
+        # still be parked in code of the library and of the runtime it loaded.
+        lib = ffi.dlopen(str(path), ffi.RTLD_NOW | getattr(ffi, "RTLD_NODELETE", 0))
     except OSError as exc:
         hint = ""
         if "openblas" in str(exc):

@@ -1,7 +1,8 @@
-"""The "softmetal" backend (the Metal backend's own code, run on SoftMetal) through
-MoELayer: every family of the spec against the float64 reference for T in {0, 1, 3, 64, 300}
-and odd sizes, agreement with "cpu", the budgets of issue 4 through moe_swift.last_stats(),
-run_layers, and the CPU backend's bad-input catalogue."""
+"""The Metal backend through MoELayer - "softmetal" on Linux (its own code run on
+SoftMetal), "metal" where an Apple GPU is available: every family of the spec against the
+float64 reference for T in {0, 1, 3, 64, 300} and odd sizes, agreement with "cpu", the
+budgets of issue 4 through moe_swift.last_stats(), run_layers, and the CPU backend's
+bad-input catalogue."""
 
 import numpy as np
 import pytest
@@ -11,8 +12,10 @@ from moe_swift import reference
 from families import FAMILIES, make_layer_args, spec_tolerance
 import test_bad_inputs
 
-pytestmark = pytest.mark.skipif("softmetal" not in moe_swift.available_backends(),
-                                reason="the softmetal backend needs Linux and clang++")
+AVAILABLE = moe_swift.available_backends()
+BACKEND = "metal" if "metal" in AVAILABLE else "softmetal"
+pytestmark = pytest.mark.skipif(BACKEND not in AVAILABLE,
+                                reason="needs an Apple GPU (metal) or Linux and clang++ (softmetal)")
 
 
 def check(layer, args, x, residual=None):
@@ -35,8 +38,8 @@ ROUTER_KEYS = {"router_weight", "top_k", "scoring", "norm_topk_prob", "routed_sc
 def test_family_matches_reference_and_cpu(family):
     args = make_layer_args(family, H=48, I=40, E=16, k=4, seed=1, shared=24)
     rng = np.random.default_rng(2)
-    with moe_swift.MoELayer(**args, backend="softmetal") as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
-        assert layer.backend == "softmetal"
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
+        assert layer.backend == BACKEND
         for T in (0, 1, 3, 64, 300):
             x = rng.standard_normal((T, 48)).astype(np.float32)
             ids = check(layer, args, x)
@@ -69,7 +72,7 @@ def test_odd_shapes(family, shape):
     Ts = s.pop("T")
     args = make_layer_args(family, seed=s["H"] + s["E"], shared=11, **s)
     rng = np.random.default_rng(5)
-    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
         for T in Ts:
             check(layer, args, rng.standard_normal((T, s["H"])).astype(np.float32))
         x = rng.standard_normal((2, 3, s["H"])).astype(np.float32)  # a batch shape
@@ -81,7 +84,7 @@ def test_separate_and_fused_gate_up_agree():
     fused = dict(args)
     fused["gate_up_proj"] = np.concatenate([fused.pop("gate_proj"), fused.pop("up_proj")], axis=1)
     x = np.random.default_rng(1).standard_normal((9, 24)).astype(np.float32)
-    with moe_swift.MoELayer(**args, backend="softmetal") as a, moe_swift.MoELayer(**fused, backend="softmetal") as b:
+    with moe_swift.MoELayer(**args, backend=BACKEND) as a, moe_swift.MoELayer(**fused, backend=BACKEND) as b:
         np.testing.assert_array_equal(a(x), b(x))
 
 
@@ -90,7 +93,7 @@ def test_deterministic_and_thread_safe():
     args = make_layer_args("deepseek_v3", H=32, I=16, E=8, k=3, seed=4)
     rng = np.random.default_rng(6)
     xs = [rng.standard_normal((T, 32)).astype(np.float32) for T in (1, 2, 7, 50)]
-    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
         expected = [layer(x) for x in xs]
         with ThreadPoolExecutor(4) as pool:
             for _ in range(3):
@@ -107,9 +110,9 @@ def test_budgets(shared):
     args = make_layer_args("qwen2_moe" if shared else "mixtral", H=16, I=8, E=4, k=2, seed=0, shared=8)
     extra = 2 if shared else 0
     rng = np.random.default_rng(0)
-    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
         created = moe_swift.last_stats()
-        assert created["backend"] == "softmetal" and created["allocations"] > 0  # weights, once
+        assert created["backend"] == BACKEND and created["allocations"] > 0  # weights, once
         for T, budget in [(1, 4), (3, 4), (4, 4), (5, 5), (64, 5), (300, 5)]:
             x = rng.standard_normal((T, 16)).astype(np.float32)
             layer(x)
@@ -144,7 +147,7 @@ def test_cpu_stats_are_zero():
 def test_stats_are_per_thread():
     import threading
     args = make_layer_args("mixtral", H=16, I=8, E=4, k=2, seed=0)
-    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
         layer(np.ones((7, 16), np.float32))
         seen = {}
         t = threading.Thread(target=lambda: seen.update(moe_swift.last_stats()))
@@ -163,7 +166,7 @@ def test_run_layers(T):
     all_args = [make_layer_args(f, H=24, I=8 + n, E=8, k=2, seed=n, shared=6) for n, f in enumerate(families)]
     x = np.random.default_rng(T).standard_normal((T, 24)).astype(np.float32)
     expected = x.astype(np.float64)
-    layers = [moe_swift.MoELayer(**a, backend="softmetal") for a in all_args]
+    layers = [moe_swift.MoELayer(**a, backend=BACKEND) for a in all_args]
     cpu_layers = [moe_swift.MoELayer(**a, backend="cpu") for a in all_args]
     try:
         # x_{i+1} = x_i + layer_i(x_i), on the softmetal layers' own routing.
@@ -195,8 +198,8 @@ def test_run_layers(T):
 def test_run_layers_errors():
     a = make_layer_args("mixtral", H=16, I=8, E=4, k=2, seed=0)
     b = make_layer_args("mixtral", H=12, I=8, E=4, k=2, seed=0)
-    with moe_swift.MoELayer(**a, backend="softmetal") as sm, moe_swift.MoELayer(**a, backend="cpu") as cpu, \
-            moe_swift.MoELayer(**b, backend="softmetal") as other:
+    with moe_swift.MoELayer(**a, backend=BACKEND) as sm, moe_swift.MoELayer(**a, backend="cpu") as cpu, \
+            moe_swift.MoELayer(**b, backend=BACKEND) as other:
         x = np.ones((2, 16), np.float32)
         with pytest.raises(ValueError, match="same backend"):
             moe_swift.run_layers([sm, cpu], x)
@@ -209,7 +212,7 @@ def test_run_layers_errors():
         with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 16\)"):
             moe_swift.run_layers([sm], np.ones((2, 12), np.float32))
         assert moe_swift.run_layers([sm], np.ones((0, 16), np.float32)).shape == (0, 16)
-    closed = moe_swift.MoELayer(**a, backend="softmetal")
+    closed = moe_swift.MoELayer(**a, backend=BACKEND)
     closed.close()
     with pytest.raises(ValueError, match="closed"):
         moe_swift.run_layers([closed], np.ones((1, 16), np.float32))
@@ -222,7 +225,7 @@ def test_run_layers_errors():
 def args():
     a = make_layer_args("mixtral", H=test_bad_inputs.H, I=test_bad_inputs.I, E=test_bad_inputs.E,
                         k=test_bad_inputs.K, seed=0)
-    a["backend"] = "softmetal"
+    a["backend"] = BACKEND
     return a
 
 
@@ -240,7 +243,7 @@ def test_bad_call_arguments_and_use_after_close(args):
 def test_too_many_experts_is_a_clear_error():
     a = make_layer_args("mixtral", H=4, I=2, E=1025, k=1, seed=0)
     with pytest.raises(ValueError, match="at most 1024 experts"):
-        moe_swift.MoELayer(**a, backend="softmetal")
+        moe_swift.MoELayer(**a, backend=BACKEND)
 
 
 def test_non_finite_inputs_give_valid_ids_and_no_crash():
@@ -249,7 +252,7 @@ def test_non_finite_inputs_give_valid_ids_and_no_crash():
     x[::3, 0] = np.nan
     x[1::5, 2] = np.inf
     x[2::7] = 3e38
-    with moe_swift.MoELayer(**args, backend="softmetal") as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
         ids, _ = layer.route(x)
         assert ((ids >= 0) & (ids < 8)).all()
         assert all(len(set(row)) == 3 for row in ids)
@@ -280,6 +283,7 @@ print("ok")
 """
 
 
+@pytest.mark.skipif(BACKEND != "softmetal", reason="SoftMetal's race check")
 def test_whole_forwards_pass_the_race_check():
     # Every dispatch of decode, prefill, shared-expert and run_layers forwards runs twice
     # (in order, then with permuted threads and threadgroups) and must give the same bytes;
