@@ -339,6 +339,26 @@ def test_threadgroup_array_declared_in_kernel(lib):
     np.testing.assert_array_equal(out, a.T)
 
 
+def test_threadgroup_array_with_an_arithmetic_bound_is_shared():
+    # `*` and `(` inside the bounds are arithmetic, not a pointer or function declarator:
+    # the array must be one per threadgroup (a private copy per thread would leave the
+    # other threads reading poison).
+    lib = softmetal.compile("""
+#include <metal_stdlib>
+using namespace metal;
+constant uint N = 4;
+kernel void rotate(device float* out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float t[2 * (N + 4)];
+    t[tid] = float(tid) * 10.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[tid] = t[(tid + 1) % (2 * (N + 4))];
+}
+""")
+    out = np.zeros(16, np.float32)
+    lib.launch("rotate", [out], threadgroups=(1,), threads_per_threadgroup=(16,), check_races=True)
+    np.testing.assert_array_equal(out, (np.arange(1, 17) % 16) * 10.0)
+
+
 def test_half_rounds_every_operation(lib):
     rng = np.random.default_rng(2)
     x = (rng.standard_normal(50) * 0.9).astype(np.float16)

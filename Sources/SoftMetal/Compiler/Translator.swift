@@ -298,7 +298,11 @@ struct MSLTranslator {
         let isStatement = j < text.count && text[j] == 59
         let previous = skipSpaceBack(i - 1)
         let atStatementStart = previous < 0 || [59, 123, 125].contains(text[previous])
-        if isStatement && atStatementStart && !declaration.contains("*") && !declaration.contains("&") && !declaration.contains("(") {
+        // A pointer, reference or function declarator shows before the array bounds; inside
+        // them `*` and `(` are arithmetic (`threadgroup float t[2 * (N + 1)];`).
+        let declarator = declaration.prefix { $0 != "[" }
+        let isVariable = !declarator.contains("*") && !declarator.contains("&") && !declarator.contains("(")
+        if isStatement && atStatementStart && isVariable {
             // threadgroup TYPE NAME [DIMS] ;
             guard let bracket = declaration.firstIndex(of: "[") ?? Optional(declaration.endIndex) else { return j }
             let head = declaration[..<bracket].trimmingSpacesSub
@@ -324,10 +328,10 @@ struct MSLTranslator {
             edits.append((i, j, replacement + newlines))
             return j
         }
-        if j < text.count && text[j] == 61 && atStatementStart && !declaration.contains("*") && !declaration.contains("&") {
+        if j < text.count && text[j] == 61 && atStatementStart && isVariable {
             throw fail(i, "a threadgroup variable cannot have an initializer (`threadgroup\(declaration) = ...`): assign it in the kernel body, then use a barrier")
         }
-        if j < text.count && text[j] == 44 && atStatementStart && !declaration.contains("*") && !declaration.contains("&") {
+        if j < text.count && text[j] == 44 && atStatementStart && isVariable {
             throw fail(i, "declare one threadgroup variable per statement")
         }
         edits.append((i, end, String(repeating: " ", count: end - i)))
