@@ -1,0 +1,139 @@
+"""moe_swift.bench on tiny layers: the grouped NumPy baseline and every installed peer
+compute the spec's layer, the checks and the timing loop produce rows, the tables, JSON
+and plot are written. (torch, transformers and MLX are not CI dependencies: their tests
+skip when the package is missing.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from moe_swift import reference
+from moe_swift.bench import grouped, peers, report, roofline
+from moe_swift.bench.__main__ import main
+from moe_swift.bench.runner import bench_shape, tolerance
+from moe_swift.bench.shapes import SHAPES, Weights
+
+
+def tiny(name, E=8):
+    """The shape's family settings with small sizes (I != H so layouts cannot be confused)."""
+    s = SHAPES[name]
+    return replace(s, hidden=48, inter=40, experts=E, default_experts=E, top_k=min(s.top_k, 4),
+                   shared=80 if s.shared else 0)
+
+
+def args(**kw):
+    base = dict(seed=0, repeats=2, budget=0.05, max_call=30.0, rounds=2, settle=0.0, ref_tokens=3, ref_gb=0.1)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_grouped_matches_reference(name):
+    w = Weights(tiny(name), 8)
+    x = np.random.default_rng(1).standard_normal((13, w.H), dtype=np.float32)
+    ids, wts = grouped.route(x, w.router, w.k, norm_topk_prob=w.shape.norm_topk_prob, router_bias=w.router_bias)
+    y = grouped.moe_grouped(x, w)
+    ref = reference.moe_forward(x, ids=ids, **{k: v for k, v in w.layer_kwargs().items()})
+    assert np.max(np.abs(y - ref)) <= tolerance(ref)
+    # the routing too (no near-ties on this data)
+    ref_ids, ref_w = reference.route(x, w.router, top_k=w.k, norm_topk_prob=w.shape.norm_topk_prob,
+                                     router_bias=w.router_bias)
+    assert (ids == ref_ids).all()
+    assert np.allclose(wts, ref_w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_reference_case_subset(name):
+    """The reference on a token subset with only its experts (router rows permuted) gives
+    the full reference's output for those tokens."""
+    w = Weights(tiny(name), 8)
+    x = np.random.default_rng(2).standard_normal((9, w.H), dtype=np.float32)
+    ids, _ = grouped.route(x, w.router, w.k, norm_topk_prob=w.shape.norm_topk_prob, router_bias=w.router_bias)
+    sub, kw = peers.reference_case(w, x, ids, max_tokens=3, budget_bytes=1e9)
+    assert len(sub) == 3 and kw["gate_proj"].shape[0] <= 3 * w.k
+    full = reference.moe_forward(x[sub], ids=ids[sub], **w.layer_kwargs())
+    assert np.allclose(reference.moe_forward(x[sub], **kw), full, rtol=1e-12, atol=1e-12)
+
+
+def test_bench_shape_rows():
+    shape = tiny("deepseek-v2-lite")
+    failures = []
+    rows = bench_shape(shape, 8, [1, 16], ["ours", "numpy", "reference"], args(), lambda m: None, failures)
+    assert failures == []
+    assert [r["T"] for r in rows] == [1, 16]
+    for r in rows:
+        for n in ("ours", "numpy", "reference"):
+            d = r["impl"][n]
+            assert d["status"] == "ok" and d["ms"] > 0 and d["runs"] >= 1, (n, d)
+        assert r["impl"]["reference"]["check"]["max_diff"] <= r["impl"]["reference"]["check"]["tol"]
+    roof = dict(GBps=10.0, GFLOPs=100.0)
+    report.add_fractions(rows, roof)
+    assert rows[0]["bound"] == "bandwidth" and rows[1]["bound"] == "gemm"
+    assert rows[0]["impl"]["ours"]["roofline_fraction"] > 0
+    text = report.tables(rows, ["ours", "numpy", "reference"], roof)
+    assert "deepseek-v2-lite" in text and "Roofline" in text
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("peer", ["torch-eager", "torch-grouped", "mlx"])
+def test_optional_peer_agrees_with_ours(name, peer):
+    if peers.status(peer) is not None:
+        pytest.skip(f"{peer}: {peers.status(peer)}")
+    w = Weights(tiny(name), 8)
+    x = np.random.default_rng(3).standard_normal((11, w.H), dtype=np.float32)
+    ours = peers.Ours(w)
+    try:
+        if peer == "mlx":
+            impl = peers.MLXLayer(w)
+        else:
+            impl = peers.TorchBlock(w).impl(peer)
+        y, y_ours = impl(x), ours(x)
+    finally:
+        ours.close()
+    assert np.max(np.abs(y - y_ours)) <= tolerance(y_ours)
+
+
+def test_missing_peer_is_named(monkeypatch):
+    monkeypatch.setitem(peers._STATUS, "mlx", "not installed (test)")
+    shape = tiny("qwen3-30b-a3b")
+    rows = bench_shape(shape, 8, [1], ["ours", "mlx"], args(), lambda m: None, [])
+    assert rows[0]["impl"]["mlx"]["status"] == "not installed (test)"
+    report.add_fractions(rows, dict(GBps=10.0, GFLOPs=100.0))
+    text = report.tables(rows, ["ours", "mlx"], dict(GBps=10.0, GFLOPs=100.0))
+    assert "not installed" in text and "mlx: not installed (test)" in text
+
+
+def test_env_warning(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert any("OPENBLAS_CORETYPE" in w for w in roofline.env_warnings())
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    monkeypatch.delenv("OPENBLAS_L2_SIZE", raising=False)
+    assert not any(w.startswith("WARNING") for w in roofline.env_warnings())
+
+
+def test_cli_tiny_run(tmp_path, monkeypatch, capsys):
+    """The command end to end on a tiny shape: table, JSON, and the PNG or the reason it
+    was skipped."""
+    import moe_swift.bench.__main__ as cli
+    monkeypatch.setitem(cli.SHAPES, "tiny-olmoe", replace(tiny("olmoe-1b-7b"), name="tiny-olmoe"))
+    monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
+        gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, gemm_n=64,
+        gemm_GFLOPs_best=100.0, gemm_GFLOPs_median=90.0, gemv_GBps_all=[10.0], gemm_GFLOPs_all=[100.0]))
+    out = tmp_path / "b.json"
+    rc = main(["--shapes", "tiny-olmoe", "--tokens", "1,4", "--peers", "ours,numpy,reference", "--json", str(out),
+               "--repeats", "2", "--budget", "0.05", "--settle", "0", "--rounds", "1", "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "tiny-olmoe" in text and "torch-eager    not selected" in text
+    data = json.loads(out.read_text())
+    assert [r["T"] for r in data["rows"]] == [1, 4] and data["failures"] == []
+    png = out.with_suffix(".png")
+    if importlib.util.find_spec("matplotlib"):
+        assert png.stat().st_size > 1000
+    else:
+        assert "plot skipped" in text
