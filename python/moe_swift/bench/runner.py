@@ -13,8 +13,11 @@ look ~1.5x slower than it is).
 
 Slow implementations get fewer runs: each has `budget` seconds of timed calls per point
 (at least 3 runs, 1 when a single call takes longer than the budget, at most `repeats`,
-three times that for decode), and one whose call is predicted (linearly in T from the
-previous T) to take more than `max_call` seconds is skipped at that T, with the reason.
+three times that for decode; a call slower than half the budget has no warm-up call of
+its own: the check call just before served as one). A call longer than `max_call` / 3
+is timed once only: its check call is its run. One whose call is predicted (linearly in
+T from the previous T) to take more than `max_call` seconds is skipped at that T, with
+the reason.
 """
 
 from __future__ import annotations
@@ -247,8 +250,8 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last):
             calls[name] = lambda x, sub=sub, kw=kw: reference.moe_forward(x0[sub], **kw)
         else:
             calls[name] = impls[name]
-        if r["t_check"] >= args.budget and name != "reference":
-            r["runs_planned"] = 0  # slow: its check call (on a fresh input) is its one timed run
+        if r["t_check"] >= args.max_call / 3 and name != "reference":
+            r["runs_planned"] = 0  # very slow: its check call (on a fresh input) is its one timed run
             r["note"] = "1 run (the check call)"
         else:
             r["runs_planned"] = plan_runs(r["t_check"], max_runs, args.budget)
@@ -262,7 +265,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last):
             if not js:
                 continue
             time.sleep(args.settle)
-            if res[name]["t_check"] < args.budget / 2:
+            if res[name]["t_check"] < args.budget / 2:  # slower calls: the check call was their warm-up
                 fn(xs[1])
             for j in js:
                 times[name].append(timed(fn, xs[2 + j])[0])
