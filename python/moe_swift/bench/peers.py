@@ -134,8 +134,8 @@ def _probe(name: str) -> str | None:
 def _mlx_blas() -> str:
     """The BLAS the mlx wheel bundles (Linux wheels ship a netlib reference BLAS)."""
     try:
-        import mlx
-        site = Path(mlx.__file__).resolve().parent.parent
+        import mlx.core
+        site = Path(mlx.core.__file__).resolve().parent.parent  # mlx is a namespace package
         libs = sorted(p.name for d in site.glob("mlx*.libs") for p in d.iterdir())
         blas = [n for n in libs if "blas" in n.lower()]
         if any(n.startswith("libblas") for n in blas):
