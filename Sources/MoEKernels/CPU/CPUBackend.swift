@@ -21,13 +21,13 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
         perExpertScale = try w.perExpertScale.map { try AlignedBuffer(copying: $0, what: "per_expert_scale") }
 
         func pack(gate: UnsafePointer<Float>, up: UnsafePointer<Float>, stride: Int) throws -> PackedFFN {
-            let bias = try w.gateUpBias.map { try AlignedBuffer(copying: $0, what: "gate_up_bias") }
-            return try w.downProj.withUnsafeBufferPointer { down in
-                try w.downBias.withOptionalBuffer { downBias in
-                    try PackedFFN(count: e, hidden: h, inner: i, gate: gate, up: up, expertStride: stride,
-                                  gateBias: bias.map { UnsafePointer($0.pointer) },
-                                  upBias: bias.map { UnsafePointer($0.pointer + i) }, biasStride: 2 * i,
-                                  down: down, downBias: downBias, what: "expert")
+            try w.gateUpBias.withOptionalBuffer { bias in
+                try w.downProj.withUnsafeBufferPointer { down in
+                    try w.downBias.withOptionalBuffer { downBias in
+                        try PackedFFN(count: e, hidden: h, inner: i, gate: gate, up: up, expertStride: stride,
+                                      gateBias: bias?.baseAddress, upBias: bias?.baseAddress.map { $0 + i },
+                                      biasStride: 2 * i, down: down, downBias: downBias, what: "expert")
+                    }
                 }
             }
         }

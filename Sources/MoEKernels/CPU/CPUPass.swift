@@ -198,12 +198,12 @@ final class CPUPass: MoEPass {
             let (expert, block) = items[n]
             let h0 = block * Self.downBlock, bh = Swift.min(Self.downBlock, h - h0)
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>, index: Int
+            let first = expert == Self.sharedExpert ? 0 : expertStart[expert]
             if expert == Self.sharedExpert {
                 ffn = backend.shared!
                 (rows, input, out, index) = (tokens, UnsafePointer(sharedActivated), sharedOut, 0)
             } else {
                 ffn = backend.experts
-                let first = expertStart[expert]
                 rows = expertStart[expert + 1] - first
                 input = UnsafePointer(activated + first * inner)
                 out = downOut + first * h
@@ -214,7 +214,6 @@ final class CPUPass: MoEPass {
                         b: ffn.down.pointer + index * h * width + h0 * width, ldb: width,
                         c: out + h0, ldc: h)
             let bias = ffn.downBias.map { $0.pointer + index * h + h0 }
-            let first = expert == Self.sharedExpert ? 0 : expertStart[expert]
             for r in 0..<rows {
                 let y = out + r * h + h0
                 let scale = expert == Self.sharedExpert ? sharedFactor[r] : weights[Int(rowPair[first + r])]
