@@ -1,8 +1,9 @@
-/// The CPU backend: BLAS for every matrix product, Dispatch over fixed work items.
+/// The CPU backend: BLAS for float32 matrix products, format kernels (CMoECPU) for the
+/// others, Dispatch over fixed work items.
 final class CPUBackend: MoEBackend, @unchecked Sendable {
     let kind = MoEBackendKind.cpu
     let configuration: MoEConfiguration
-    let router: AlignedBuffer<Float>                // (E, H)
+    let router: WeightMatrix                        // (E, H)
     let routerBias: AlignedBuffer<Float>?
     let selectionBias: AlignedBuffer<Float>?
     let perExpertScale: AlignedBuffer<Float>?
@@ -10,49 +11,23 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
     let shared: PackedFFN?                          // one FFN of width Is
     let sharedGate: AlignedBuffer<Float>?           // (H)
     let scratch = ScratchPool()
+    /// Dequantized weight tiles of prefill work items (one per running item).
+    let tiles = ScratchPool()
 
     init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
         _ = BLAS.configured
         configuration = c
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
-        router = try AlignedBuffer(copying: w.router, what: "router_weight")
+        router = try WeightMatrix(copying: w.router, rows: e, cols: h, what: "router_weight")
         routerBias = try w.routerBias.map { try AlignedBuffer(copying: $0, what: "router_bias") }
         selectionBias = try w.selectionBias.map { try AlignedBuffer(copying: $0, what: "selection_bias") }
         perExpertScale = try w.perExpertScale.map { try AlignedBuffer(copying: $0, what: "per_expert_scale") }
-
-        func pack(gate: UnsafePointer<Float>, up: UnsafePointer<Float>, stride: Int) throws -> PackedFFN {
-            try w.gateUpBias.withOptionalBuffer { bias in
-                try w.downProj.withUnsafeBufferPointer { down in
-                    try w.downBias.withOptionalBuffer { downBias in
-                        try PackedFFN(count: e, hidden: h, inner: i, gate: gate, up: up, expertStride: stride,
-                                      gateBias: bias?.baseAddress, upBias: bias?.baseAddress.map { $0 + i },
-                                      biasStride: 2 * i, down: down, downBias: downBias, what: "expert")
-                    }
-                }
-            }
-        }
-        switch w.gateUp {
-        case .separate(let gate, let up):
-            experts = try gate.withUnsafeBufferPointer { g in
-                try up.withUnsafeBufferPointer { u in try pack(gate: g.baseAddress!, up: u.baseAddress!, stride: i * h) }
-            }
-        case .fused(let gateUp):
-            experts = try gateUp.withUnsafeBufferPointer { gu in
-                try pack(gate: gu.baseAddress!, up: gu.baseAddress! + i * h, stride: 2 * i * h)
-            }
-        }
-
+        experts = try PackedFFN(count: e, hidden: h, inner: i, gateUp: w.gateUp, down: w.downProj,
+                                gateUpBias: w.gateUpBias, downBias: w.downBias, what: "expert")
         if let s = w.shared {
-            let si = c.sharedIntermediateSize
-            shared = try s.gateProj.withUnsafeBufferPointer { g in
-                try s.upProj.withUnsafeBufferPointer { u in
-                    try s.downProj.withUnsafeBufferPointer { d in
-                        try PackedFFN(count: 1, hidden: h, inner: si, gate: g.baseAddress!, up: u.baseAddress!,
-                                      expertStride: 0, gateBias: nil, upBias: nil, biasStride: 0,
-                                      down: d, downBias: nil, what: "shared expert")
-                    }
-                }
-            }
+            shared = try PackedFFN(count: 1, hidden: h, inner: c.sharedIntermediateSize,
+                                   gateUp: .separate(gate: s.gateProj, up: s.upProj), down: s.downProj,
+                                   gateUpBias: nil, downBias: nil, what: "shared expert")
             sharedGate = try s.sigmoidGate.map { try AlignedBuffer(copying: $0, what: "shared_expert.sigmoid_gate") }
         } else {
             shared = nil
@@ -71,14 +46,5 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
                            nGroup: c.nGroup, topKGroup: c.topKGroup,
                            selectionBias: selectionBias.map { UnsafePointer($0.pointer) },
                            perExpertScale: perExpertScale.map { UnsafePointer($0.pointer) })
-    }
-}
-
-extension Optional where Wrapped == WeightData {
-    func withOptionalBuffer<R>(_ body: (UnsafeBufferPointer<Float>?) throws -> R) rethrows -> R {
-        switch self {
-        case .some(let data): return try data.withUnsafeBufferPointer { try body($0) }
-        case .none: return try body(nil)
-        }
     }
 }

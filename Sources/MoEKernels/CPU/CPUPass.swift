@@ -88,7 +88,7 @@ final class CPUPass: MoEPass {
         let (x, h, e, k, tokens) = (self.x, self.h, self.e, self.k, self.tokens)
         let (logits, ids, weights, sharedFactor) = (self.logits, self.ids, self.weights, self.sharedFactor)
         let router = backend.tokenRouter
-        let routerWeight = UnsafePointer(backend.router.pointer)
+        let routerWeight = backend.router
         let bias = backend.routerBias?.pointer
         let gate = backend.sharedGate?.pointer
         let chunk = Self.routerChunk
@@ -96,8 +96,8 @@ final class CPUPass: MoEPass {
         let routeScratch = self.routeScratch
         parallelFor((tokens + chunk - 1) / chunk) { c in
             let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
-            BLAS.gemmNT(m: t1 - t0, n: e, k: h, a: x + t0 * h, lda: h, b: routerWeight, ldb: h,
-                        c: logits + t0 * e, ldc: e)
+            routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
+                                  c: logits + t0 * e, ldc: e, tile: nil)
             for t in t0..<t1 {
                 let row = logits + t * e
                 if let bias { for i in 0..<e { row[i] += bias[i] } }
@@ -154,6 +154,19 @@ final class CPUPass: MoEPass {
         }
     }
 
+    /// Runs `body` with dequantization scratch for one work item of `ffn` (nil for float32
+    /// weights, or if it cannot be allocated: the product then dequantizes in registers).
+    private func withTile(_ ffn: PackedFFN, _ body: (UnsafeMutablePointer<Float>?) -> Void) {
+        let count = ffn.tileCount
+        guard count > 0, let arena = try? backend.tiles.checkOut(bytes: count * MemoryLayout<Float>.stride) else {
+            body(nil)
+            return
+        }
+        arena.reset()
+        body(arena.take(Float.self, count))
+        backend.tiles.checkIn(arena)
+    }
+
     func gateUp() {
         let act = GatedActivation(kind: backend.configuration.activation,
                                   alpha: backend.configuration.swigluAlpha,
@@ -177,14 +190,19 @@ final class CPUPass: MoEPass {
             }
             let width = ffn.inner
             let (c0, w) = ffn.blockColumns(block)
-            let (weights, bias) = ffn.gateUpBlock(expert: index, block: block)
-            BLAS.gemmNT(m: rows, n: 2 * w, k: h, a: input, lda: h, b: weights, ldb: h,
-                        c: out + 2 * c0, ldc: 2 * width)
+            // Block outputs: (rows, 2w) at column 2 * c0 of each row: gate, then up.
+            withTile(ffn) { tile in
+                ffn.gate.matrix.multiply(m: rows, rows: ffn.gate.row(expert: index, column: c0), count: w,
+                                         a: input, lda: h, c: out + 2 * c0, ldc: 2 * width, tile: tile)
+                ffn.up.matrix.multiply(m: rows, rows: ffn.up.row(expert: index, column: c0), count: w,
+                                       a: input, lda: h, c: out + 2 * c0 + w, ldc: 2 * width, tile: tile)
+            }
+            let bias = ffn.gateUpBias.map { UnsafePointer($0.pointer + index * 2 * width + c0) }
             for r in 0..<rows {
                 let gu = out + r * 2 * width + 2 * c0
                 let a = activated + r * width + c0
                 if let bias {
-                    for i in 0..<w { a[i] = act(gu[i] + bias[i], gu[w + i] + bias[w + i]) }
+                    for i in 0..<w { a[i] = act(gu[i] + bias[i], gu[w + i] + bias[width + i]) }
                 } else {
                     for i in 0..<w { a[i] = act(gu[i], gu[w + i]) }
                 }
@@ -210,9 +228,10 @@ final class CPUPass: MoEPass {
                 index = expert
             }
             let width = ffn.inner
-            BLAS.gemmNT(m: rows, n: bh, k: width, a: input, lda: width,
-                        b: ffn.down.pointer + index * h * width + h0 * width, ldb: width,
-                        c: out + h0, ldc: h)
+            withTile(ffn) { tile in
+                ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, a: input, lda: width,
+                                  c: out + h0, ldc: h, tile: tile)
+            }
             let bias = ffn.downBias.map { $0.pointer + index * h + h0 }
             for r in 0..<rows {
                 let y = out + r * h + h0

@@ -1,30 +1,5 @@
-/// A float array handed to a layer: owned (`[Float]`) or borrowed (memory the caller keeps
-/// alive until the layer's initializer returns, e.g. a memory-mapped checkpoint).
-/// Layers copy what they need at creation and never keep a reference.
-public enum WeightData {
-    case array([Float])
-    case borrowed(UnsafeBufferPointer<Float>)
-
-    public init(_ array: [Float]) { self = .array(array) }
-
-    public var count: Int {
-        switch self {
-        case .array(let a): return a.count
-        case .borrowed(let b): return b.count
-        }
-    }
-
-    /// Calls `body` with the elements; the pointer is valid only inside `body`.
-    public func withUnsafeBufferPointer<R>(_ body: (UnsafeBufferPointer<Float>) throws -> R) rethrows -> R {
-        switch self {
-        case .array(let a): return try a.withUnsafeBufferPointer(body)
-        case .borrowed(let b): return try body(b)
-        }
-    }
-}
-
 /// The dense FFN applied to every token beside the routed experts.
-public struct SharedExpertWeights {
+public struct SharedExpertWeights: Sendable {
     public var gateProj: WeightData     // (Is, H)
     public var upProj: WeightData       // (Is, H)
     public var downProj: WeightData     // (H, Is)
@@ -41,15 +16,17 @@ public struct SharedExpertWeights {
 }
 
 /// Gate and up projections of the routed experts, separate or fused as in the checkpoint.
-public enum GateUpWeights {
+public enum GateUpWeights: Sendable {
     /// `gate_proj (E, I, H)` and `up_proj (E, I, H)`.
     case separate(gate: WeightData, up: WeightData)
     /// `gate_up_proj (E, 2I, H)`: gate rows `[0, I)`, then up rows `[I, 2I)`.
     case fused(WeightData)
 }
 
-/// Every weight of one MoE layer, in the out-by-in layout of Hugging Face and MLX.
-public struct MoEWeights {
+/// Every weight of one MoE layer, in the out-by-in layout of Hugging Face and MLX. The
+/// matrices (router, expert and shared-expert projections) may each have their own
+/// format; the vectors (biases, scales, the shared gate) are read as float32.
+public struct MoEWeights: Sendable {
     public var router: WeightData                 // (E, H)
     public var routerBias: WeightData?            // (E)
     public var selectionBias: WeightData?         // (E)
@@ -80,13 +57,7 @@ public struct MoEWeights {
     public func validate(for c: MoEConfiguration) throws {
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
         func check(_ name: String, _ data: WeightData?, _ shape: [Int]) throws {
-            guard let data else { return }
-            let expected = shape.reduce(1, *)
-            if data.count != expected {
-                let dims = shape.map(String.init).joined(separator: ", ")
-                throw MoEError.invalidArgument(
-                    "\(name) must have \(expected) elements (shape (\(dims))), got \(data.count)")
-            }
+            try data?.validate(name, shape: shape)
         }
         try check("router_weight", router, [e, h])
         try check("router_bias", routerBias, [e])

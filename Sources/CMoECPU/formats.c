@@ -1,0 +1,504 @@
+// Products and dequantization for the weight formats of moe_cpu_formats.h.
+//
+// Every format is read 32 elements at a time ("a chunk": one group boundary never falls
+// inside it, since group sizes are multiples of 32). Each instruction set has one
+// unpacker per format that turns a chunk into float vectors; the drivers are written once
+// and specialised per format by inlining with constant arguments, so no format branch is
+// left in an inner loop. Formats without a vector unpacker (affine 2, 3, 5, 6 bits) go
+// through the portable unpacker, still one chunk at a time.
+#include "moe_cpu_formats.h"
+
+#include <math.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+enum { CHUNK = 32 };
+
+// Format codes of the specialised drivers: affine 4 and 8 bits have vector unpackers,
+// other widths use AFFINE_ANY.
+enum { K_F32, K_F16, K_BF16, K_Q4, K_Q8, K_AFFINE_ANY, K_MXFP4 };
+
+static int kernel_kind(const moe_cpu_matrix* w) {
+    switch (w->format) {
+    case MOE_CPU_F16: return K_F16;
+    case MOE_CPU_BF16: return K_BF16;
+    case MOE_CPU_MXFP4: return K_MXFP4;
+    case MOE_CPU_AFFINE: return w->bits == 4 ? K_Q4 : w->bits == 8 ? K_Q8 : K_AFFINE_ANY;
+    default: return K_F32;
+    }
+}
+
+// ---- scalar conversions (portable) ------------------------------------------------
+
+INLINE float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+INLINE float bf16_to_float(uint16_t b) { return from_bits((uint32_t)b << 16); }
+
+INLINE float f16_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+        const float v = (float)mantissa * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exponent == 31) return from_bits(sign | 0x7f800000u | (mantissa << 13));
+    return from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+INLINE float scalar_at(const void* p, int type, int64_t i) {
+    switch (type) {
+    case MOE_CPU_SCALAR_F16: return f16_to_float(((const uint16_t*)p)[i]);
+    case MOE_CPU_SCALAR_BF16: return bf16_to_float(((const uint16_t*)p)[i]);
+    default: return ((const float*)p)[i];
+    }
+}
+
+// E8M0: 2^(s - 127); 0 is 2^-127 (a float32 subnormal), 255 is NaN.
+INLINE float e8m0_to_float(uint8_t s) {
+    if (s == 255) return NAN;
+    if (s == 0) return from_bits(0x00400000u);
+    return from_bits((uint32_t)s << 23);
+}
+
+static const float e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// The `bits`-bit code of element i in a little-endian bit stream of `row_bytes` bytes.
+INLINE uint32_t bit_stream_code(const uint8_t* row, int bits, int64_t i, int64_t row_bytes) {
+    const int64_t bit = i * bits, byte = bit >> 3;
+    uint32_t v = row[byte];
+    if (byte + 1 < row_bytes) v |= (uint32_t)row[byte + 1] << 8;
+    return (v >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+INLINE const uint8_t* row_data(const moe_cpu_matrix* w, int64_t r) {
+    return (const uint8_t*)w->data + r * w->row_bytes;
+}
+
+// Scale and bias of the group that element k0 of row r lies in.
+INLINE void group_params(const moe_cpu_matrix* w, int64_t r, int64_t k0, float* s, float* b) {
+    const int64_t groups = w->cols / w->group_size;
+    const int64_t g = r * groups + k0 / w->group_size;
+    if (w->format == MOE_CPU_MXFP4) {
+        *s = e8m0_to_float(((const uint8_t*)w->scales)[g]);
+        *b = 0.0f;
+    } else {
+        *s = scalar_at(w->scales, w->scale_type, g);
+        *b = scalar_at(w->biases, w->scale_type, g);
+    }
+}
+
+// Elements [k0, k0 + 32) of row r as floats (any format).
+static void unpack_chunk_portable(const moe_cpu_matrix* w, int64_t r, int64_t k0, float* out) {
+    const uint8_t* row = row_data(w, r);
+    switch (w->format) {
+    case MOE_CPU_F32:
+        memcpy(out, (const float*)row + k0, CHUNK * sizeof(float));
+        return;
+    case MOE_CPU_F16:
+        for (int i = 0; i < CHUNK; i++) out[i] = f16_to_float(((const uint16_t*)row)[k0 + i]);
+        return;
+    case MOE_CPU_BF16:
+        for (int i = 0; i < CHUNK; i++) out[i] = bf16_to_float(((const uint16_t*)row)[k0 + i]);
+        return;
+    case MOE_CPU_AFFINE: {
+        float s, b;
+        group_params(w, r, k0, &s, &b);
+        for (int i = 0; i < CHUNK; i++)
+            out[i] = fmaf((float)bit_stream_code(row, w->bits, k0 + i, w->row_bytes), s, b);
+        return;
+    }
+    case MOE_CPU_MXFP4: {
+        float s, b;
+        group_params(w, r, k0, &s, &b);
+        for (int i = 0; i < CHUNK; i++)
+            out[i] = e2m1_values[bit_stream_code(row, 4, k0 + i, w->row_bytes)] * s;
+        return;
+    }
+    }
+}
+
+// Dense rows may end in fewer than 32 elements.
+INLINE float dense_element(const moe_cpu_matrix* w, int64_t r, int64_t i) {
+    const uint8_t* row = row_data(w, r);
+    switch (w->format) {
+    case MOE_CPU_F16: return f16_to_float(((const uint16_t*)row)[i]);
+    case MOE_CPU_BF16: return bf16_to_float(((const uint16_t*)row)[i]);
+    default: return ((const float*)row)[i];
+    }
+}
+
+INLINE int64_t chunked_cols(const moe_cpu_matrix* w) { return w->cols / CHUNK * CHUNK; }
+
+static void dequantize_rows_portable(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
+    const int64_t cols = w->cols, kv = chunked_cols(w);
+    for (int64_t r = 0; r < rows; r++) {
+        float* o = out + r * cols;
+        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) unpack_chunk_portable(w, row0 + r, k0, o + k0);
+        for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
+    }
+}
+
+static void matmul_portable(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                            int64_t row0, float* c, int64_t ldc) {
+    const int64_t cols = w->cols, kv = chunked_cols(w);
+    float chunk[CHUNK];
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t i = 0; i < m; i++) c[i * ldc + j] = 0.0f;
+        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
+            unpack_chunk_portable(w, row0 + j, k0, chunk);
+            for (int64_t i = 0; i < m; i++) {
+                float s = 0.0f;
+                for (int q = 0; q < CHUNK; q++) s += chunk[q] * a[i * lda + k0 + q];
+                c[i * ldc + j] += s;
+            }
+        }
+        for (int64_t x = kv; x < cols; x++) {
+            const float v = dense_element(w, row0 + j, x);
+            for (int64_t i = 0; i < m; i++) c[i * ldc + j] += v * a[i * lda + x];
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+#include <immintrin.h>
+
+// ---- AVX-512 ------------------------------------------------------------------------
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+// Chunk -> v[0] (elements 0-15), v[1] (16-31), scale and bias applied.
+INLINE T512 void unpack_avx512(const int kind, const moe_cpu_matrix* w, int64_t r, int64_t k0, __m512* v) {
+    const uint8_t* row = row_data(w, r);
+    if (kind == K_F32) {
+        v[0] = _mm512_loadu_ps((const float*)row + k0);
+        v[1] = _mm512_loadu_ps((const float*)row + k0 + 16);
+        return;
+    }
+    if (kind == K_F16) {
+        const __m256i* p = (const __m256i*)(row + 2 * k0);
+        v[0] = _mm512_cvtph_ps(_mm256_loadu_si256(p));
+        v[1] = _mm512_cvtph_ps(_mm256_loadu_si256(p + 1));
+        return;
+    }
+    if (kind == K_BF16) {
+        const __m256i* p = (const __m256i*)(row + 2 * k0);
+        v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
+        v[1] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p + 1)), 16));
+        return;
+    }
+    if (kind == K_AFFINE_ANY) {
+        float tmp[CHUNK];
+        unpack_chunk_portable(w, r, k0, tmp);
+        v[0] = _mm512_loadu_ps(tmp);
+        v[1] = _mm512_loadu_ps(tmp + 16);
+        return;
+    }
+    float s, b;
+    group_params(w, r, k0, &s, &b);
+    __m128i e0, e1;  // 32 codes, one byte each, in element order
+    if (kind == K_Q8) {
+        e0 = _mm_loadu_si128((const __m128i*)(row + k0));
+        e1 = _mm_loadu_si128((const __m128i*)(row + k0 + 16));
+    } else {  // 4-bit codes, lowest nibble first
+        const __m128i x = _mm_loadu_si128((const __m128i*)(row + k0 / 2));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+        e0 = _mm_unpacklo_epi8(lo, hi);
+        e1 = _mm_unpackhi_epi8(lo, hi);
+    }
+    const __m512i i0 = _mm512_cvtepu8_epi32(e0), i1 = _mm512_cvtepu8_epi32(e1);
+    if (kind == K_MXFP4) {
+        const __m512 table = _mm512_loadu_ps(e2m1_values), scale = _mm512_set1_ps(s);
+        v[0] = _mm512_mul_ps(_mm512_permutexvar_ps(i0, table), scale);
+        v[1] = _mm512_mul_ps(_mm512_permutexvar_ps(i1, table), scale);
+    } else {
+        const __m512 scale = _mm512_set1_ps(s), bias = _mm512_set1_ps(b);
+        v[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), scale, bias);
+        v[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), scale, bias);
+    }
+}
+
+// One weight row against MM activation rows. Two chunks per step with separate
+// accumulators keep four FMA chains in flight even for one activation row.
+INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
+                            const float* a, int64_t lda, float* c, int64_t ldc) {
+    const int64_t cols = w->cols, kv = chunked_cols(w);
+    __m512 acc[4][4];
+    for (int i = 0; i < MM; i++)
+        for (int q = 0; q < 4; q++) acc[i][q] = _mm512_setzero_ps();
+    int64_t k0 = 0;
+    for (; k0 + 2 * CHUNK <= kv; k0 += 2 * CHUNK) {
+        __m512 v[4];
+        unpack_avx512(kind, w, r, k0, v);
+        unpack_avx512(kind, w, r, k0 + CHUNK, v + 2);
+        for (int i = 0; i < MM; i++) {
+            const float* x = a + i * lda + k0;
+            for (int q = 0; q < 4; q++) acc[i][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(x + 16 * q), acc[i][q]);
+        }
+    }
+    if (k0 < kv) {
+        __m512 v[2];
+        unpack_avx512(kind, w, r, k0, v);
+        for (int i = 0; i < MM; i++) {
+            const float* x = a + i * lda + k0;
+            for (int q = 0; q < 2; q++) acc[i][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(x + 16 * q), acc[i][q]);
+        }
+    }
+    for (int i = 0; i < MM; i++) {
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][2]), _mm512_add_ps(acc[i][1], acc[i][3]));
+        float s = _mm512_reduce_add_ps(sum);
+        for (int64_t x = kv; x < cols; x++) s += dense_element(w, r, x) * a[i * lda + x];
+        c[i * ldc] = s;
+    }
+}
+
+INLINE T512 void matmul_avx512_kind(const int kind, int64_t m, int64_t n, const float* a, int64_t lda,
+                                    const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc) {
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t i0 = 0; i0 < m; i0 += 4) {
+            const float* ai = a + i0 * lda;
+            float* ci = c + i0 * ldc + j;
+            switch (MIN(4, m - i0)) {
+            case 1: row_avx512(kind, 1, w, row0 + j, ai, lda, ci, ldc); break;
+            case 2: row_avx512(kind, 2, w, row0 + j, ai, lda, ci, ldc); break;
+            case 3: row_avx512(kind, 3, w, row0 + j, ai, lda, ci, ldc); break;
+            default: row_avx512(kind, 4, w, row0 + j, ai, lda, ci, ldc); break;
+            }
+        }
+    }
+}
+
+T512 static void matmul_avx512(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                               int64_t row0, float* c, int64_t ldc) {
+    switch (kernel_kind(w)) {
+    case K_F32: matmul_avx512_kind(K_F32, m, n, a, lda, w, row0, c, ldc); break;
+    case K_F16: matmul_avx512_kind(K_F16, m, n, a, lda, w, row0, c, ldc); break;
+    case K_BF16: matmul_avx512_kind(K_BF16, m, n, a, lda, w, row0, c, ldc); break;
+    case K_Q4: matmul_avx512_kind(K_Q4, m, n, a, lda, w, row0, c, ldc); break;
+    case K_Q8: matmul_avx512_kind(K_Q8, m, n, a, lda, w, row0, c, ldc); break;
+    case K_MXFP4: matmul_avx512_kind(K_MXFP4, m, n, a, lda, w, row0, c, ldc); break;
+    default: matmul_avx512_kind(K_AFFINE_ANY, m, n, a, lda, w, row0, c, ldc); break;
+    }
+}
+
+INLINE T512 void dequantize_avx512_kind(const int kind, const moe_cpu_matrix* w, int64_t row0, int64_t rows,
+                                        float* out) {
+    const int64_t cols = w->cols, kv = chunked_cols(w);
+    for (int64_t r = 0; r < rows; r++) {
+        float* o = out + r * cols;
+        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
+            __m512 v[2];
+            unpack_avx512(kind, w, row0 + r, k0, v);
+            _mm512_storeu_ps(o + k0, v[0]);
+            _mm512_storeu_ps(o + k0 + 16, v[1]);
+        }
+        for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
+    }
+}
+
+T512 static void dequantize_avx512(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
+    switch (kernel_kind(w)) {
+    case K_F16: dequantize_avx512_kind(K_F16, w, row0, rows, out); break;
+    case K_BF16: dequantize_avx512_kind(K_BF16, w, row0, rows, out); break;
+    case K_Q4: dequantize_avx512_kind(K_Q4, w, row0, rows, out); break;
+    case K_Q8: dequantize_avx512_kind(K_Q8, w, row0, rows, out); break;
+    case K_MXFP4: dequantize_avx512_kind(K_MXFP4, w, row0, rows, out); break;
+    default: dequantize_rows_portable(w, row0, rows, out); break;
+    }
+}
+
+// ---- AVX2 + FMA + F16C --------------------------------------------------------------
+#define T256 __attribute__((target("avx2,fma,f16c")))
+
+// Chunk -> v[0..3] (8 elements each), scale and bias applied.
+INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, int64_t r, int64_t k0, __m256* v) {
+    const uint8_t* row = row_data(w, r);
+    if (kind == K_F32) {
+        for (int q = 0; q < 4; q++) v[q] = _mm256_loadu_ps((const float*)row + k0 + 8 * q);
+        return;
+    }
+    if (kind == K_F16) {
+        const __m128i* p = (const __m128i*)(row + 2 * k0);
+        for (int q = 0; q < 4; q++) v[q] = _mm256_cvtph_ps(_mm_loadu_si128(p + q));
+        return;
+    }
+    if (kind == K_BF16) {
+        const __m128i* p = (const __m128i*)(row + 2 * k0);
+        for (int q = 0; q < 4; q++)
+            v[q] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p + q)), 16));
+        return;
+    }
+    if (kind == K_AFFINE_ANY) {
+        float tmp[CHUNK];
+        unpack_chunk_portable(w, r, k0, tmp);
+        for (int q = 0; q < 4; q++) v[q] = _mm256_loadu_ps(tmp + 8 * q);
+        return;
+    }
+    float s, b;
+    group_params(w, r, k0, &s, &b);
+    __m128i e[4];  // 8 codes each, one byte per code, in the low 8 bytes
+    if (kind == K_Q8) {
+        for (int q = 0; q < 4; q++) e[q] = _mm_loadl_epi64((const __m128i*)(row + k0 + 8 * q));
+    } else {
+        const __m128i x = _mm_loadu_si128((const __m128i*)(row + k0 / 2));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+        const __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+        e[0] = e0;
+        e[1] = _mm_srli_si128(e0, 8);
+        e[2] = e1;
+        e[3] = _mm_srli_si128(e1, 8);
+    }
+    if (kind == K_MXFP4) {
+        const __m256 magnitudes = _mm256_loadu_ps(e2m1_values), scale = _mm256_set1_ps(s);
+        for (int q = 0; q < 4; q++) {
+            const __m256i code = _mm256_cvtepu8_epi32(e[q]);
+            const __m256 mag = _mm256_permutevar8x32_ps(magnitudes, _mm256_and_si256(code, _mm256_set1_epi32(7)));
+            const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28);
+            v[q] = _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), scale);
+        }
+    } else {
+        const __m256 scale = _mm256_set1_ps(s), bias = _mm256_set1_ps(b);
+        for (int q = 0; q < 4; q++)
+            v[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e[q])), scale, bias);
+    }
+}
+
+INLINE T256 float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE T256 void row_avx2(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
+                          const float* a, int64_t lda, float* c, int64_t ldc) {
+    const int64_t cols = w->cols, kv = chunked_cols(w);
+    __m256 acc[4][2];
+    for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
+        __m256 v[4];
+        unpack_avx2(kind, w, r, k0, v);
+        for (int i = 0; i < MM; i++) {
+            const float* x = a + i * lda + k0;
+            for (int q = 0; q < 4; q++) acc[i][q & 1] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(x + 8 * q), acc[i][q & 1]);
+        }
+    }
+    for (int i = 0; i < MM; i++) {
+        float s = hsum256(_mm256_add_ps(acc[i][0], acc[i][1]));
+        for (int64_t x = kv; x < cols; x++) s += dense_element(w, r, x) * a[i * lda + x];
+        c[i * ldc] = s;
+    }
+}
+
+INLINE T256 void matmul_avx2_kind(const int kind, int64_t m, int64_t n, const float* a, int64_t lda,
+                                  const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc) {
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t i0 = 0; i0 < m; i0 += 4) {
+            const float* ai = a + i0 * lda;
+            float* ci = c + i0 * ldc + j;
+            switch (MIN(4, m - i0)) {
+            case 1: row_avx2(kind, 1, w, row0 + j, ai, lda, ci, ldc); break;
+            case 2: row_avx2(kind, 2, w, row0 + j, ai, lda, ci, ldc); break;
+            case 3: row_avx2(kind, 3, w, row0 + j, ai, lda, ci, ldc); break;
+            default: row_avx2(kind, 4, w, row0 + j, ai, lda, ci, ldc); break;
+            }
+        }
+    }
+}
+
+T256 static void matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                             int64_t row0, float* c, int64_t ldc) {
+    switch (kernel_kind(w)) {
+    case K_F32: matmul_avx2_kind(K_F32, m, n, a, lda, w, row0, c, ldc); break;
+    case K_F16: matmul_avx2_kind(K_F16, m, n, a, lda, w, row0, c, ldc); break;
+    case K_BF16: matmul_avx2_kind(K_BF16, m, n, a, lda, w, row0, c, ldc); break;
+    case K_Q4: matmul_avx2_kind(K_Q4, m, n, a, lda, w, row0, c, ldc); break;
+    case K_Q8: matmul_avx2_kind(K_Q8, m, n, a, lda, w, row0, c, ldc); break;
+    case K_MXFP4: matmul_avx2_kind(K_MXFP4, m, n, a, lda, w, row0, c, ldc); break;
+    default: matmul_avx2_kind(K_AFFINE_ANY, m, n, a, lda, w, row0, c, ldc); break;
+    }
+}
+
+INLINE T256 void dequantize_avx2_kind(const int kind, const moe_cpu_matrix* w, int64_t row0, int64_t rows,
+                                      float* out) {
+    const int64_t cols = w->cols, kv = chunked_cols(w);
+    for (int64_t r = 0; r < rows; r++) {
+        float* o = out + r * cols;
+        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
+            __m256 v[4];
+            unpack_avx2(kind, w, row0 + r, k0, v);
+            for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + k0 + 8 * q, v[q]);
+        }
+        for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
+    }
+}
+
+T256 static void dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
+    switch (kernel_kind(w)) {
+    case K_F16: dequantize_avx2_kind(K_F16, w, row0, rows, out); break;
+    case K_BF16: dequantize_avx2_kind(K_BF16, w, row0, rows, out); break;
+    case K_Q4: dequantize_avx2_kind(K_Q4, w, row0, rows, out); break;
+    case K_Q8: dequantize_avx2_kind(K_Q8, w, row0, rows, out); break;
+    case K_MXFP4: dequantize_avx2_kind(K_MXFP4, w, row0, rows, out); break;
+    default: dequantize_rows_portable(w, row0, rows, out); break;
+    }
+}
+
+typedef void (*matmul_fn)(int64_t, int64_t, const float*, int64_t, const moe_cpu_matrix*, int64_t, float*, int64_t);
+typedef void (*dequantize_fn)(const moe_cpu_matrix*, int64_t, int64_t, float*);
+
+static int isa_level(void) {
+    // Benign race: every thread computes the same value.
+    static int level = -1;
+    int l = __atomic_load_n(&level, __ATOMIC_RELAXED);
+    if (l < 0) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl"))
+            l = 2;
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+            l = 1;
+        else
+            l = 0;
+        __atomic_store_n(&level, l, __ATOMIC_RELAXED);
+    }
+    return l;
+}
+
+void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                              int64_t row0, float* c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return;
+    switch (isa_level()) {
+    case 2: matmul_avx512(m, n, a, lda, w, row0, c, ldc); break;
+    case 1: matmul_avx2(m, n, a, lda, w, row0, c, ldc); break;
+    default: matmul_portable(m, n, a, lda, w, row0, c, ldc); break;
+    }
+}
+
+void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
+    if (rows <= 0) return;
+    switch (isa_level()) {
+    case 2: dequantize_avx512(w, row0, rows, out); break;
+    case 1: dequantize_avx2(w, row0, rows, out); break;
+    default: dequantize_rows_portable(w, row0, rows, out); break;
+    }
+}
+
+#else
+
+void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                              int64_t row0, float* c, int64_t ldc) {
+    if (m > 0 && n > 0) matmul_portable(m, n, a, lda, w, row0, c, ldc);
+}
+
+void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
+    if (rows > 0) dequantize_rows_portable(w, row0, rows, out);
+}
+
+#endif

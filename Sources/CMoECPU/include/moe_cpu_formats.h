@@ -1,0 +1,66 @@
+/* Matrix products straight from the weight formats that checkpoints ship in: dense
+ * float16 / bfloat16 and MLX's quantizations (affine 2-8 bit with per-group scale and
+ * bias, mxfp4), never expanded to float32 in memory.
+ *
+ * Decode (few activation rows) multiplies with the weights dequantized in registers: a
+ * weight byte is read from memory once and turned into floats right before its FMAs.
+ * Prefill dequantizes a tile of rows into cache (moe_cpu_dequantize_rows) and hands it to
+ * a float32 GEMM that reuses it for every activation row.
+ *
+ * Semantics (docs/formats.md, python/moe_swift/reference.py): element i of a row is
+ *   dense:  the stored value;
+ *   affine: scale[g] * q_i + bias[g], g = i / group_size, q_i the unsigned `bits`-bit
+ *           integer at bits [i * bits, (i + 1) * bits) of the row's little-endian bit
+ *           stream (MLX's packing; 3, 5 and 6 bits cross byte boundaries);
+ *   mxfp4:  e2m1(code_i) * 2^(scale[g] - 127), g = i / 32, 4-bit codes lowest nibble
+ *           first, scales E8M0 bytes (255 is NaN).
+ * Scale and bias products are single-rounded (fmaf), accumulation is float32.
+ */
+#ifndef MOE_CPU_FORMATS_H
+#define MOE_CPU_FORMATS_H
+
+#include <stdint.h>
+
+typedef enum moe_cpu_format {
+    MOE_CPU_F32 = 0,
+    MOE_CPU_F16 = 1,
+    MOE_CPU_BF16 = 2,
+    MOE_CPU_AFFINE = 3,
+    MOE_CPU_MXFP4 = 4
+} moe_cpu_format;
+
+/* Element type of affine scales and biases. */
+typedef enum moe_cpu_scalar {
+    MOE_CPU_SCALAR_F32 = 0,
+    MOE_CPU_SCALAR_F16 = 1,
+    MOE_CPU_SCALAR_BF16 = 2
+} moe_cpu_scalar;
+
+/* A row-major matrix of `cols` columns in one format. Row r starts at
+ * data + r * row_bytes, its scales at scales + r * (cols / group_size) scale elements, its
+ * biases likewise. Quantized formats need cols % group_size == 0 and group_size % 32 == 0. */
+typedef struct moe_cpu_matrix {
+    int32_t format;        /* moe_cpu_format */
+    int32_t bits;          /* affine: 2, 3, 4, 5, 6 or 8 */
+    int32_t group_size;    /* affine: 32, 64 or 128; mxfp4: 32 */
+    int32_t scale_type;    /* affine: moe_cpu_scalar of scales and biases */
+    int64_t cols;
+    int64_t row_bytes;     /* bytes of one row of data */
+    const void* data;
+    const void* scales;
+    const void* biases;    /* affine only */
+} moe_cpu_matrix;
+
+/* out[r * cols + i] = element i of row row0 + r, for r < rows (float32). */
+__attribute__((visibility("hidden")))
+void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
+
+/* c[i * ldc + j] = sum_x a[i * lda + x] * W[row0 + j][x] for i < m, j < n, with the
+ * weights dequantized in registers. Meant for small m (decode); each weight row is read
+ * from memory once for all m rows. The summation order is fixed by (cols, format, the
+ * instruction set), never by m or threads. */
+__attribute__((visibility("hidden")))
+void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
+                              const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc);
+
+#endif

@@ -1,0 +1,152 @@
+import CMoECPU
+
+/// A quantized weight tensor in MLX's layout, in memory the caller keeps alive until the
+/// layer's initializer returns. For a logical (rows, cols) tensor: `weight` holds
+/// rows x cols x bits / 8 bytes of packed codes (uint32 words), `scales` one entry per
+/// group of `groupSize` elements of a row, `biases` (affine only) likewise.
+public struct QuantizedWeightData: @unchecked Sendable {
+    public var quantization: Quantization
+    public var weight: UnsafeRawBufferPointer
+    public var scales: UnsafeRawBufferPointer
+    public var biases: UnsafeRawBufferPointer?
+    /// Element type of affine scales and biases; ignored for mxfp4 (E8M0 bytes).
+    public var scaleType: ScalarType
+
+    public init(_ quantization: Quantization, weight: UnsafeRawBufferPointer, scales: UnsafeRawBufferPointer,
+                biases: UnsafeRawBufferPointer? = nil, scaleType: ScalarType = .float32) {
+        self.quantization = quantization
+        self.weight = weight
+        self.scales = scales
+        self.biases = biases
+        self.scaleType = scaleType
+    }
+}
+
+/// One weight tensor handed to a layer, in the format the checkpoint stores it:
+/// float32 owned (`[Float]`) or borrowed, dense float16 / bfloat16 / float32 bytes, or
+/// quantized. Borrowed memory must stay alive until the layer's initializer returns;
+/// layers copy what they keep, in the same format, and never hold a reference.
+public enum WeightData: @unchecked Sendable {
+    case array([Float])
+    case borrowed(UnsafeBufferPointer<Float>)
+    /// Dense elements of `ScalarType` (e.g. a bf16 tensor of a safetensors file).
+    case dense(UnsafeRawBufferPointer, ScalarType)
+    case quantized(QuantizedWeightData)
+
+    public init(_ array: [Float]) { self = .array(array) }
+
+    public var format: WeightFormat {
+        switch self {
+        case .array, .borrowed: return .float32
+        case .dense(_, let t): return .dense(t)
+        case .quantized(let q): return .quantized(q.quantization, scaleType: q.scaleType)
+        }
+    }
+
+    /// Logical elements (values after dequantization).
+    public var count: Int {
+        switch self {
+        case .array(let a): return a.count
+        case .borrowed(let b): return b.count
+        case .dense(let raw, let t): return raw.count / t.size
+        case .quantized(let q): return q.weight.count * 8 / q.quantization.bits
+        }
+    }
+
+    /// Throws `MoEError.invalidArgument` naming `name` unless this holds a tensor of
+    /// `shape` (out-by-in: the last dimension is the one quantization groups run along).
+    func validate(_ name: String, shape: [Int]) throws {
+        let elements = shape.reduce(1, *)
+        let dims = "(" + shape.map(String.init).joined(separator: ", ") + ")"
+        switch self {
+        case .array, .borrowed, .dense:
+            if case .dense(let raw, let t) = self, raw.count % t.size != 0 {
+                throw MoEError.invalidArgument("\(name) has \(raw.count) bytes, not a whole number of \(t) elements")
+            }
+            guard count == elements else {
+                throw MoEError.invalidArgument("\(name) must have \(elements) elements (shape \(dims)), got \(count)")
+            }
+        case .quantized(let q):
+            let quantization = q.quantization
+            try quantization.validate(name)
+            let cols = shape.last ?? 1, rows = elements / Swift.max(cols, 1)
+            guard cols % quantization.groupSize == 0 else {
+                throw MoEError.invalidArgument(
+                    "\(name): its last dimension (\(cols)) must be a multiple of group_size \(quantization.groupSize)")
+            }
+            let format = self.format
+            let wordsPerRow = format.rowBytes(cols: cols) / 4
+            guard q.weight.count == rows * cols * quantization.bits / 8 else {
+                throw MoEError.invalidArgument(
+                    "\(name): the packed weight of a \(dims) tensor at \(quantization.bits) bits must have "
+                    + "\(rows * wordsPerRow) uint32 words (\(wordsPerRow) per row), got \(q.weight.count / 4)")
+            }
+            let scaleBytes = rows * format.scaleRowBytes(cols: cols)
+            guard q.scales.count == scaleBytes else {
+                throw MoEError.invalidArgument(
+                    "\(name): scales must have \(rows * (cols / quantization.groupSize)) entries "
+                    + "(\(cols / quantization.groupSize) per row), got \(q.scales.count) bytes")
+            }
+            switch (quantization, q.biases) {
+            case (.mxfp4, _?):
+                throw MoEError.invalidArgument("\(name): mxfp4 has no biases")
+            case (.affine, nil):
+                throw MoEError.invalidArgument("\(name): affine quantization needs biases (one per scale)")
+            case (.affine, let biases?) where biases.count != scaleBytes:
+                throw MoEError.invalidArgument("\(name): biases must have the shape and dtype of scales")
+            default:
+                break
+            }
+        }
+    }
+
+    /// The tensor as a kernel matrix of rows of `cols` elements, valid inside `body`.
+    func withMatrix<R>(cols: Int, _ body: (moe_cpu_matrix) throws -> R) rethrows -> R {
+        var m = format.cpuMatrix(cols: cols)
+        switch self {
+        case .array(let a):
+            return try a.withUnsafeBytes { raw in
+                m.data = raw.baseAddress
+                return try body(m)
+            }
+        case .borrowed(let b):
+            m.data = UnsafeRawPointer(b.baseAddress)
+            return try body(m)
+        case .dense(let raw, _):
+            m.data = raw.baseAddress
+            return try body(m)
+        case .quantized(let q):
+            m.data = q.weight.baseAddress
+            m.scales = q.scales.baseAddress
+            m.biases = q.biases?.baseAddress
+            return try body(m)
+        }
+    }
+
+    /// The values as float32: exactly for dense formats, `scale * q + bias` rounded once
+    /// for quantized ones. For small vectors, tests and backends without format kernels.
+    public func floats() -> [Float] {
+        if case .array(let a) = self { return a }
+        let n = count
+        // Rows of one quantization group each, so no row shape is needed.
+        let cols: Int
+        if case .quantized(let q) = self { cols = q.quantization.groupSize } else { cols = Swift.max(n, 1) }
+        return [Float](unsafeUninitializedCapacity: n) { out, initialized in
+            withMatrix(cols: cols) { m in
+                var m = m
+                moe_cpu_dequantize_rows(&m, 0, Int64(n / cols), out.baseAddress!)
+            }
+            initialized = n
+        }
+    }
+
+    /// Calls `body` with the values as float32 (converted into a temporary array unless
+    /// they already are float32); the pointer is valid only inside `body`.
+    public func withUnsafeBufferPointer<R>(_ body: (UnsafeBufferPointer<Float>) throws -> R) rethrows -> R {
+        switch self {
+        case .array(let a): return try a.withUnsafeBufferPointer(body)
+        case .borrowed(let b): return try body(b)
+        default: return try floats().withUnsafeBufferPointer(body)
+        }
+    }
+}
