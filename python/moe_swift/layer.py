@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import _native
+from .formats import DTYPES, FORMAT_AFFINE, FORMAT_MXFP4, Quantized, as_numpy, bf16_to_float32, float32_to_bf16
 
 BACKENDS = {"auto": 0, "cpu": 1, "metal": 2, "softmetal": 3}
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
@@ -75,21 +76,91 @@ def run_layers(layers, x):
 # --- argument checking --------------------------------------------------------------
 
 
+def _check_shape(name, actual, shape):
+    ok = len(actual) == len(shape) and all(s is None or s == n for s, n in zip(shape, actual))
+    if not ok:
+        want = ", ".join("?" if s is None else str(s) for s in shape)
+        raise ValueError(f"{name} must have shape ({want}), got {tuple(actual)}")
+
+
 def _array(name, value, shape=None):
-    """`value` as a C-contiguous float32 array; TypeError for non-real data, ValueError
-    naming `name` and the expected shape (None entries: any size) for a wrong shape."""
-    try:
-        a = np.asarray(value)
-    except Exception as exc:  # e.g. ragged nested lists
-        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
-    if a.dtype.kind not in "fiu":
+    """`value` (NumPy, torch, mx, DLPack...) as a C-contiguous float32 array; TypeError for
+    non-real data, ValueError naming `name` and the expected shape (None entries: any
+    size) for a wrong shape."""
+    if isinstance(value, Quantized):
+        raise TypeError(f"{name} must be a dense array; only weight matrices may be Quantized")
+    a, dtype = as_numpy(value, name)
+    if dtype == "bfloat16":
+        a = bf16_to_float32(a)
+    elif a.dtype.kind not in "fiu":
         raise TypeError(f"{name} must be an array of real numbers, got dtype {a.dtype}")
     if shape is not None:
-        ok = a.ndim == len(shape) and all(s is None or s == n for s, n in zip(shape, a.shape))
-        if not ok:
-            want = ", ".join("?" if s is None else str(s) for s in shape)
-            raise ValueError(f"{name} must have shape ({want}), got {a.shape}")
+        _check_shape(name, a.shape, shape)
     return np.asarray(a, dtype=np.float32, order="C")
+
+
+def _output_like(x):
+    """A function turning the float32 NumPy result into x's array type and dtype."""
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+        return lambda y: torch.from_numpy(y).to(dtype)
+    if module == "mlx":
+        import mlx.core as mx
+
+        dtype = x.dtype if x.dtype in (mx.float16, mx.bfloat16, mx.float32) else mx.float32
+        return lambda y: mx.array(y).astype(dtype)
+    dtype = getattr(x, "dtype", None)
+    name = getattr(dtype, "name", "")
+    if name == "float16":
+        return lambda y: y.astype(np.float16)
+    if name == "bfloat16":  # ml_dtypes
+        return lambda y: float32_to_bf16(y).view(dtype)
+    return lambda y: y
+
+
+class _Matrix:
+    """A weight matrix for the descriptor: float32 (the float field), float16 / bfloat16
+    (a dense moe_tensor, kept in that dtype) or Quantized."""
+
+    def __init__(self, name, value, shape):
+        self.name = name
+        self.quantized = value if isinstance(value, Quantized) else None
+        if self.quantized is not None:
+            self.shape = self.quantized.shape
+            self.dtype = self.quantized.mode
+        else:
+            a, dtype = as_numpy(value, name)
+            if dtype in ("float16", "bfloat16"):
+                self.array, self.dtype = np.ascontiguousarray(a), dtype
+            else:
+                self.array, self.dtype = _array(name, a), "float32"
+            self.shape = self.array.shape
+        _check_shape(name, self.shape, shape)
+
+    def set(self, ffi, desc, field, keep):
+        """Points desc.<field> (float32) or desc.<field>_tensor at this matrix."""
+        if self.quantized is None and self.dtype == "float32":
+            keep.append(self.array)
+            setattr(desc, field, ffi.cast("const float *", self.array.ctypes.data))
+            return
+        t = getattr(desc, field + "_tensor")
+        if self.quantized is None:
+            keep.append(self.array)
+            t.format = DTYPES[self.dtype]
+            t.data = ffi.cast("const void *", self.array.ctypes.data)
+            return
+        q = self.quantized
+        keep.append(q)
+        t.format = FORMAT_MXFP4 if q.mode == "mxfp4" else FORMAT_AFFINE
+        t.bits, t.group_size = q.bits, q.group_size
+        t.scale_dtype = DTYPES.get(q.scale_dtype, 0)
+        t.data = ffi.cast("const void *", q.weight.ctypes.data)
+        t.scales = ffi.cast("const void *", q.scales.ctypes.data)
+        if q.biases is not None:
+            t.biases = ffi.cast("const void *", q.biases.ctypes.data)
 
 
 def _integer(name, value, minimum=None):
@@ -155,12 +226,12 @@ class MoELayer:
         self._closed = True
         ffi, lib, _ = _native.load()
 
-        router = _array("router_weight", router_weight, (None, None))
+        router = _Matrix("router_weight", router_weight, (None, None))
         E, H = router.shape
         if gate_up_proj is not None:
             if gate_proj is not None or up_proj is not None:
                 raise ValueError("give either gate_proj and up_proj, or gate_up_proj, not both")
-            gate_up = _array("gate_up_proj", gate_up_proj, (E, None, H))
+            gate_up = _Matrix("gate_up_proj", gate_up_proj, (E, None, H))
             if gate_up.shape[1] % 2:
                 raise ValueError(f"gate_up_proj must have shape (E, 2*I, H) with an even middle size, got {gate_up.shape}")
             I = gate_up.shape[1] // 2
@@ -168,13 +239,13 @@ class MoELayer:
         else:
             if gate_proj is None or up_proj is None:
                 raise ValueError("gate_proj and up_proj (E, I, H) are required unless gate_up_proj is given")
-            gate = _array("gate_proj", gate_proj, (E, None, H))
+            gate = _Matrix("gate_proj", gate_proj, (E, None, H))
             I = gate.shape[1]
-            up = _array("up_proj", up_proj, (E, I, H))
+            up = _Matrix("up_proj", up_proj, (E, I, H))
             gate_up = None
         if down_proj is None:
             raise ValueError(f"down_proj ({E}, {H}, {I}) is required")
-        down = _array("down_proj", down_proj, (E, H, I))
+        down = _Matrix("down_proj", down_proj, (E, H, I))
         if 0 in (E, H, I):
             raise ValueError(f"sizes must be positive, got E={E}, H={H}, I={I}")
 
@@ -216,15 +287,16 @@ class MoELayer:
         desc.norm_topk_prob = 1 if norm_topk_prob else 0
         desc.routed_scaling_factor = _real("routed_scaling_factor", routed_scaling_factor)
         desc.n_group, desc.topk_group = n_group, topk_group
-        desc.router_weight = ptr(router)
+        router.set(ffi, desc, "router_weight", keep)
         desc.router_bias = opt("router_bias", router_bias, (E,))
         desc.selection_bias = opt("selection_bias", selection_bias, (E,))
         desc.per_expert_scale = opt("per_expert_scale", per_expert_scale, (E,))
         desc.activation = _choice("activation", activation, ACTIVATIONS)
         desc.swiglu_alpha = _real("swiglu_alpha", swiglu_alpha)
         desc.swiglu_limit = _real("swiglu_limit", swiglu_limit)
-        desc.gate_proj, desc.up_proj, desc.gate_up_proj = ptr(gate), ptr(up), ptr(gate_up)
-        desc.down_proj = ptr(down)
+        for field, matrix in (("gate_proj", gate), ("up_proj", up), ("gate_up_proj", gate_up), ("down_proj", down)):
+            if matrix is not None:
+                matrix.set(ffi, desc, field, keep)
         desc.gate_up_bias = opt("gate_up_bias", gate_up_bias, (E, 2 * I))
         desc.down_bias = opt("down_bias", down_bias, (E, H))
 
@@ -238,13 +310,15 @@ class MoELayer:
             if unknown or missing:
                 raise ValueError(f"shared_expert has unknown keys {sorted(unknown)} / lacks {sorted(missing)}; "
                                  f"expected {sorted(_SHARED_KEYS)}")
-            s_gate = _array("shared_expert['gate_proj']", shared_expert["gate_proj"], (None, H))
+            s_gate = _Matrix("shared_expert['gate_proj']", shared_expert["gate_proj"], (None, H))
             shared_size = s_gate.shape[0]
             if shared_size == 0:
                 raise ValueError("shared_expert['gate_proj'] must have at least one row")
-            desc.shared_gate_proj = ptr(s_gate)
-            desc.shared_up_proj = opt("shared_expert['up_proj']", shared_expert["up_proj"], (shared_size, H))
-            desc.shared_down_proj = opt("shared_expert['down_proj']", shared_expert["down_proj"], (H, shared_size))
+            s_gate.set(ffi, desc, "shared_gate_proj", keep)
+            _Matrix("shared_expert['up_proj']", shared_expert["up_proj"], (shared_size, H)).set(
+                ffi, desc, "shared_up_proj", keep)
+            _Matrix("shared_expert['down_proj']", shared_expert["down_proj"], (H, shared_size)).set(
+                ffi, desc, "shared_down_proj", keep)
             desc.shared_sigmoid_gate = opt("shared_expert['sigmoid_gate']", shared_expert.get("sigmoid_gate"), (H,))
         desc.shared_intermediate_size = shared_size
 
@@ -276,7 +350,11 @@ class MoELayer:
         _native.check(status)
 
     def __call__(self, x, residual=None):
-        """y = moe(x) (+ residual): x (..., H) -> y (..., H) float32."""
+        """y = moe(x) (+ residual): x (..., H) -> y (..., H). x and residual may be NumPy
+        (float32, float16, ml_dtypes.bfloat16), torch CPU tensors or mx arrays; y has x's
+        array type and dtype (float32 for float64 or integer NumPy input). Accumulation is
+        float32 whatever the dtypes."""
+        restore = _output_like(x)
         x = self._input(x)
         T = x.size // self.hidden_size
         y = np.empty(x.shape, dtype=np.float32)
@@ -290,7 +368,7 @@ class MoELayer:
         self._check(self._lib.moe_layer_forward(
             handle, self._ffi.cast("const float *", x.ctypes.data), T, r,
             self._ffi.cast("float *", y.ctypes.data)))
-        return y
+        return restore(y)
 
     forward = __call__
 

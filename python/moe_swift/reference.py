@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import formats
+
 __all__ = ["moe_forward", "route", "expert_ffn", "ACTIVATIONS"]
 
 
 def _f64(a):
-    return None if a is None else np.asarray(a, dtype=np.float64)
+    """Any weight or activation as float64: the exact values of a Quantized weight (its
+    meaning, formats.dequantize) or of float16 / bfloat16 arrays of any framework."""
+    if a is None:
+        return None
+    if isinstance(a, formats.Quantized):
+        return formats.dequantize(a)
+    array, dtype = formats.as_numpy(a, "array")
+    return formats.to_float64(array, dtype)
 
 
 # --- Router -----------------------------------------------------------------------

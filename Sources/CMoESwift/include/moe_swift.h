@@ -7,8 +7,11 @@
  * package hands the text between the CFFI-BEGIN and CFFI-END markers to cffi unchanged,
  * so that part must stay plain C declarations without preprocessor directives.
  *
- * What one forward computes is specified in notes/moe-layer-spec.md (mirrored by
- * python/moe_swift/reference.py). All arrays are dense, row-major float32 (ids int32).
+ * What one forward computes is specified in README.md, "What one call computes" (mirrored by
+ * python/moe_swift/reference.py). Arrays are dense and row-major; activations and the
+ * float fields of moe_layer_desc are float32, ids int32. Weight matrices may instead be
+ * given in other formats (float16, bfloat16, MLX's affine and mxfp4 quantizations)
+ * through the moe_tensor fields; the layer keeps them in that format.
  *
  * Errors: every function that can fail returns a moe_status; on failure,
  * moe_last_error() returns a message for the calling thread that stays valid until the
@@ -56,6 +59,40 @@ typedef enum moe_activation {
     MOE_ACTIVATION_SWIGLU_OAI = 2   /* gpt-oss: clamped, alpha-scaled, (u + 1) */
 } moe_activation;
 
+typedef enum moe_format {
+    MOE_FORMAT_F32 = 0,     /* dense float32 */
+    MOE_FORMAT_F16 = 1,     /* dense IEEE 754 half */
+    MOE_FORMAT_BF16 = 2,    /* dense bfloat16 */
+    MOE_FORMAT_AFFINE = 3,  /* MLX affine: value = scale * q + bias per group */
+    MOE_FORMAT_MXFP4 = 4    /* OCP MX FP4 as MLX stores it: e2m1 codes, E8M0 scale per 32 */
+} moe_format;
+
+typedef enum moe_dtype {
+    MOE_DTYPE_F32 = 0,
+    MOE_DTYPE_F16 = 1,
+    MOE_DTYPE_BF16 = 2
+} moe_dtype;
+
+/* A weight matrix in any format, in the moe_layer_desc fields named *_tensor. Its logical
+ * shape is that of the float field of the same name, e.g. gate_proj_tensor (E, I, H);
+ * quantization groups run along the last dimension. A tensor whose data is NULL is not
+ * given. Quantized layouts are MLX's (mx.quantize):
+ *   data:   packed codes, (..., rows, cols * bits / 32) uint32 words; each row is a
+ *           little-endian bit stream, element 0 in the lowest bits (3, 5 and 6 bits
+ *           cross word boundaries); mxfp4: 4-bit e2m1 codes;
+ *   scales: (..., rows, cols / group_size), of scale_dtype for affine, uint8 E8M0 for mxfp4;
+ *   biases: affine only, like scales.
+ * Meaning: affine value = scale * q + bias; mxfp4 value = e2m1(code) * 2^(scale - 127). */
+typedef struct moe_tensor {
+    int32_t format;          /* moe_format */
+    int32_t bits;            /* affine: 2, 3, 4, 5, 6 or 8 */
+    int32_t group_size;      /* affine: 32, 64 or 128; mxfp4: 32 (0 means 32) */
+    int32_t scale_dtype;     /* affine: moe_dtype of scales and biases */
+    const void* data;
+    const void* scales;
+    const void* biases;
+} moe_tensor;
+
 /* Everything that defines a layer. Fill it with moe_layer_desc_init() (which sets
  * struct_size and the defaults), then set what you need. The library reads only the
  * first struct_size bytes, so a caller built against an older, shorter header keeps
@@ -99,6 +136,18 @@ typedef struct moe_layer_desc {
     const float* shared_up_proj;      /* (Is, H) */
     const float* shared_down_proj;    /* (H, Is) */
     const float* shared_sigmoid_gate; /* (H): factor sigmoid(x . g); NULL: factor 1 */
+
+    /* Appended after the first release (older callers' struct_size ends above): the weight
+     * matrices in any format. Each replaces the float pointer of the same name, which must
+     * then be NULL. */
+    moe_tensor router_weight_tensor;
+    moe_tensor gate_proj_tensor;
+    moe_tensor up_proj_tensor;
+    moe_tensor gate_up_proj_tensor;
+    moe_tensor down_proj_tensor;
+    moe_tensor shared_gate_proj_tensor;
+    moe_tensor shared_up_proj_tensor;
+    moe_tensor shared_down_proj_tensor;
 } moe_layer_desc;
 
 typedef struct moe_layer moe_layer;   /* opaque */

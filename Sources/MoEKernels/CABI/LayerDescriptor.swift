@@ -84,36 +84,96 @@ struct LayerDescriptor {
         func optional(_ p: UnsafePointer<Float>?, _ count: Int) -> WeightData? {
             p.map { .borrowed(UnsafeBufferPointer(start: $0, count: count)) }
         }
-        func required(_ p: UnsafePointer<Float>?, _ count: Int, _ name: String) throws -> WeightData {
-            guard let data = optional(p, count) else { throw MoEError.invalidArgument("\(name) is NULL") }
-            return data
+        /// A matrix given either as float32 or as a moe_tensor (at most one of them).
+        func matrix(_ floats: UnsafePointer<Float>?, _ tensor: moe_tensor, _ shape: [Int], _ name: String) throws -> WeightData? {
+            guard tensor.data != nil else { return optional(floats, shape.reduce(1, *)) }
+            guard floats == nil else {
+                throw MoEError.invalidArgument("give \(name) or \(name)_tensor, not both")
+            }
+            return try Self.weightData(tensor, shape: shape, name: "\(name)_tensor")
         }
         let gateUp: GateUpWeights
-        switch (d.gate_proj, d.up_proj, d.gate_up_proj) {
+        switch (try matrix(d.gate_proj, d.gate_proj_tensor, [e, i, h], "gate_proj"),
+                try matrix(d.up_proj, d.up_proj_tensor, [e, i, h], "up_proj"),
+                try matrix(d.gate_up_proj, d.gate_up_proj_tensor, [e, 2 * i, h], "gate_up_proj")) {
         case (let g?, let u?, nil):
-            gateUp = .separate(gate: .borrowed(.init(start: g, count: e * i * h)),
-                               up: .borrowed(.init(start: u, count: e * i * h)))
+            gateUp = .separate(gate: g, up: u)
         case (nil, nil, let gu?):
-            gateUp = .fused(.borrowed(.init(start: gu, count: e * 2 * i * h)))
+            gateUp = .fused(gu)
         default:
             throw MoEError.invalidArgument("give either gate_proj and up_proj, or gate_up_proj alone")
         }
         var shared: SharedExpertWeights?
         if si > 0 {
+            func sharedMatrix(_ p: UnsafePointer<Float>?, _ t: moe_tensor, _ shape: [Int], _ name: String) throws -> WeightData {
+                guard let data = try matrix(p, t, shape, name) else { throw MoEError.invalidArgument("\(name) is NULL") }
+                return data
+            }
             shared = SharedExpertWeights(
-                gateProj: try required(d.shared_gate_proj, si * h, "shared_gate_proj"),
-                upProj: try required(d.shared_up_proj, si * h, "shared_up_proj"),
-                downProj: try required(d.shared_down_proj, h * si, "shared_down_proj"),
+                gateProj: try sharedMatrix(d.shared_gate_proj, d.shared_gate_proj_tensor, [si, h], "shared_gate_proj"),
+                upProj: try sharedMatrix(d.shared_up_proj, d.shared_up_proj_tensor, [si, h], "shared_up_proj"),
+                downProj: try sharedMatrix(d.shared_down_proj, d.shared_down_proj_tensor, [h, si], "shared_down_proj"),
                 sigmoidGate: optional(d.shared_sigmoid_gate, h))
         }
-        return MoEWeights(router: try required(d.router_weight, e * h, "router_weight"),
+        guard let router = try matrix(d.router_weight, d.router_weight_tensor, [e, h], "router_weight") else {
+            throw MoEError.invalidArgument("router_weight is NULL")
+        }
+        guard let down = try matrix(d.down_proj, d.down_proj_tensor, [e, h, i], "down_proj") else {
+            throw MoEError.invalidArgument("down_proj is NULL")
+        }
+        return MoEWeights(router: router,
                           gateUp: gateUp,
-                          downProj: try required(d.down_proj, e * h * i, "down_proj"),
+                          downProj: down,
                           routerBias: optional(d.router_bias, e),
                           selectionBias: optional(d.selection_bias, e),
                           perExpertScale: optional(d.per_expert_scale, e),
                           gateUpBias: optional(d.gate_up_bias, e * 2 * i),
                           downBias: optional(d.down_bias, e * h),
                           shared: shared)
+    }
+
+    /// A moe_tensor of logical `shape` as borrowed WeightData, its byte sizes implied by the
+    /// shape and format (checked here first, so no size is computed from a bad field).
+    static func weightData(_ t: moe_tensor, shape: [Int], name: String) throws -> WeightData {
+        let elements = shape.reduce(1, *), cols = shape.last!
+        func scalar(_ code: Int32, _ what: String) throws -> ScalarType {
+            guard let type = ScalarType(rawValue: code) else {
+                throw MoEError.invalidArgument("\(name).\(what) \(code) is not a moe_dtype value")
+            }
+            return type
+        }
+        let quantization: Quantization
+        let scaleType: ScalarType
+        switch UInt32(bitPattern: t.format) {
+        case MOE_FORMAT_F32.rawValue, MOE_FORMAT_F16.rawValue, MOE_FORMAT_BF16.rawValue:
+            let type = try scalar(t.format, "format")
+            return .dense(UnsafeRawBufferPointer(start: t.data, count: elements * type.size), type)
+        case MOE_FORMAT_AFFINE.rawValue:
+            quantization = .affine(bits: Int(t.bits), groupSize: Int(t.group_size))
+            scaleType = try scalar(t.scale_dtype, "scale_dtype")
+        case MOE_FORMAT_MXFP4.rawValue:
+            guard t.group_size == 0 || t.group_size == 32 else {
+                throw MoEError.invalidArgument("\(name): mxfp4 has groups of 32, got group_size \(t.group_size)")
+            }
+            quantization = .mxfp4
+            scaleType = .float32
+        default:
+            throw MoEError.invalidArgument("\(name).format \(t.format) is not a moe_format value")
+        }
+        try quantization.validate(name)
+        guard cols % quantization.groupSize == 0 else {
+            throw MoEError.invalidArgument(
+                "\(name): its last dimension (\(cols)) must be a multiple of group_size \(quantization.groupSize)")
+        }
+        guard t.scales != nil else { throw MoEError.invalidArgument("\(name).scales is NULL") }
+        let format = WeightFormat.quantized(quantization, scaleType: scaleType)
+        let rows = elements / cols
+        let scaleBytes = rows * format.scaleRowBytes(cols: cols)
+        return .quantized(QuantizedWeightData(
+            quantization,
+            weight: UnsafeRawBufferPointer(start: t.data, count: rows * format.rowBytes(cols: cols)),
+            scales: UnsafeRawBufferPointer(start: t.scales, count: scaleBytes),
+            biases: t.biases.map { UnsafeRawBufferPointer(start: $0, count: scaleBytes) },
+            scaleType: scaleType))
     }
 }

@@ -158,7 +158,8 @@ final class CPUPass: MoEPass {
     /// weights, or if it cannot be allocated: the product then dequantizes in registers).
     private func withTile(_ ffn: PackedFFN, _ body: (UnsafeMutablePointer<Float>?) -> Void) {
         let count = ffn.tileCount
-        guard count > 0, let arena = try? backend.tiles.checkOut(bytes: count * MemoryLayout<Float>.stride) else {
+        let bytes = ScratchArena.bytes(for: [(count, MemoryLayout<Float>.stride)])
+        guard count > 0, let arena = try? backend.tiles.checkOut(bytes: bytes) else {
             body(nil)
             return
         }

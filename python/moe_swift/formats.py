@@ -1,0 +1,236 @@
+"""Weight formats: dense float32 / float16 / bfloat16 and MLX's quantizations.
+
+`Quantized` holds a weight exactly as `mx.quantize` returns it and as MLX checkpoints
+store it; the layer keeps it in that format. `quantize` makes one from a float array
+(no mlx needed) and `dequantize` is the exact meaning of one, in float64, used by the
+reference:
+
+* affine (bits in 2, 3, 4, 5, 6, 8; group_size in 32, 64, 128): ``value = scale * q + bias``
+  with q the unsigned code; a row is a little-endian bit stream of codes, element 0 in
+  the lowest bits, stored as uint32 words ``(..., out, in * bits / 32)``; scales and
+  biases ``(..., out, in / group_size)`` in float32, float16 or bfloat16.
+* mxfp4: 4-bit E2M1 codes (lowest nibble first), uint8 E8M0 scales ``(..., out, in / 32)``,
+  no biases; ``value = e2m1(code) * 2 ** (scale - 127)``.
+
+Arrays may be NumPy (``ml_dtypes.bfloat16`` included), torch CPU tensors (bf16 and
+parameters with ``requires_grad`` too), ``mx.array`` or anything with DLPack or the buffer
+protocol; they are read without a copy where the layout allows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Quantized", "quantize", "dequantize", "AFFINE_BITS", "GROUP_SIZES"]
+
+AFFINE_BITS = (2, 3, 4, 5, 6, 8)
+GROUP_SIZES = (32, 64, 128)
+MODES = ("affine", "mxfp4")
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+# moe_dtype / moe_format codes of moe_swift.h (checked against the header by the tests).
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+FORMAT_AFFINE, FORMAT_MXFP4 = 3, 4
+
+
+# --- reading arrays of any framework --------------------------------------------------
+
+
+def as_numpy(value, name):
+    """(ndarray, dtype name): `value` as a NumPy array in its stored dtype, bfloat16 as a
+    uint16 view named "bfloat16". No copy where the source allows it."""
+    module = type(value).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        t = value.detach()
+        if t.device.type != "cpu":
+            raise TypeError(f"{name} is a torch tensor on {t.device}; move it to the CPU first")
+        t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+        a = t.numpy()
+        return a, a.dtype.name
+    if module == "mlx":
+        import mlx.core as mx
+
+        if value.dtype == mx.bfloat16:
+            return np.asarray(value.view(mx.uint16)), "bfloat16"
+        a = np.asarray(value)
+        return a, a.dtype.name
+    try:
+        a = np.asarray(value)
+    except Exception as exc:  # e.g. ragged nested lists
+        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+    if a.dtype == object and hasattr(value, "__dlpack__"):
+        a = np.from_dlpack(value)
+    if a.dtype.name == "bfloat16":  # ml_dtypes
+        return a.view(np.uint16), "bfloat16"
+    return a, a.dtype.name
+
+
+def bf16_to_float32(bits):
+    """bfloat16 values (uint16 bit patterns) as float32, exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(values):
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+def to_float64(array, dtype_name):
+    if dtype_name == "bfloat16":
+        return bf16_to_float32(array).astype(np.float64)
+    return np.asarray(array, dtype=np.float64)
+
+
+# --- Quantized -------------------------------------------------------------------------
+
+
+class Quantized:
+    """A quantized weight in MLX's layout: what ``mx.quantize(w, group_size, bits, mode)``
+    returns, or an MLX checkpoint's ``weight`` / ``scales`` / ``biases`` tensors.
+
+    ``Quantized(weight, scales, biases, bits=4, group_size=64)`` (affine) or
+    ``Quantized(weight, scales, mode="mxfp4")``. The logical shape is
+    ``weight.shape[:-1] + (weight.shape[-1] * 32 // bits,)``. ``scale_dtype="bfloat16"``
+    reads uint16 scales and biases as bfloat16 bit patterns (e.g. raw safetensors bytes).
+    """
+
+    def __init__(self, weight, scales, biases=None, *, bits=None, group_size=None, mode="affine",
+                 scale_dtype=None, name="weight"):
+        if mode not in MODES:
+            raise ValueError(f"{name}: mode must be one of {list(MODES)}, got {mode!r}")
+        if mode == "mxfp4":
+            bits = 4 if bits is None else bits
+            group_size = 32 if group_size is None else group_size
+            if bits != 4 or group_size != 32:
+                raise ValueError(f"{name}: mxfp4 has bits=4 and group_size=32, got bits={bits}, group_size={group_size}")
+            if biases is not None:
+                raise ValueError(f"{name}: mxfp4 has no biases")
+        else:
+            bits = 4 if bits is None else bits
+            group_size = 64 if group_size is None else group_size
+            if bits not in AFFINE_BITS:
+                raise ValueError(f"{name}: bits must be one of {list(AFFINE_BITS)}, got {bits!r}")
+            if group_size not in GROUP_SIZES:
+                raise ValueError(f"{name}: group_size must be one of {list(GROUP_SIZES)}, got {group_size!r}")
+            if biases is None:
+                raise ValueError(f"{name}: affine quantization needs biases (one per scale)")
+        self.mode, self.bits, self.group_size = mode, int(bits), int(group_size)
+
+        w, w_dtype = as_numpy(weight, f"{name}.weight")
+        if w_dtype not in ("uint32", "int32") or w.ndim < 1:
+            raise TypeError(f"{name}.weight must be packed uint32 words (..., out, in * bits / 32), got dtype {w_dtype}")
+        self.weight = np.ascontiguousarray(w).view(np.uint32)
+        cols = self.weight.shape[-1] * 32 // self.bits
+        self.shape = self.weight.shape[:-1] + (cols,)
+        if self.weight.shape[-1] * 32 % self.bits or cols % self.group_size:
+            raise ValueError(f"{name}: {self.weight.shape[-1]} words per row hold {self.weight.shape[-1] * 32 / self.bits:g} "
+                             f"{self.bits}-bit values, not a multiple of group_size {self.group_size}")
+        scale_shape = self.shape[:-1] + (cols // self.group_size,)
+
+        s, s_dtype = as_numpy(scales, f"{name}.scales")
+        if scale_dtype == "bfloat16" and s_dtype in ("uint16", "int16"):
+            s, s_dtype = s.view(np.uint16), "bfloat16"
+        if tuple(s.shape) != scale_shape:
+            raise ValueError(f"{name}.scales must have shape {scale_shape} for a weight of logical shape "
+                             f"{self.shape} with group_size {self.group_size}, got {tuple(s.shape)}")
+        if mode == "mxfp4":
+            if s_dtype != "uint8":
+                raise TypeError(f"{name}.scales must be uint8 (E8M0 exponents) for mxfp4, got {s_dtype}")
+        elif s_dtype not in DTYPES:
+            raise TypeError(f"{name}.scales must be float32, float16 or bfloat16, got {s_dtype}")
+        self.scales, self.scale_dtype = np.ascontiguousarray(s), s_dtype
+        self.biases = None
+        if biases is not None:
+            b, b_dtype = as_numpy(biases, f"{name}.biases")
+            if scale_dtype == "bfloat16" and b_dtype in ("uint16", "int16"):
+                b, b_dtype = b.view(np.uint16), "bfloat16"
+            if tuple(b.shape) != scale_shape or b_dtype != s_dtype:
+                raise ValueError(f"{name}.biases must have the shape and dtype of scales ({scale_shape}, {s_dtype}), "
+                                 f"got {tuple(b.shape)} {b_dtype}")
+            self.biases = np.ascontiguousarray(b)
+
+    @property
+    def nbytes(self):
+        return self.weight.nbytes + self.scales.nbytes + (0 if self.biases is None else self.biases.nbytes)
+
+    def __repr__(self):
+        what = "mxfp4" if self.mode == "mxfp4" else f"affine {self.bits}-bit, group {self.group_size}, {self.scale_dtype} scales"
+        return f"Quantized({what}, shape={self.shape})"
+
+
+def _codes(words, bits, cols):
+    """Unsigned codes (..., cols) of packed little-endian bit-stream rows."""
+    raw = np.ascontiguousarray(words, dtype="<u4").view(np.uint8)
+    if bits == 8:
+        return raw.reshape(words.shape[:-1] + (cols,)).astype(np.int64)
+    if bits == 4:
+        out = np.empty(raw.shape[:-1] + (raw.shape[-1], 2), dtype=np.int64)
+        out[..., 0], out[..., 1] = raw & 0x0F, raw >> 4
+        return out.reshape(words.shape[:-1] + (cols,))
+    stream = np.unpackbits(raw, axis=-1, bitorder="little").reshape(words.shape[:-1] + (cols, bits))
+    return stream.astype(np.int64) @ (1 << np.arange(bits, dtype=np.int64))
+
+
+def _pack(codes, bits):
+    """Codes (..., cols) -> uint32 words (..., cols * bits / 32), element 0 lowest."""
+    codes = np.asarray(codes, dtype=np.uint32)
+    stream = ((codes[..., None] >> np.arange(bits, dtype=np.uint32)) & 1).astype(np.uint8)
+    packed = np.packbits(stream.reshape(codes.shape[:-1] + (-1,)), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<u4").astype(np.uint32)
+
+
+def dequantize(q: Quantized):
+    """The exact values of `q` in float64 (scale * q + bias, or e2m1 * 2^(scale - 127))."""
+    cols = q.shape[-1]
+    codes = _codes(q.weight, q.bits, cols)
+    grouped = codes.reshape(q.shape[:-1] + (cols // q.group_size, q.group_size))
+    if q.mode == "mxfp4":
+        e = q.scales.astype(np.float64)
+        scale = np.where(q.scales == 255, np.nan, np.exp2(e - 127))
+        values = E2M1[grouped] * scale[..., None]
+    else:
+        scale = to_float64(q.scales, q.scale_dtype)[..., None]
+        bias = to_float64(q.biases, q.scale_dtype)[..., None]
+        values = scale * grouped + bias
+    return values.reshape(q.shape)
+
+
+def _store(values, dtype):
+    values = np.asarray(values, dtype=np.float32)
+    if dtype == "bfloat16":
+        return float32_to_bf16(values)
+    return values.astype(dtype)
+
+
+def quantize(w, *, bits=4, group_size=64, mode="affine", scale_dtype="float32") -> Quantized:
+    """Quantizes a float array (..., out, in) into MLX's layout, like ``mx.quantize``:
+    affine with per-group min/max (scale = (max - min) / (2^bits - 1), bias = min), or
+    mxfp4 with a power-of-two scale per 32 values. For tests and users without mlx; the
+    layer reads any valid quantization, however it was made."""
+    w = np.asarray(w, dtype=np.float32)
+    if mode == "mxfp4":
+        bits, group_size = 4, 32
+    if w.shape[-1] % group_size:
+        raise ValueError(f"the last dimension ({w.shape[-1]}) must be a multiple of group_size {group_size}")
+    g = w.reshape(w.shape[:-1] + (w.shape[-1] // group_size, group_size)).astype(np.float64)
+    if mode == "mxfp4":
+        amax = np.abs(g).max(axis=-1)
+        exponent = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2, -127)
+        e8m0 = np.clip(exponent + 127, 0, 254).astype(np.uint8)
+        scaled = g / np.exp2(e8m0.astype(np.float64) - 127)[..., None]
+        codes = np.abs(scaled[..., None] - E2M1).argmin(axis=-1)
+        return Quantized(_pack(codes.reshape(w.shape), 4), e8m0, mode="mxfp4")
+    levels = (1 << bits) - 1
+    lo, hi = g.min(axis=-1), g.max(axis=-1)
+    scale = _store(np.maximum((hi - lo) / levels, 1e-8), scale_dtype)
+    bias = _store(lo, scale_dtype)
+    s64, b64 = to_float64(scale, scale_dtype)[..., None], to_float64(bias, scale_dtype)[..., None]
+    codes = np.clip(np.rint((g - b64) / s64), 0, levels).astype(np.uint32)
+    return Quantized(_pack(codes.reshape(w.shape), bits), scale, bias, bits=bits, group_size=group_size,
+                     scale_dtype=scale_dtype)
