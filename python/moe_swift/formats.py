@@ -62,8 +62,11 @@ def as_numpy(value, name):
         a = np.asarray(value)
     except Exception as exc:  # e.g. ragged nested lists
         raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
-    if a.dtype == object and hasattr(value, "__dlpack__"):
-        a = np.from_dlpack(value)
+    if a.dtype == object and not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        try:
+            a = np.from_dlpack(value)
+        except Exception as exc:
+            raise TypeError(f"{name}: cannot read it through DLPack: {exc}") from None
     if a.dtype.name == "bfloat16":  # ml_dtypes
         return a.view(np.uint16), "bfloat16"
     return a, a.dtype.name

@@ -207,7 +207,7 @@ def test_torch_tensors():
 
 def test_mx_quantize_goes_in_unchanged():
     mx = pytest.importorskip("mlx.core")
-    args = make_layer_args("qwen3_moe", H=128, I=64, E=8, k=2, seed=14)
+    args = make_layer_args("qwen3_moe", H=128, I=128, E=8, k=2, seed=14)
     margs = dict(args)
     for name, bits, gs in (("gate_proj", 4, 64), ("up_proj", 8, 32), ("down_proj", 3, 128), ("router_weight", 6, 64)):
         w, s, b = mx.quantize(mx.array(args[name]).astype(mx.bfloat16), group_size=gs, bits=bits)
@@ -218,6 +218,12 @@ def test_mx_quantize_goes_in_unchanged():
     x = np.random.default_rng(15).standard_normal((7, 128)).astype(np.float32)
     with moe_swift.MoELayer(**margs) as layer:
         check(layer, margs, x)
+    # With float32 scales mx.dequantize does not round to bf16: the values agree to float32.
+    for bits in formats.AFFINE_BITS:
+        w, s, b = mx.quantize(mx.array(args["gate_proj"]), group_size=32, bits=bits)
+        ours = dequantize(Quantized(w, s, b, bits=bits, group_size=32))
+        theirs = np.array(mx.dequantize(w, s, b, group_size=32, bits=bits))
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
 # --- memory ---------------------------------------------------------------------------
