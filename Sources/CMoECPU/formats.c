@@ -80,21 +80,44 @@ INLINE const uint8_t* row_data(const moe_cpu_matrix* w, int64_t r) {
     return (const uint8_t*)w->data + r * w->row_bytes;
 }
 
-// Scale and bias of the group that element k0 of row r lies in.
-INLINE void group_params(const moe_cpu_matrix* w, int64_t r, int64_t k0, float* s, float* b) {
+// Where row r's scales and biases start, and how to find an element's group: a shift,
+// since group sizes are powers of two (a division per chunk would cost more than the
+// chunk's arithmetic).
+typedef struct {
+    const uint8_t* scales;
+    const uint8_t* biases;
+    int shift;
+    int type;
+    int mx;
+} group_cursor;
+
+INLINE group_cursor group_cursor_for(const moe_cpu_matrix* w, int64_t r) {
+    group_cursor c;
     const int64_t groups = w->cols / w->group_size;
-    const int64_t g = r * groups + k0 / w->group_size;
-    if (w->format == MOE_CPU_MXFP4) {
-        *s = e8m0_to_float(((const uint8_t*)w->scales)[g]);
+    c.shift = __builtin_ctz((unsigned)w->group_size);
+    c.mx = w->format == MOE_CPU_MXFP4;
+    c.type = w->scale_type;
+    const int64_t size = c.mx ? 1 : (c.type == MOE_CPU_SCALAR_F32 ? 4 : 2);
+    c.scales = (const uint8_t*)w->scales + r * groups * size;
+    c.biases = c.mx ? 0 : (const uint8_t*)w->biases + r * groups * size;
+    return c;
+}
+
+// Scale and bias of the group that element k0 lies in.
+INLINE void group_params(const group_cursor* c, int64_t k0, float* s, float* b) {
+    const int64_t g = k0 >> c->shift;
+    if (c->mx) {
+        *s = e8m0_to_float(c->scales[g]);
         *b = 0.0f;
     } else {
-        *s = scalar_at(w->scales, w->scale_type, g);
-        *b = scalar_at(w->biases, w->scale_type, g);
+        *s = scalar_at(c->scales, c->type, g);
+        *b = scalar_at(c->biases, c->type, g);
     }
 }
 
 // Elements [k0, k0 + 32) of row r as floats (any format).
-static void unpack_chunk_portable(const moe_cpu_matrix* w, int64_t r, int64_t k0, float* out) {
+static void unpack_chunk_portable(const moe_cpu_matrix* w, const group_cursor* gc, int64_t r, int64_t k0,
+                                  float* out) {
     const uint8_t* row = row_data(w, r);
     switch (w->format) {
     case MOE_CPU_F32:
@@ -108,14 +131,14 @@ static void unpack_chunk_portable(const moe_cpu_matrix* w, int64_t r, int64_t k0
         return;
     case MOE_CPU_AFFINE: {
         float s, b;
-        group_params(w, r, k0, &s, &b);
+        group_params(gc, k0, &s, &b);
         for (int i = 0; i < CHUNK; i++)
             out[i] = fmaf((float)bit_stream_code(row, w->bits, k0 + i, w->row_bytes), s, b);
         return;
     }
     case MOE_CPU_MXFP4: {
         float s, b;
-        group_params(w, r, k0, &s, &b);
+        group_params(gc, k0, &s, &b);
         for (int i = 0; i < CHUNK; i++)
             out[i] = e2m1_values[bit_stream_code(row, 4, k0 + i, w->row_bytes)] * s;
         return;
@@ -139,7 +162,8 @@ static void dequantize_rows_portable(const moe_cpu_matrix* w, int64_t row0, int6
     const int64_t cols = w->cols, kv = chunked_cols(w);
     for (int64_t r = 0; r < rows; r++) {
         float* o = out + r * cols;
-        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) unpack_chunk_portable(w, row0 + r, k0, o + k0);
+        const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + r) : (group_cursor){0};
+        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) unpack_chunk_portable(w, &gc, row0 + r, k0, o + k0);
         for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
     }
 }
@@ -150,8 +174,9 @@ static void matmul_portable(int64_t m, int64_t n, const float* a, int64_t lda, c
     float chunk[CHUNK];
     for (int64_t j = 0; j < n; j++) {
         for (int64_t i = 0; i < m; i++) c[i * ldc + j] = 0.0f;
+        const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + j) : (group_cursor){0};
         for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
-            unpack_chunk_portable(w, row0 + j, k0, chunk);
+            unpack_chunk_portable(w, &gc, row0 + j, k0, chunk);
             for (int64_t i = 0; i < m; i++) {
                 float s = 0.0f;
                 for (int q = 0; q < CHUNK; q++) s += chunk[q] * a[i * lda + k0 + q];
@@ -168,11 +193,51 @@ static void matmul_portable(int64_t m, int64_t n, const float* a, int64_t lda, c
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
 #include <immintrin.h>
 
+// Group parameters with the hardware half conversion: the portable f16_to_float's
+// branches cost more than a 4-bit chunk's unpacking.
+INLINE __attribute__((target("f16c"))) float scalar_at_f16c(const void* p, int type, int64_t i) {
+    switch (type) {
+    case MOE_CPU_SCALAR_F16: return _cvtsh_ss(((const uint16_t*)p)[i]);
+    case MOE_CPU_SCALAR_BF16: return bf16_to_float(((const uint16_t*)p)[i]);
+    default: return ((const float*)p)[i];
+    }
+}
+
+// A row is processed in segments of up to SEGMENT_GROUPS groups whose scales and biases
+// are first converted to float here, so the chunk loop reads a float and broadcasts it.
+enum { SEGMENT_GROUPS = 256 };
+typedef struct {
+    float s[SEGMENT_GROUPS];
+    float b[SEGMENT_GROUPS];
+} segment_params;
+
+// Elements [k0, k1) of the row: the whole chunked row for dense formats, else up to
+// SEGMENT_GROUPS groups from k0, with their parameters in p (indexed from k0's group).
+INLINE __attribute__((target("f16c"))) int64_t load_segment(const group_cursor* c, int dense, int64_t k0, int64_t kv,
+                                                             segment_params* p) {
+    if (dense) return kv;
+    const int64_t k1 = MIN(kv, k0 + ((int64_t)SEGMENT_GROUPS << c->shift));
+    const int64_t g0 = k0 >> c->shift, n = (k1 - k0) >> c->shift;
+    if (c->mx) {
+        for (int64_t g = 0; g < n; g++) p->s[g] = e8m0_to_float(c->scales[g0 + g]);
+    } else {
+        for (int64_t g = 0; g < n; g++) {
+            p->s[g] = scalar_at_f16c(c->scales, c->type, g0 + g);
+            p->b[g] = scalar_at_f16c(c->biases, c->type, g0 + g);
+        }
+    }
+    return k1;
+}
+
+INLINE int is_dense(int kind) { return kind == K_F32 || kind == K_F16 || kind == K_BF16; }
+
 // ---- AVX-512 ------------------------------------------------------------------------
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
 // Chunk -> v[0] (elements 0-15), v[1] (16-31), scale and bias applied.
-INLINE T512 void unpack_avx512(const int kind, const moe_cpu_matrix* w, int64_t r, int64_t k0, __m512* v) {
+// p, seg: the parameters of the segment starting at element seg (quantized kinds).
+INLINE T512 void unpack_avx512(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
+                               const segment_params* p, int64_t seg, int64_t k0, __m512* v) {
     const uint8_t* row = row_data(w, r);
     if (kind == K_F32) {
         v[0] = _mm512_loadu_ps((const float*)row + k0);
@@ -193,13 +258,13 @@ INLINE T512 void unpack_avx512(const int kind, const moe_cpu_matrix* w, int64_t 
     }
     if (kind == K_AFFINE_ANY) {
         float tmp[CHUNK];
-        unpack_chunk_portable(w, r, k0, tmp);
+        unpack_chunk_portable(w, gc, r, k0, tmp);
         v[0] = _mm512_loadu_ps(tmp);
         v[1] = _mm512_loadu_ps(tmp + 16);
         return;
     }
-    float s, b;
-    group_params(w, r, k0, &s, &b);
+    const int64_t g = (k0 - seg) >> gc->shift;
+    const float s = p->s[g], b = kind == K_MXFP4 ? 0.0f : p->b[g];
     __m128i e0, e1;  // 32 codes, one byte each, in element order
     if (kind == K_Q8) {
         e0 = _mm_loadu_si128((const __m128i*)(row + k0));
@@ -228,26 +293,32 @@ INLINE T512 void unpack_avx512(const int kind, const moe_cpu_matrix* w, int64_t 
 INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
                             const float* a, int64_t lda, float* c, int64_t ldc) {
     const int64_t cols = w->cols, kv = chunked_cols(w);
+    const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, r) : (group_cursor){0};
     __m512 acc[4][4];
     for (int i = 0; i < MM; i++)
         for (int q = 0; q < 4; q++) acc[i][q] = _mm512_setzero_ps();
-    int64_t k0 = 0;
-    for (; k0 + 2 * CHUNK <= kv; k0 += 2 * CHUNK) {
-        __m512 v[4];
-        unpack_avx512(kind, w, r, k0, v);
-        unpack_avx512(kind, w, r, k0 + CHUNK, v + 2);
-        for (int i = 0; i < MM; i++) {
-            const float* x = a + i * lda + k0;
-            for (int q = 0; q < 4; q++) acc[i][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(x + 16 * q), acc[i][q]);
+    segment_params p;
+    for (int64_t seg = 0; seg < kv;) {
+        const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
+        int64_t k0 = seg;
+        for (; k0 + 2 * CHUNK <= end; k0 += 2 * CHUNK) {
+            __m512 v[4];
+            unpack_avx512(kind, w, &gc, r, &p, seg, k0, v);
+            unpack_avx512(kind, w, &gc, r, &p, seg, k0 + CHUNK, v + 2);
+            for (int i = 0; i < MM; i++) {
+                const float* x = a + i * lda + k0;
+                for (int q = 0; q < 4; q++) acc[i][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(x + 16 * q), acc[i][q]);
+            }
         }
-    }
-    if (k0 < kv) {
-        __m512 v[2];
-        unpack_avx512(kind, w, r, k0, v);
-        for (int i = 0; i < MM; i++) {
-            const float* x = a + i * lda + k0;
-            for (int q = 0; q < 2; q++) acc[i][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(x + 16 * q), acc[i][q]);
+        if (k0 < end) {
+            __m512 v[2];
+            unpack_avx512(kind, w, &gc, r, &p, seg, k0, v);
+            for (int i = 0; i < MM; i++) {
+                const float* x = a + i * lda + k0;
+                for (int q = 0; q < 2; q++) acc[i][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(x + 16 * q), acc[i][q]);
+            }
         }
+        seg = end;
     }
     for (int i = 0; i < MM; i++) {
         const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][2]), _mm512_add_ps(acc[i][1], acc[i][3]));
@@ -291,11 +362,17 @@ INLINE T512 void dequantize_avx512_kind(const int kind, const moe_cpu_matrix* w,
     const int64_t cols = w->cols, kv = chunked_cols(w);
     for (int64_t r = 0; r < rows; r++) {
         float* o = out + r * cols;
-        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
-            __m512 v[2];
-            unpack_avx512(kind, w, row0 + r, k0, v);
-            _mm512_storeu_ps(o + k0, v[0]);
-            _mm512_storeu_ps(o + k0 + 16, v[1]);
+        const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + r) : (group_cursor){0};
+        segment_params p;
+        for (int64_t seg = 0; seg < kv;) {
+            const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
+            for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
+                __m512 v[2];
+                unpack_avx512(kind, w, &gc, row0 + r, &p, seg, k0, v);
+                _mm512_storeu_ps(o + k0, v[0]);
+                _mm512_storeu_ps(o + k0 + 16, v[1]);
+            }
+            seg = end;
         }
         for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
     }
@@ -316,7 +393,8 @@ T512 static void dequantize_avx512(const moe_cpu_matrix* w, int64_t row0, int64_
 #define T256 __attribute__((target("avx2,fma,f16c")))
 
 // Chunk -> v[0..3] (8 elements each), scale and bias applied.
-INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, int64_t r, int64_t k0, __m256* v) {
+INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
+                             const segment_params* p, int64_t seg, int64_t k0, __m256* v) {
     const uint8_t* row = row_data(w, r);
     if (kind == K_F32) {
         for (int q = 0; q < 4; q++) v[q] = _mm256_loadu_ps((const float*)row + k0 + 8 * q);
@@ -335,12 +413,12 @@ INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, int64_t r,
     }
     if (kind == K_AFFINE_ANY) {
         float tmp[CHUNK];
-        unpack_chunk_portable(w, r, k0, tmp);
+        unpack_chunk_portable(w, gc, r, k0, tmp);
         for (int q = 0; q < 4; q++) v[q] = _mm256_loadu_ps(tmp + 8 * q);
         return;
     }
-    float s, b;
-    group_params(w, r, k0, &s, &b);
+    const int64_t g = (k0 - seg) >> gc->shift;
+    const float s = p->s[g], b = kind == K_MXFP4 ? 0.0f : p->b[g];
     __m128i e[4];  // 8 codes each, one byte per code, in the low 8 bytes
     if (kind == K_Q8) {
         for (int q = 0; q < 4; q++) e[q] = _mm_loadl_epi64((const __m128i*)(row + k0 + 8 * q));
@@ -379,15 +457,22 @@ INLINE T256 float hsum256(__m256 v) {
 INLINE T256 void row_avx2(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
                           const float* a, int64_t lda, float* c, int64_t ldc) {
     const int64_t cols = w->cols, kv = chunked_cols(w);
+    const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, r) : (group_cursor){0};
     __m256 acc[4][2];
     for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
-        __m256 v[4];
-        unpack_avx2(kind, w, r, k0, v);
-        for (int i = 0; i < MM; i++) {
-            const float* x = a + i * lda + k0;
-            for (int q = 0; q < 4; q++) acc[i][q & 1] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(x + 8 * q), acc[i][q & 1]);
+    segment_params p;
+    for (int64_t seg = 0; seg < kv;) {
+        const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
+        for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
+            __m256 v[4];
+            unpack_avx2(kind, w, &gc, r, &p, seg, k0, v);
+            for (int i = 0; i < MM; i++) {
+                const float* x = a + i * lda + k0;
+                for (int q = 0; q < 4; q++)
+                    acc[i][q & 1] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(x + 8 * q), acc[i][q & 1]);
+            }
         }
+        seg = end;
     }
     for (int i = 0; i < MM; i++) {
         float s = hsum256(_mm256_add_ps(acc[i][0], acc[i][1]));
@@ -430,10 +515,16 @@ INLINE T256 void dequantize_avx2_kind(const int kind, const moe_cpu_matrix* w, i
     const int64_t cols = w->cols, kv = chunked_cols(w);
     for (int64_t r = 0; r < rows; r++) {
         float* o = out + r * cols;
-        for (int64_t k0 = 0; k0 < kv; k0 += CHUNK) {
-            __m256 v[4];
-            unpack_avx2(kind, w, row0 + r, k0, v);
-            for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + k0 + 8 * q, v[q]);
+        const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + r) : (group_cursor){0};
+        segment_params p;
+        for (int64_t seg = 0; seg < kv;) {
+            const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
+            for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
+                __m256 v[4];
+                unpack_avx2(kind, w, &gc, row0 + r, &p, seg, k0, v);
+                for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + k0 + 8 * q, v[q]);
+            }
+            seg = end;
         }
         for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
     }

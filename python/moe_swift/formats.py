@@ -227,7 +227,9 @@ def quantize(w, *, bits=4, group_size=64, mode="affine", scale_dtype="float32") 
         exponent = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2, -127)
         e8m0 = np.clip(exponent + 127, 0, 254).astype(np.uint8)
         scaled = g / np.exp2(e8m0.astype(np.float64) - 127)[..., None]
-        codes = np.abs(scaled[..., None] - E2M1).argmin(axis=-1)
+        # Nearest of the 8 magnitudes (midpoints as thresholds), then the sign bit.
+        magnitude = np.searchsorted((E2M1[1:8] + E2M1[:7]) / 2, np.abs(scaled))
+        codes = magnitude + 8 * (scaled < 0)
         return Quantized(_pack(codes.reshape(w.shape), 4), e8m0, mode="mxfp4")
     levels = (1 << bits) - 1
     lo, hi = g.min(axis=-1), g.max(axis=-1)
