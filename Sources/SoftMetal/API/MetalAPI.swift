@@ -46,11 +46,23 @@ public struct MTLDispatchThreadgroupsIndirectArguments {
     public init(threadgroupsPerGrid: (UInt32, UInt32, UInt32)) { self.threadgroupsPerGrid = threadgroupsPerGrid }
 }
 
-/// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset).
+/// documentation/metal/mtllanguageversion: `enum MTLLanguageVersion: UInt` (major << 16 | minor).
+public enum MTLLanguageVersion: UInt {
+    case version2_0 = 131072, version2_1 = 131073, version2_2 = 131074, version2_3 = 131075, version2_4 = 131076
+    case version3_0 = 196608, version3_1 = 196609, version3_2 = 196610
+}
+
+/// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset). Include
+/// directories, which Apple's API has no option for, and macros without Foundation are on
+/// `SoftMetalCompileOptions`; Apple's `preprocessorMacros: [String: NSObject]?` would make
+/// this module depend on Foundation, which it avoids.
 open class MTLCompileOptions {
     /// documentation/metal/mtlcompileoptions/fastmathenabled. SoftMetal always compiles
     /// without fast-math (IEEE float results; see the README).
     open var fastMathEnabled: Bool = true
+    /// documentation/metal/mtlcompileoptions/languageversion: `var languageVersion: MTLLanguageVersion`.
+    /// Sets `__METAL_VERSION__` (310 for 3.1). SoftMetal's default is 3.1 (bfloat exists).
+    open var languageVersion: MTLLanguageVersion = .version3_1
     public init() {}
 }
 

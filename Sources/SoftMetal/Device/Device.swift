@@ -33,7 +33,7 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     }
 
     public func makeLibrary(source: String, options: MTLCompileOptions?) throws -> any MTLLibrary {
-        try SoftMetalLibrary(device: self, source: source)
+        try SoftMetalLibrary(device: self, source: source, options: MSLPreprocessor.Options(options))
     }
 
     public func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState {
@@ -128,22 +128,29 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     public let softMetalTranslatedSource: String
     let handle: UnsafeMutableRawPointer?
 
-    init(device: any MTLDevice, source: String) throws {
+    /// Preprocesses, translates, compiles (or finds in the cache) and loads the source.
+    init(device: any MTLDevice, source: String, options: MSLPreprocessor.Options = .init()) throws {
         self.device = device
-        let translated = try MSLTranslator.translate(source)
+        let translated: MSLTranslator.Output
         let handle: UnsafeMutableRawPointer
         do {
+            let preprocessed = try MSLPreprocessor.run(source, options: options)
+            translated = try MSLTranslator.translate(preprocessed)
             handle = try KernelCompiler.shared.load(translated: translated.source)
         } catch let SoftMetalError.compile(message) {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
         }
         var kernels: [String: CompiledKernel] = [:]
         for k in translated.kernels {
-            guard let launch = dlsym(handle, "__sm_launch_\(k.name)"), let info = dlsym(handle, "__sm_info_\(k.name)") else {
+            guard let launch = dlsym(handle, "__sm_launch_\(k.symbol)"), let info = dlsym(handle, "__sm_info_\(k.symbol)") else {
                 throw SoftMetalError.compile("kernel \(k.name): launcher missing from the compiled library")
             }
             let infoFn = unsafeBitCast(info, to: sm_info_fn.self)
             guard let table = infoFn() else { throw SoftMetalError.compile("kernel \(k.name): no reflection") }
+            let limit = table.pointee.max_total_threads
+            guard limit >= 0, limit <= 1024 else {
+                throw SoftMetalError.compile("kernel \(k.name): [[max_total_threads_per_threadgroup]] is \(limit); the limit is 1...1024")
+            }
             kernels[k.name] = CompiledKernel(name: k.name, launcher: unsafeBitCast(launch, to: sm_launcher.self), info: table)
         }
         self.kernels = kernels
@@ -152,18 +159,24 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         softMetalTranslatedSource = translated.source
     }
 
-    /// The compiler's output, plus the MSL lines its errors point at.
+    /// The compiler's output, plus the MSL lines its errors point at (in the source, or in
+    /// an included file, which is read again).
     static func explain(_ message: String, source: String) -> String {
-        let lines = source.split(separator: "\n", omittingEmptySubsequences: false)
+        var files: [String: [Substring]] = [MSLTranslator.sourceName: source.split(separator: "\n", omittingEmptySubsequences: false)]
         var out = message.trimmingSpaces
-        var quoted = Set<Int>()
-        let marker = MSLTranslator.sourceName + ":"
+        var quoted = Set<String>()
         for line in message.split(separator: "\n") where line.contains(": error:") {
-            guard let r = line.firstRange(ofPlain: marker) else { continue }
-            let rest = line[r.upperBound...]
-            guard let n = Int(rest.prefix { $0.isNumber }), n >= 1, n <= lines.count, !quoted.contains(n), quoted.count < 5 else { continue }
-            quoted.insert(n)
-            out += "\n  MSL line \(n): \(lines[n - 1].trimmingSpaces)"
+            // `file:line:col: error: ...` or `file:line: error: ...`
+            let parts = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+            guard parts.count == 3, let n = Int(parts[1]), n >= 1, quoted.count < 5 else { continue }
+            let file = String(parts[0])
+            if files[file] == nil {
+                guard file != "softmetal-generated.cpp", let text = try? SMFile.read(file) else { continue }
+                files[file] = text.split(separator: "\n", omittingEmptySubsequences: false)
+            }
+            guard let lines = files[file], n <= lines.count, quoted.insert("\(file):\(n)").inserted else { continue }
+            let name = file == MSLTranslator.sourceName ? "MSL line \(n)" : "\(file) line \(n)"
+            out += "\n  \(name): \(lines[n - 1].trimmingSpaces)"
         }
         return out
     }
