@@ -57,11 +57,40 @@ struct MSLPreprocessor {
         return argv
     }
 
-    /// The preprocessed source, with `#line` markers.
+    private static let lock = SMLock()
+    nonisolated(unsafe) private static var memo: [String: String] = [:]
+
+    /// The preprocessed source, with `#line` markers. A source that includes no file of its
+    /// own (only <metal_*>) preprocesses the same every time: such results are kept in the
+    /// process, so that a library made again costs no `clang++ -E` (~13 ms).
     static func run(_ source: String, options: Options) throws -> String {
         let compiler = try KernelCompiler.findCompiler()
         let dir = KernelCompiler.cacheDirectory
         let stubs = try standInDirectory(dir)
+        let key = Hash128.of([source, compiler, stubs] + arguments(compiler: compiler, stubs: stubs, input: "", output: "", options: options))
+        if let known = lock.withLock({ memo[key] }) { return known }
+        let text = try preprocess(source, options: options, compiler: compiler, dir: dir, stubs: stubs)
+        if includesOnlyStandIns(text, stubs: stubs) {
+            lock.withLock {
+                if memo.count >= 512 { memo = [:] }
+                memo[key] = text
+            }
+        }
+        return text
+    }
+
+    /// True when every line marker names the source itself, a stand-in header or the
+    /// preprocessor's own pseudo-files (`<built-in>`, `<command line>`).
+    static func includesOnlyStandIns(_ text: String, stubs: String) -> Bool {
+        for line in text.split(separator: "\n") where line.hasPrefix("#line ") {
+            guard let marker = MSLTranslator.lineMarker(Array(line.utf8)[...]) else { continue }
+            let file = marker.file
+            if file != MSLTranslator.sourceName && !file.hasPrefix("<") && !file.hasPrefix(stubs + "/") { return false }
+        }
+        return true
+    }
+
+    private static func preprocess(_ source: String, options: Options, compiler: String, dir: String, stubs: String) throws -> String {
         let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
         // A directory per run holding only the source: the main file's own directory is the
         // first place `#include "x.h"` looks, and nothing must be found there by accident.

@@ -300,5 +300,23 @@ final class SoftMetalTemplateTests: XCTestCase {
         }
         XCTAssertEqual(results, [11, 12, 11])
     }
+
+    func testAnEditedHeaderIsSeenByTheNextLibrary() throws {
+        // Sources without includes of their own are preprocessed once per process; a source
+        // with a header must see the header's current text every time.
+        let root = try temporaryDirectory()
+        let options = SoftMetalCompileOptions()
+        options.softMetalIncludeDirectories = [root]
+        let source = "#include \"value.h\"\nkernel void v(device int* out [[buffer(0)]]) { out[0] = VALUE; }\n"
+        var results: [Int32] = []
+        for value in [21, 22] {
+            try write("\(root)/value.h", "#define VALUE \(value)\n")
+            let library = try device.makeLibrary(source: source, options: options)
+            let out = try XCTUnwrap(device.makeBuffer(length: 4))
+            XCTAssertNil(try run(library, "v", buffers: [out], threads: 1, perGroup: 1).error)
+            results.append(read(out, Int32.self, 1)[0])
+        }
+        XCTAssertEqual(results, [21, 22])
+    }
 }
 #endif
