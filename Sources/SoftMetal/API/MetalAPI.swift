@@ -66,6 +66,63 @@ open class MTLCompileOptions {
     public init() {}
 }
 
+/// documentation/metal/mtldatatype: `enum MTLDataType: UInt` (the scalar cases function
+/// constants use; raw values as in Metal).
+public enum MTLDataType: UInt {
+    case none = 0, float = 3, half = 16, int = 29, uint = 33, short = 37, ushort = 41, char = 45, uchar = 49
+    case bool = 53, long = 81, ulong = 85, bfloat = 121
+
+    /// Bytes of one value.
+    var size: Int {
+        switch self {
+        case .none: return 0
+        case .bool, .char, .uchar: return 1
+        case .half, .short, .ushort, .bfloat: return 2
+        case .float, .int, .uint: return 4
+        case .long, .ulong: return 8
+        }
+    }
+}
+
+/// documentation/metal/mtlfunctionconstantvalues: `class MTLFunctionConstantValues` (values
+/// for `[[function_constant(i)]]` declarations, by index or by name).
+open class MTLFunctionConstantValues {
+    struct Value: Equatable {
+        var type: MTLDataType
+        var bytes: [UInt8]
+    }
+    var byIndex: [Int: Value] = [:]
+    var byName: [String: Value] = [:]
+
+    public init() {}
+
+    /// documentation/metal/mtlfunctionconstantvalues/setconstantvalue(_:type:index:):
+    /// `func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, index: Int)`
+    open func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, index: Int) {
+        byIndex[index] = Value(type: type, bytes: Array(UnsafeRawBufferPointer(start: value, count: type.size)))
+    }
+
+    /// documentation/metal/mtlfunctionconstantvalues/setconstantvalue(_:type:withname:):
+    /// `func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, withName name: String)`
+    open func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, withName name: String) {
+        byName[name] = Value(type: type, bytes: Array(UnsafeRawBufferPointer(start: value, count: type.size)))
+    }
+
+    /// documentation/metal/mtlfunctionconstantvalues/setconstantvalues(_:type:range:):
+    /// `func setConstantValues(_ values: UnsafeRawPointer, type: MTLDataType, range: Range<Int>)`
+    open func setConstantValues(_ values: UnsafeRawPointer, type: MTLDataType, range: Range<Int>) {
+        for (k, index) in range.enumerated() {
+            setConstantValue(values + k * type.size, type: type, index: index)
+        }
+    }
+
+    /// documentation/metal/mtlfunctionconstantvalues/reset()
+    open func reset() {
+        byIndex = [:]
+        byName = [:]
+    }
+}
+
 /// documentation/metal/mtlcommandbufferhandler:
 /// `typealias MTLCommandBufferHandler = @Sendable (any MTLCommandBuffer) -> Void`
 public typealias MTLCommandBufferHandler = @Sendable (any MTLCommandBuffer) -> Void
@@ -123,6 +180,9 @@ public protocol MTLLibrary: AnyObject, Sendable {
     var functionNames: [String] { get }
     /// documentation/metal/mtllibrary/makefunction(name:): `func makeFunction(name functionName: String) -> (any MTLFunction)?`
     func makeFunction(name functionName: String) -> (any MTLFunction)?
+    /// documentation/metal/mtllibrary/makefunction(name:constantvalues:):
+    /// `func makeFunction(name: String, constantValues: MTLFunctionConstantValues) throws -> any MTLFunction`
+    func makeFunction(name: String, constantValues: MTLFunctionConstantValues) throws -> any MTLFunction
 }
 
 /// documentation/metal/mtlfunction

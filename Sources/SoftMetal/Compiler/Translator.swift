@@ -21,6 +21,9 @@ struct MSLTranslator {
         var kind: Kind
         var type: String
         var name: String
+        /// `[[buffer(2), function_constant(has_bias)]]`: the parameter exists only when the
+        /// (bool) function constant is true; otherwise it is null and need not be bound.
+        var condition: String? = nil
     }
 
     struct Kernel: Equatable {
@@ -79,7 +82,24 @@ struct MSLTranslator {
     struct Output {
         var source: String
         var kernels: [Kernel]
+        var functionConstants: [FunctionConstant] = []
     }
+
+    /// `constant T name [[function_constant(index)]];`: becomes
+    /// `static constexpr T name = __SM_FC_<index>;` (plus `__sm_fc_defined_<name>`), with the
+    /// macros defined per specialisation by the library (see `constantsPrefix`).
+    struct FunctionConstant: Equatable {
+        var name: String
+        var type: String
+        var index: Int
+    }
+
+    /// The types a function constant may have, by their MTLDataType raw values.
+    static let functionConstantTypes: [String: UInt] = [
+        "bool": 53, "int": 29, "int32_t": 29, "uint": 33, "uint32_t": 33, "unsigned int": 33, "float": 3, "half": 16,
+        "short": 37, "int16_t": 37, "ushort": 41, "uint16_t": 41, "char": 45, "int8_t": 45, "uchar": 49, "uint8_t": 49,
+        "long": 81, "int64_t": 81, "ulong": 85, "uint64_t": 85,
+    ]
 
     static let sourceName = "source.metal"
 
@@ -108,6 +128,7 @@ struct MSLTranslator {
     private var text: [UInt8]        // comments blanked
     private var edits: [(start: Int, end: Int, replacement: String)] = []
     private var kernels: [Kernel] = []
+    private var functionConstants: [FunctionConstant] = []
     private var templates: [String: KernelTemplate] = [:]
     private var tgSlot = 0
 
@@ -287,7 +308,10 @@ struct MSLTranslator {
             case "device", "thread":
                 if !isMember(i) { edits.append((i, end, String(repeating: " ", count: end - i))) }
             case "constant":
+                if !inDirective, !isMember(i), let after = try functionConstant(at: i) { i = after; continue }
                 if !isMember(i) { edits.append((i, end, "const   ")) }
+            case "is_function_constant_defined":
+                if !inDirective { i = try functionConstantDefined(at: i, end: end); continue }
             case "threadgroup":
                 if !isMember(i) { i = try threadgroup(at: i, end: end); continue }
             default:
@@ -296,6 +320,48 @@ struct MSLTranslator {
             i = end
         }
         try checkUniqueNames()
+    }
+
+    /// `constant T name [[function_constant(i)]];` at `start` (nil: another `constant`).
+    private mutating func functionConstant(at start: Int) throws -> Int? {
+        var end = start
+        while end < text.count && ![59, 123, 125].contains(text[end]) { end += 1 }  // ; { }
+        guard end < text.count, text[end] == 59 else { return nil }
+        let declaration = Substring(string(start, end))
+        guard let open = declaration.firstRange(ofPlain: "[[") else { return nil }
+        let attribute = declaration[open.upperBound...].prefix { $0 != "]" }.trimmingSpaces
+        guard attribute.hasPrefix("function_constant") else { return nil }
+        let argument = attribute.drop { $0 != "(" }.dropFirst().prefix { $0 != ")" }.trimmingSpaces
+        let words = declaration[..<open.lowerBound].splitWords.dropFirst()  // `constant`
+        guard let index = Int(argument), index >= 0, index < 65536, words.count >= 2, let name = words.last else {
+            throw fail(start, "cannot parse the function constant `\(declaration.trimmingSpaces)`: SoftMetal expects `constant T name [[function_constant(index)]];`")
+        }
+        let type = words.dropLast().joined(separator: " ")
+        guard MSLTranslator.functionConstantTypes[type] != nil else {
+            throw fail(start, "function constant \(name): the type \(type) is not supported by SoftMetal (scalars: bool, int, uint, float, half, short, ushort, char, uchar, long, ulong)")
+        }
+        if let other = functionConstants.first(where: { $0.index == index && $0.name != name }) {
+            throw fail(start, "function constants \(other.name) and \(name) have the same index \(index)")
+        }
+        functionConstants.append(FunctionConstant(name: name, type: type, index: index))
+        let newlines = String(repeating: "\n", count: text[start..<end].filter { $0 == 10 }.count)
+        edits.append((start, end, "static constexpr \(type) \(name) = __SM_FC_\(index); "
+                      + "static constexpr bool __sm_fc_defined_\(name) = __SM_FCD_\(index)" + newlines))
+        return end
+    }
+
+    /// `is_function_constant_defined(name)` -> `__sm_fc_defined_name`.
+    private mutating func functionConstantDefined(at start: Int, end: Int) throws -> Int {
+        let open = skipSpace(end)
+        guard open < text.count, text[open] == 40, let close = matching(open),
+              let (name, after) = identifier(at: skipSpace(open + 1)), skipSpace(after) == close - 1 else {
+            throw fail(start, "is_function_constant_defined needs the name of a function constant")
+        }
+        guard functionConstants.contains(where: { $0.name == name }) else {
+            throw fail(start, "is_function_constant_defined(\(name)): \(name) is not a function constant declared before this line")
+        }
+        edits.append((start, close, "__sm_fc_defined_\(name)"))
+        return close
     }
 
     /// Two functions of a library cannot share a name (Apple's compiler rejects it too).
@@ -776,6 +842,18 @@ struct MSLTranslator {
             k += 1
         }
         declaration = String(decoding: bytes, as: UTF8.self)
+        var condition: String?
+        if let list = attribute {
+            var items = MSLTranslator.splitTopLevel(list).map(\.trimmingSpaces)
+            if let c = items.firstIndex(where: { $0.hasPrefix("function_constant") }) {
+                condition = items[c].drop { $0 != "(" }.dropFirst().prefix { $0 != ")" }.trimmingSpaces
+                items.remove(at: c)
+                guard let name = condition, functionConstants.contains(where: { $0.name == name && $0.type == "bool" }) else {
+                    throw fail(a, "kernel \(kernel): [[\(list)]] needs a bool function constant declared before the kernel")
+                }
+            }
+            attribute = items.joined(separator: ", ")
+        }
         // Address spaces out of the type; names are the last identifier.
         var words = declaration.splitWords
         words.removeAll { $0 == "device" || $0 == "thread" || $0 == "threadgroup" }
@@ -801,10 +879,10 @@ struct MSLTranslator {
         switch attrName {
         case "buffer":
             guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
-            return Parameter(kind: .buffer(n), type: type, name: name)
+            return Parameter(kind: .buffer(n), type: type, name: name, condition: condition)
         case "threadgroup":
             guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
-            return Parameter(kind: .threadgroup(n), type: type, name: name)
+            return Parameter(kind: .threadgroup(n), type: type, name: name, condition: condition)
         default:
             guard MSLTranslator.builtins.contains(attrName) else {
                 throw fail(a, "kernel \(kernel): the attribute [[\(attribute)]] is not supported by SoftMetal")
@@ -824,7 +902,7 @@ struct MSLTranslator {
         out += String(decoding: result, as: UTF8.self)
         out += "\n#line 1 \"softmetal-generated.cpp\"\n"
         for k in kernels { out += MSLTranslator.launcher(k) }
-        return Output(source: out, kernels: kernels)
+        return Output(source: out, kernels: kernels, functionConstants: functionConstants)
     }
 
     static func builtinExpression(_ name: String) -> String {
@@ -856,6 +934,13 @@ struct MSLTranslator {
         "\"" + s.replacingAll("\\", with: "\\\\").replacingAll("\"", with: "\\\"") + "\""
     }
 
+    /// `value`, or null/0 when the parameter's function constant is false (the host then
+    /// neither requires nor binds it: kind 0 in the reflection table).
+    static func present(_ p: Parameter, _ value: String) -> String {
+        guard let c = p.condition else { return value }
+        return "(\(c) ? \(value) : 0)"
+    }
+
     static func launcher(_ k: Kernel) -> String {
         var args: [String] = []
         var infos: [String] = []
@@ -866,11 +951,11 @@ struct MSLTranslator {
             if k.isTemplateInstance { p.type = "::metal::__sm::param_t<\(index), __sm_fn_\(n)>" }
             switch p.kind {
             case .buffer(let i):
-                args.append("::metal::__sm::buf_arg<\(p.type)>(__d->buffers[\(i)])")
-                infos.append("{SM_PARAM_BUFFER, \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\"}")
+                args.append("::metal::__sm::buf_arg<\(p.type)>(\(present(p, "__d->buffers[\(i)]")))")
+                infos.append("{\(present(p, "SM_PARAM_BUFFER")), \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\"}")
             case .threadgroup(let i):
-                args.append("(\(p.type))__d->tg_mem[\(i)]")
-                infos.append("{SM_PARAM_THREADGROUP, \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(parameter.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
+                args.append("(\(p.type))\(present(p, "__d->tg_mem[\(i)]"))")
+                infos.append("{\(present(p, "SM_PARAM_THREADGROUP")), \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(parameter.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
             case .builtin(let name):
                 args.append("::metal::__sm::bi<\(p.type)>(\(builtinExpression(name)))")
                 infos.append("{SM_PARAM_BUILTIN, -1, (int64_t)sizeof(\(p.type)), 0, \(cString(parameter.type)), \(cString(p.name)), \(cString(name))}")

@@ -301,6 +301,85 @@ final class SoftMetalTemplateTests: XCTestCase {
         XCTAssertEqual(results, [11, 12, 11])
     }
 
+    static let constantsSource = """
+    #include <metal_stdlib>
+    using namespace metal;
+    constant bool has_bias [[function_constant(0)]];
+    constant int scale [[function_constant(1)]];
+    constant float offset [[function_constant(2)]];
+    constant half hscale [[function_constant(3)]];
+    constant bool scale_given = is_function_constant_defined(scale);
+
+    template <typename T>
+    [[kernel]] void affine(device const T* x [[buffer(0)]], device float* y [[buffer(1)]],
+                           device const float* bias [[buffer(2), function_constant(has_bias)]],
+                           uint gid [[thread_position_in_grid]]) {
+        float v = float(x[gid]) * (scale_given ? scale : 1) + offset + float(hscale);
+        if (has_bias) v += bias[gid];
+        y[gid] = v;
+    }
+    template [[host_name("affine_f32")]] [[kernel]] decltype(affine<float>) affine<float>;
+    """
+
+    func runAffine(_ function: any MTLFunction, bias: [Float]?) throws -> (any MTLCommandBuffer, [Float]) {
+        let pipeline = try device.makeComputePipelineState(function: function)
+        let y = try XCTUnwrap(device.makeBuffer(length: 16))
+        let cb = try XCTUnwrap(device.makeCommandQueue()?.makeCommandBuffer())
+        let enc = try XCTUnwrap(cb.makeComputeCommandEncoder())
+        enc.setComputePipelineState(pipeline)
+        enc.setBuffer(buffer([Float(1), 2, 3, 4]), offset: 0, index: 0)
+        enc.setBuffer(y, offset: 0, index: 1)
+        if let bias { enc.setBuffer(buffer(bias), offset: 0, index: 2) }
+        enc.dispatchThreads(MTLSize(width: 4, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
+        enc.endEncoding()
+        cb.commit()
+        cb.waitUntilCompleted()
+        return (cb, read(y, Float.self, 4))
+    }
+
+    func testFunctionConstantsSpecialiseAFunction() throws {
+        let library = try device.makeLibrary(source: Self.constantsSource, options: nil)
+        // No values: every constant undefined (false / zero), the bias parameter absent.
+        let plain = try runAffine(try XCTUnwrap(library.makeFunction(name: "affine_f32")), bias: nil)
+        XCTAssertNil(plain.0.error)
+        XCTAssertEqual(plain.1, [1, 2, 3, 4])
+
+        let values = MTLFunctionConstantValues()
+        var yes = true, three: Int32 = 3, half: Float = 0.5, quarter = Float16(0.25)
+        values.setConstantValue(&yes, type: .bool, index: 0)
+        values.setConstantValue(&three, type: .int, index: 1)
+        values.setConstantValue(&half, type: .float, withName: "offset")
+        values.setConstantValue(&quarter, type: .half, index: 3)
+        let special = try library.makeFunction(name: "affine_f32", constantValues: values)
+        XCTAssertEqual(special.name, "affine_f32")
+        let biased = try runAffine(special, bias: [100, 200, 300, 400])
+        XCTAssertNil(biased.0.error)
+        XCTAssertEqual(biased.1, [103.75, 206.75, 309.75, 412.75])
+        // With has_bias true, buffer(2) is required.
+        let unbound = try runAffine(special, bias: nil)
+        XCTAssertTrue("\(unbound.0.error.map { "\($0)" } ?? "no error")".contains("buffer(2)"), "\(String(describing: unbound.0.error))")
+        // The same values again: the compiled variant is reused.
+        let before = KernelCompiler.shared.stats
+        _ = try library.makeFunction(name: "affine_f32", constantValues: values)
+        XCTAssertEqual(KernelCompiler.shared.stats.compilations, before.compilations)
+        XCTAssertEqual(KernelCompiler.shared.stats.cacheHits, before.cacheHits)
+    }
+
+    func testFunctionConstantErrors() throws {
+        let library = try device.makeLibrary(source: Self.constantsSource, options: nil)
+        let values = MTLFunctionConstantValues()
+        var f: Float = 2
+        values.setConstantValue(&f, type: .float, index: 1)
+        XCTAssertThrowsError(try library.makeFunction(name: "affine_f32", constantValues: values)) {
+            XCTAssertTrue("\($0)".contains("function constant scale (index 1) is declared int"), "\($0)")
+        }
+        XCTAssertThrowsError(try library.makeFunction(name: "affine", constantValues: values)) {
+            XCTAssertTrue("\($0)".contains("no function named affine"), "\($0)")
+        }
+        let error = compileError("\nconstant float3 v [[function_constant(0)]];\n")
+        XCTAssertTrue(error.contains("source.metal:2") && error.contains("the type float3 is not supported"), error)
+    }
+
     func testAnEditedHeaderIsSeenByTheNextLibrary() throws {
         // Sources without includes of their own are preprocessed once per process; a source
         // with a header must see the header's current text every time.
