@@ -53,9 +53,7 @@ public enum MTLLanguageVersion: UInt {
 }
 
 /// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset). Include
-/// directories, which Apple's API has no option for, and macros without Foundation are on
-/// `SoftMetalCompileOptions`; Apple's `preprocessorMacros: [String: NSObject]?` would make
-/// this module depend on Foundation, which it avoids.
+/// directories, which Apple's API has no option for, are on `SoftMetalCompileOptions`.
 open class MTLCompileOptions {
     /// documentation/metal/mtlcompileoptions/fastmathenabled. SoftMetal always compiles
     /// without fast-math (IEEE float results; see the README).
@@ -63,6 +61,13 @@ open class MTLCompileOptions {
     /// documentation/metal/mtlcompileoptions/languageversion: `var languageVersion: MTLLanguageVersion`.
     /// Sets `__METAL_VERSION__` (310 for 3.1). SoftMetal's default is 3.1 (bfloat exists).
     open var languageVersion: MTLLanguageVersion = .version3_1
+    /// documentation/metal/mtlcompileoptions/preprocessormacros: Apple's type is
+    /// `[String: NSObject]?` (NSString or NSNumber values). This module does not import
+    /// Foundation, so the values are `any CustomStringConvertible`: Apple-style code
+    /// (`["BITS": NSNumber(value: 4), "T": "half" as NSString]`, or a `[String: NSObject]`
+    /// variable) converts implicitly; each value's `description` is the macro's text (a
+    /// Bool, also a boolean NSNumber, is 1 or 0).
+    open var preprocessorMacros: [String: any CustomStringConvertible]?
     public init() {}
 }
 

@@ -380,6 +380,24 @@ final class SoftMetalTemplateTests: XCTestCase {
         XCTAssertTrue(error.contains("source.metal:2") && error.contains("the type float3 is not supported"), error)
     }
 
+    func testApplesPreprocessorMacrosOption() throws {
+        // Apple's spelling: `options.preprocessorMacros = [...]` (NSNumber / NSString values there).
+        let source = "kernel void m(device int* out [[buffer(0)]]) { out[0] = A; out[1] = B; out[2] = int(C * 10); }\n"
+        let options = MTLCompileOptions()
+        options.preprocessorMacros = ["A": 4, "B": true, "C": 1.5]
+        let library = try device.makeLibrary(source: source, options: options)
+        let out = try XCTUnwrap(device.makeBuffer(length: 12))
+        XCTAssertNil(try run(library, "m", buffers: [out], threads: 1, perGroup: 1).error)
+        XCTAssertEqual(read(out, Int32.self, 3), [4, 1, 15])
+        // SoftMetal's string macros win over Apple's for the same name.
+        let both = SoftMetalCompileOptions()
+        both.preprocessorMacros = ["A": 4, "B": 0, "C": 0]
+        both.softMetalPreprocessorMacros = ["A": "7"]
+        let library2 = try device.makeLibrary(source: source, options: both)
+        XCTAssertNil(try run(library2, "m", buffers: [out], threads: 1, perGroup: 1).error)
+        XCTAssertEqual(read(out, Int32.self, 3), [7, 0, 0])
+    }
+
     func testAnEditedHeaderIsSeenByTheNextLibrary() throws {
         // Sources without includes of their own are preprocessed once per process; a source
         // with a header must see the header's current text every time.
