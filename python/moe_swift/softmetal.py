@@ -1,6 +1,6 @@
 """Kernel-level harness for SoftMetal, the software Metal device (Linux).
 
-    lib = moe_swift.softmetal.compile(msl_source)
+    lib = moe_swift.softmetal.compile(msl_source, include_dirs=(), defines=None)
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
                threadgroup_memory={0: nbytes}, check_races=False)
@@ -97,12 +97,43 @@ def available() -> bool:
     return sys.platform.startswith("linux") and bool(os.environ.get("SOFTMETAL_CXX") or shutil.which("clang++"))
 
 
-def compile(source: str) -> "Library":  # noqa: A001 - the harness's documented name
-    """Translates and compiles MSL source (compiled objects are cached on disk)."""
+def compile(source: str, include_dirs=(), defines=None, metal_version=None) -> "Library":  # noqa: A001
+    """Preprocesses, translates and compiles MSL source (compiled objects are cached on disk).
+
+    include_dirs: directories for `#include "x.h"` (searched after the including file's
+    own directory). defines: {name: value} macros (`-Dname=value`; a value of None or True
+    defines it as 1). metal_version: `__METAL_VERSION__` (310 = MSL 3.1, the default).
+    """
     ffi, lib, _ = _native.load()
     out = ffi.new("moe_softmetal_library **")
     kind = ffi.new("int32_t *")
-    _raise(lib.moe_softmetal_compile(source.encode("utf-8"), out, kind), kind[0])
+    if not include_dirs and not defines and metal_version is None:
+        _raise(lib.moe_softmetal_compile(source.encode("utf-8"), out, kind), kind[0])
+        return Library(out[0])
+    keep = []  # cffi strings must outlive the call
+
+    def strings(values):
+        cdata = [ffi.new("char[]", v.encode("utf-8")) if v is not None else ffi.NULL for v in values]
+        keep.extend(cdata)
+        array = ffi.new("const char *[]", cdata) if cdata else ffi.NULL
+        keep.append(array)
+        return array
+
+    if isinstance(include_dirs, (str, bytes)):
+        include_dirs = [include_dirs]
+    dirs = [str(d) for d in include_dirs]
+    items = list((defines or {}).items())
+    names = [str(k) for k, _ in items]
+    values = [None if v is None or v is True else str(int(v) if isinstance(v, bool) else v) for _, v in items]
+    options = ffi.new("moe_softmetal_compile_options *")
+    options.struct_size = ffi.sizeof("moe_softmetal_compile_options")
+    options.num_include_dirs = len(dirs)
+    options.include_dirs = strings(dirs)
+    options.num_defines = len(names)
+    options.define_names = strings(names)
+    options.define_values = strings(values)
+    options.metal_version = int(metal_version or 0)
+    _raise(lib.moe_softmetal_compile_with_options(source.encode("utf-8"), options, out, kind), kind[0])
     return Library(out[0])
 
 

@@ -253,6 +253,22 @@ typedef struct moe_softmetal_launch_desc {
 /* Translates and compiles MSL source (cached on disk) into *out. */
 moe_status moe_softmetal_compile(const char* source, moe_softmetal_library** out, int32_t* error_kind);
 
+/* Preprocessor options of moe_softmetal_compile_with_options (Apple's MTLCompileOptions
+ * preprocessorMacros and languageVersion, plus include directories, which only SoftMetal has). */
+typedef struct moe_softmetal_compile_options {
+    uint32_t struct_size;                  /* sizeof(moe_softmetal_compile_options) */
+    int32_t num_include_dirs;
+    const char* const* include_dirs;       /* -I: searched after the including file's directory */
+    int32_t num_defines;
+    const char* const* define_names;
+    const char* const* define_values;      /* -Dname=value; NULL array or NULL entry: "1" */
+    int32_t metal_version;                 /* __METAL_VERSION__: 200...320 (e.g. 310 = MSL 3.1); 0: 310 */
+} moe_softmetal_compile_options;
+
+/* moe_softmetal_compile with preprocessor options (options may be NULL). */
+moe_status moe_softmetal_compile_with_options(const char* source, const moe_softmetal_compile_options* options,
+                                              moe_softmetal_library** out, int32_t* error_kind);
+
 /* Runs one dispatch of desc->kernel and waits for it. */
 moe_status moe_softmetal_launch(moe_softmetal_library* library, moe_softmetal_launch_desc* desc,
                                 int32_t* error_kind);

@@ -80,6 +80,14 @@ private func handle(_ h: OpaquePointer?) throws -> SoftMetalHandle {
 @_cdecl("moe_softmetal_compile")
 public func moe_softmetal_compile(_ source: UnsafePointer<CChar>?, _ out: UnsafeMutablePointer<OpaquePointer?>?,
                                   _ kind: UnsafeMutablePointer<Int32>?) -> moe_status {
+    moe_softmetal_compile_with_options(source, nil, out, kind)
+}
+
+@_cdecl("moe_softmetal_compile_with_options")
+public func moe_softmetal_compile_with_options(_ source: UnsafePointer<CChar>?,
+                                               _ options: UnsafePointer<moe_softmetal_compile_options>?,
+                                               _ out: UnsafeMutablePointer<OpaquePointer?>?,
+                                               _ kind: UnsafeMutablePointer<Int32>?) -> moe_status {
 #if os(Linux)
     return softMetalStatus(kind) {
         guard let out else { throw usage("out is NULL") }
@@ -88,7 +96,8 @@ public func moe_softmetal_compile(_ source: UnsafePointer<CChar>?, _ out: Unsafe
         guard let device = MTLCreateSystemDefaultDevice(), let queue = device.makeCommandQueue() else {
             throw HarnessError(kind: MOE_SOFTMETAL_RUNTIME, status: MOE_ERROR_INTERNAL, message: "no SoftMetal device")
         }
-        let library = try device.makeLibrary(source: String(cString: source), options: nil)
+        let compileOptions = try options.map { try softMetalCompileOptions($0.pointee) }
+        let library = try device.makeLibrary(source: String(cString: source), options: compileOptions)
         let made = SoftMetalHandle(library: library, queue: queue)
         out.pointee = softMetalLock.withLock {
             softMetalLastHandle += 8
@@ -101,6 +110,33 @@ public func moe_softmetal_compile(_ source: UnsafePointer<CChar>?, _ out: Unsafe
     return unavailable(kind)
 #endif
 }
+
+#if os(Linux)
+/// The C options as SoftMetal's compile options (include directories, macros, language version).
+private func softMetalCompileOptions(_ o: moe_softmetal_compile_options) throws -> SoftMetalCompileOptions {
+    guard o.struct_size >= UInt32(MemoryLayout<moe_softmetal_compile_options>.size) else {
+        throw usage("options.struct_size is \(o.struct_size), expected \(MemoryLayout<moe_softmetal_compile_options>.size)")
+    }
+    let result = SoftMetalCompileOptions()
+    guard o.num_include_dirs >= 0, o.num_defines >= 0 else { throw usage("negative num_include_dirs or num_defines") }
+    for i in 0..<Int(o.num_include_dirs) {
+        guard let dir = o.include_dirs?[i] else { throw usage("include_dirs[\(i)] is NULL") }
+        result.softMetalIncludeDirectories.append(String(cString: dir))
+    }
+    for i in 0..<Int(o.num_defines) {
+        guard let name = o.define_names?[i] else { throw usage("define_names[\(i)] is NULL") }
+        result.softMetalPreprocessorMacros[String(cString: name)] = o.define_values?[i].map { String(cString: $0) } ?? "1"
+    }
+    if o.metal_version != 0 {
+        let major = UInt(o.metal_version / 100), minor = UInt(o.metal_version % 100 / 10)
+        guard o.metal_version % 10 == 0, let version = MTLLanguageVersion(rawValue: major << 16 | minor) else {
+            throw usage("metal_version \(o.metal_version) is not an MSL version SoftMetal knows (200...240, 300...320)")
+        }
+        result.languageVersion = version
+    }
+    return result
+}
+#endif
 
 @_cdecl("moe_softmetal_launch")
 public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutablePointer<moe_softmetal_launch_desc>?,

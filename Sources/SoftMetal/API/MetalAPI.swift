@@ -46,12 +46,86 @@ public struct MTLDispatchThreadgroupsIndirectArguments {
     public init(threadgroupsPerGrid: (UInt32, UInt32, UInt32)) { self.threadgroupsPerGrid = threadgroupsPerGrid }
 }
 
-/// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset).
+/// documentation/metal/mtllanguageversion: `enum MTLLanguageVersion: UInt` (major << 16 | minor).
+public enum MTLLanguageVersion: UInt {
+    case version2_0 = 131072, version2_1 = 131073, version2_2 = 131074, version2_3 = 131075, version2_4 = 131076
+    case version3_0 = 196608, version3_1 = 196609, version3_2 = 196610
+}
+
+/// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset). Include
+/// directories, which Apple's API has no option for, are on `SoftMetalCompileOptions`.
 open class MTLCompileOptions {
     /// documentation/metal/mtlcompileoptions/fastmathenabled. SoftMetal always compiles
     /// without fast-math (IEEE float results; see the README).
     open var fastMathEnabled: Bool = true
+    /// documentation/metal/mtlcompileoptions/languageversion: `var languageVersion: MTLLanguageVersion`.
+    /// Sets `__METAL_VERSION__` (310 for 3.1). SoftMetal's default is 3.1 (bfloat exists).
+    open var languageVersion: MTLLanguageVersion = .version3_1
+    /// documentation/metal/mtlcompileoptions/preprocessormacros: Apple's type is
+    /// `[String: NSObject]?` (NSString or NSNumber values). This module does not import
+    /// Foundation, so the values are `any CustomStringConvertible`: Apple-style code
+    /// (`["BITS": NSNumber(value: 4), "T": "half" as NSString]`, or a `[String: NSObject]`
+    /// variable) converts implicitly; each value's `description` is the macro's text (a
+    /// Bool, also a boolean NSNumber, is 1 or 0).
+    open var preprocessorMacros: [String: any CustomStringConvertible]?
     public init() {}
+}
+
+/// documentation/metal/mtldatatype: `enum MTLDataType: UInt` (the scalar cases function
+/// constants use; raw values as in Metal).
+public enum MTLDataType: UInt {
+    case none = 0, float = 3, half = 16, int = 29, uint = 33, short = 37, ushort = 41, char = 45, uchar = 49
+    case bool = 53, long = 81, ulong = 85, bfloat = 121
+
+    /// Bytes of one value.
+    var size: Int {
+        switch self {
+        case .none: return 0
+        case .bool, .char, .uchar: return 1
+        case .half, .short, .ushort, .bfloat: return 2
+        case .float, .int, .uint: return 4
+        case .long, .ulong: return 8
+        }
+    }
+}
+
+/// documentation/metal/mtlfunctionconstantvalues: `class MTLFunctionConstantValues` (values
+/// for `[[function_constant(i)]]` declarations, by index or by name).
+open class MTLFunctionConstantValues {
+    struct Value: Equatable {
+        var type: MTLDataType
+        var bytes: [UInt8]
+    }
+    var byIndex: [Int: Value] = [:]
+    var byName: [String: Value] = [:]
+
+    public init() {}
+
+    /// documentation/metal/mtlfunctionconstantvalues/setconstantvalue(_:type:index:):
+    /// `func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, index: Int)`
+    open func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, index: Int) {
+        byIndex[index] = Value(type: type, bytes: Array(UnsafeRawBufferPointer(start: value, count: type.size)))
+    }
+
+    /// documentation/metal/mtlfunctionconstantvalues/setconstantvalue(_:type:withname:):
+    /// `func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, withName name: String)`
+    open func setConstantValue(_ value: UnsafeRawPointer, type: MTLDataType, withName name: String) {
+        byName[name] = Value(type: type, bytes: Array(UnsafeRawBufferPointer(start: value, count: type.size)))
+    }
+
+    /// documentation/metal/mtlfunctionconstantvalues/setconstantvalues(_:type:range:):
+    /// `func setConstantValues(_ values: UnsafeRawPointer, type: MTLDataType, range: Range<Int>)`
+    open func setConstantValues(_ values: UnsafeRawPointer, type: MTLDataType, range: Range<Int>) {
+        for (k, index) in range.enumerated() {
+            setConstantValue(values + k * type.size, type: type, index: index)
+        }
+    }
+
+    /// documentation/metal/mtlfunctionconstantvalues/reset()
+    open func reset() {
+        byIndex = [:]
+        byName = [:]
+    }
 }
 
 /// documentation/metal/mtlcommandbufferhandler:
@@ -111,6 +185,9 @@ public protocol MTLLibrary: AnyObject, Sendable {
     var functionNames: [String] { get }
     /// documentation/metal/mtllibrary/makefunction(name:): `func makeFunction(name functionName: String) -> (any MTLFunction)?`
     func makeFunction(name functionName: String) -> (any MTLFunction)?
+    /// documentation/metal/mtllibrary/makefunction(name:constantvalues:):
+    /// `func makeFunction(name: String, constantValues: MTLFunctionConstantValues) throws -> any MTLFunction`
+    func makeFunction(name: String, constantValues: MTLFunctionConstantValues) throws -> any MTLFunction
 }
 
 /// documentation/metal/mtlfunction

@@ -21,18 +21,85 @@ struct MSLTranslator {
         var kind: Kind
         var type: String
         var name: String
+        /// `[[buffer(2), function_constant(has_bias)]]`: the parameter exists only when the
+        /// (bool) function constant is true; otherwise it is null and need not be bound.
+        var condition: String? = nil
     }
 
     struct Kernel: Equatable {
+        /// The name makeFunction(name:) finds: the function's name, or its [[host_name]].
         var name: String
         var parameters: [Parameter]
         var maxTotalThreadsPerThreadgroup: Int
+        /// A constant expression instead of a literal (`[[max_total_threads_per_threadgroup(BM * BN * 32)]]`,
+        /// template parameters replaced by the instance's arguments): C++ evaluates it.
+        var maxThreadsExpression: String? = nil
+        /// Where the kernel (or instantiation) is written, for errors in that expression.
+        var declaredAt = SourceLocation(file: MSLTranslator.sourceName, line: 1)
+        /// What the launcher calls: the C++ function, with template arguments for an
+        /// instance of a kernel template (`qmv<half, 4>`).
+        var callee: String = ""
+        /// Where an instance was instantiated (`#line` for the launcher, so that errors while
+        /// instantiating point at the MSL instantiation); nil for plain kernels.
+        var instantiatedAt: SourceLocation? = nil
+
+        init(name: String, parameters: [Parameter], maxTotalThreadsPerThreadgroup: Int,
+             callee: String? = nil, instantiatedAt: SourceLocation? = nil) {
+            self.name = name
+            self.parameters = parameters
+            self.maxTotalThreadsPerThreadgroup = maxTotalThreadsPerThreadgroup
+            self.callee = callee ?? name
+            self.instantiatedAt = instantiatedAt
+        }
+
+        var isTemplateInstance: Bool { instantiatedAt != nil }
+
+        /// The C symbol suffix of the launcher and reflection table (`__sm_launch_<symbol>`):
+        /// the name itself when it is an identifier, else a hex encoding.
+        var symbol: String { MSLTranslator.symbol(for: name) }
+    }
+
+    struct SourceLocation: Equatable {
+        var file: String
+        var line: Int
+    }
+
+    /// `template <...> [[kernel]] void f(...)`: not a function by itself; its explicit
+    /// instantiations with [[host_name]] are.
+    struct KernelTemplate {
+        var name: String
+        var templateParameters: [String]
+        var parameters: [Parameter]
+        var maxThreads: MaxThreads
+    }
+
+    /// `[[max_total_threads_per_threadgroup(x)]]`: a literal, or an expression for C++.
+    struct MaxThreads {
+        var literal = 0
+        var expression: String?
     }
 
     struct Output {
         var source: String
         var kernels: [Kernel]
+        var functionConstants: [FunctionConstant] = []
     }
+
+    /// `constant T name [[function_constant(index)]];`: becomes
+    /// `static constexpr T name = __SM_FC_<index>;` (plus `__sm_fc_defined_<name>`), with the
+    /// macros defined per specialisation by the library (see `constantsPrefix`).
+    struct FunctionConstant: Equatable {
+        var name: String
+        var type: String
+        var index: Int
+    }
+
+    /// The types a function constant may have, by their MTLDataType raw values.
+    static let functionConstantTypes: [String: UInt] = [
+        "bool": 53, "int": 29, "int32_t": 29, "uint": 33, "uint32_t": 33, "unsigned int": 33, "float": 3, "half": 16,
+        "short": 37, "int16_t": 37, "ushort": 41, "uint16_t": 41, "char": 45, "int8_t": 45, "uchar": 49, "uint8_t": 49,
+        "long": 81, "int64_t": 81, "ulong": 85, "uint64_t": 85,
+    ]
 
     static let sourceName = "source.metal"
 
@@ -61,6 +128,8 @@ struct MSLTranslator {
     private var text: [UInt8]        // comments blanked
     private var edits: [(start: Int, end: Int, replacement: String)] = []
     private var kernels: [Kernel] = []
+    private var functionConstants: [FunctionConstant] = []
+    private var templates: [String: KernelTemplate] = [:]
     private var tgSlot = 0
 
     init(source: String) {
@@ -145,14 +214,44 @@ struct MSLTranslator {
         return nil
     }
 
-    private static func lineOf(_ text: [UInt8], _ index: Int) -> Int {
-        var line = 1
-        for i in 0..<min(index, text.count) where text[i] == 10 { line += 1 }
-        return line
+    /// The MSL file and line of a position, following the `# N "file"` / `#line N "file"`
+    /// markers that the preprocessor leaves (without markers: source.metal, counted lines).
+    static func location(in text: [UInt8], at index: Int) -> SourceLocation {
+        var location = SourceLocation(file: sourceName, line: 1)
+        var lineStart = 0
+        for i in 0..<min(index, text.count) where text[i] == 10 {
+            if let marker = lineMarker(text[lineStart..<i]) {
+                location = marker
+            } else {
+                location.line += 1
+            }
+            lineStart = i + 1
+        }
+        return location
+    }
+
+    /// `# 12 "file" 1` or `#line 12 "file"`: the location of the next line.
+    static func lineMarker(_ line: ArraySlice<UInt8>) -> SourceLocation? {
+        let s = String(decoding: line, as: UTF8.self).trimmingSpaces
+        guard s.hasPrefix("#") else { return nil }
+        var rest = s.dropFirst().trimmingSpacesSub
+        if rest.hasPrefix("line") { rest = rest.dropFirst(4).trimmingSpacesSub }
+        let digits = rest.prefix { $0.isNumber }
+        guard !digits.isEmpty, let n = Int(digits) else { return nil }
+        rest = rest.dropFirst(digits.count).trimmingSpacesSub
+        guard rest.hasPrefix("\""), let close = rest.dropFirst().firstIndex(of: "\"") else { return nil }
+        return SourceLocation(file: String(rest[rest.index(after: rest.startIndex)..<close]), line: n)
     }
 
     private func fail(_ at: Int, _ message: String) -> SoftMetalError {
-        .compile("\(MSLTranslator.sourceName):\(MSLTranslator.lineOf(text, at)): error: \(message)")
+        let l = MSLTranslator.location(in: text, at: at)
+        return .compile("\(l.file):\(l.line): error: \(message)")
+    }
+
+    static func symbol(for name: String) -> String {
+        let bytes = Array(name.utf8)
+        if let first = bytes.first, isIdentStart(first), bytes.allSatisfy(isIdent) { return name }
+        return "x" + bytes.map { String($0, radix: 16) }.joined()
     }
 
     /// Same length, newlines kept.
@@ -188,8 +287,8 @@ struct MSLTranslator {
             if c == 91 && i + 1 < text.count && text[i + 1] == 91 {  // [[attribute]]: handled by kernel()
                 var j = i + 2
                 while j + 1 < text.count && !(text[j] == 93 && text[j + 1] == 93) { j += 1 }
-                if string(i + 2, j).trimmingSpaces == "kernel", let after = try kernel(at: i, end: j + 2) {
-                    i = after  // `[[kernel]] void f(...)`
+                if !inDirective, let after = try kernelDeclaration(at: i) {
+                    i = after  // `[[kernel]] void f(...)`, `[[max_total_threads_per_threadgroup(n)]] kernel void f(...)`
                     continue
                 }
                 i = j + 2
@@ -204,18 +303,72 @@ struct MSLTranslator {
             let (word, end) = identifier(at: i)!
             if inDirective && (word == "include" || word == "pragma") { i = end; continue }
             switch word {
-            case "kernel":
-                if let after = try kernel(at: i, end: end) { i = after; continue }
+            case "kernel", "template":
+                if !inDirective, let after = try kernelDeclaration(at: i) { i = after; continue }
             case "device", "thread":
                 if !isMember(i) { edits.append((i, end, String(repeating: " ", count: end - i))) }
             case "constant":
+                if !inDirective, !isMember(i), let after = try functionConstant(at: i) { i = after; continue }
                 if !isMember(i) { edits.append((i, end, "const   ")) }
+            case "is_function_constant_defined":
+                if !inDirective { i = try functionConstantDefined(at: i, end: end); continue }
             case "threadgroup":
                 if !isMember(i) { i = try threadgroup(at: i, end: end); continue }
             default:
                 if MSLTranslator.vectorTypes.contains(word) { vectorConstructor(at: i, end: end, word: word) }
             }
             i = end
+        }
+        try checkUniqueNames()
+    }
+
+    /// `constant T name [[function_constant(i)]];` at `start` (nil: another `constant`).
+    private mutating func functionConstant(at start: Int) throws -> Int? {
+        var end = start
+        while end < text.count && ![59, 123, 125].contains(text[end]) { end += 1 }  // ; { }
+        guard end < text.count, text[end] == 59 else { return nil }
+        let declaration = Substring(string(start, end))
+        guard let open = declaration.firstRange(ofPlain: "[[") else { return nil }
+        let attribute = declaration[open.upperBound...].prefix { $0 != "]" }.trimmingSpaces
+        guard attribute.hasPrefix("function_constant") else { return nil }
+        let argument = attribute.drop { $0 != "(" }.dropFirst().prefix { $0 != ")" }.trimmingSpaces
+        let words = declaration[..<open.lowerBound].splitWords.dropFirst()  // `constant`
+        guard let index = Int(argument), index >= 0, index < 65536, words.count >= 2, let name = words.last else {
+            throw fail(start, "cannot parse the function constant `\(declaration.trimmingSpaces)`: SoftMetal expects `constant T name [[function_constant(index)]];`")
+        }
+        let type = words.dropLast().joined(separator: " ")
+        guard MSLTranslator.functionConstantTypes[type] != nil else {
+            throw fail(start, "function constant \(name): the type \(type) is not supported by SoftMetal (scalars: bool, int, uint, float, half, short, ushort, char, uchar, long, ulong)")
+        }
+        if let other = functionConstants.first(where: { $0.index == index && $0.name != name }) {
+            throw fail(start, "function constants \(other.name) and \(name) have the same index \(index)")
+        }
+        functionConstants.append(FunctionConstant(name: name, type: type, index: index))
+        let newlines = String(repeating: "\n", count: text[start..<end].filter { $0 == 10 }.count)
+        edits.append((start, end, "static constexpr \(type) \(name) = __SM_FC_\(index); "
+                      + "static constexpr bool __sm_fc_defined_\(name) = __SM_FCD_\(index)" + newlines))
+        return end
+    }
+
+    /// `is_function_constant_defined(name)` -> `__sm_fc_defined_name`.
+    private mutating func functionConstantDefined(at start: Int, end: Int) throws -> Int {
+        let open = skipSpace(end)
+        guard open < text.count, text[open] == 40, let close = matching(open),
+              let (name, after) = identifier(at: skipSpace(open + 1)), skipSpace(after) == close - 1 else {
+            throw fail(start, "is_function_constant_defined needs the name of a function constant")
+        }
+        guard functionConstants.contains(where: { $0.name == name }) else {
+            throw fail(start, "is_function_constant_defined(\(name)): \(name) is not a function constant declared before this line")
+        }
+        edits.append((start, close, "__sm_fc_defined_\(name)"))
+        return close
+    }
+
+    /// Two functions of a library cannot share a name (Apple's compiler rejects it too).
+    private func checkUniqueNames() throws {
+        var seen = Set<String>()
+        for k in kernels where !seen.insert(k.name).inserted {
+            throw SoftMetalError.compile("\(MSLTranslator.sourceName): error: two kernels are named \(k.name) (function names and [[host_name]]s must be unique)")
         }
     }
 
@@ -338,30 +491,234 @@ struct MSLTranslator {
         return end
     }
 
-    /// `kernel void name(params)` (or `[[kernel]] void ...`): records the kernel, rewrites `kernel` to `static` and
-    /// blanks the parameters' attributes. Returns where scanning continues (the body).
-    private mutating func kernel(at i: Int, end: Int) throws -> Int? {
-        guard let (void, afterVoid) = identifier(at: skipSpace(end)), void == "void" else { return nil }
+    /// One attribute of a `[[a, b(c)]]` list, with where its list starts (for errors).
+    struct Attribute {
+        var name: String
+        var argument: String?
+        var at: Int
+    }
+
+    /// The head of a kernel declaration: `template <...>` (or `template` alone: an explicit
+    /// instantiation), then attribute lists and the `kernel` keyword in any order.
+    struct KernelHead {
+        var start: Int
+        var templateParameters: [String]?     // nil: not a template definition
+        var templateEnd: Int                   // just past `template <...>` (or `start`)
+        var isInstantiation = false
+        var attributes: [Attribute] = []
+        var hasKernel = false
+        var end = 0                            // where the declaration proper starts
+
+        var hostName: Attribute? { attributes.first { $0.name == "host_name" } }
+    }
+
+    /// A kernel, a kernel template or an explicit instantiation of one, starting at `start`
+    /// (`kernel`, `[[` or `template`). Returns where scanning continues, or nil when the
+    /// declaration is not a kernel (scanning goes on as for any other code).
+    private mutating func kernelDeclaration(at start: Int) throws -> Int? {
+        guard let head = try kernelHead(at: start), head.hasKernel else { return nil }
+        for a in head.attributes where !["kernel", "host_name", "max_total_threads_per_threadgroup"].contains(a.name) {
+            throw fail(a.at, "the kernel attribute [[\(a.name)\(a.argument.map { "(\($0))" } ?? "")]] is not supported by SoftMetal")
+        }
+        if head.isInstantiation { return try kernelInstantiation(head) }
+        return try kernelDefinition(head)
+    }
+
+    private func kernelHead(at start: Int) throws -> KernelHead? {
+        var head = KernelHead(start: start, templateParameters: nil, templateEnd: start)
+        var k = start
+        if let (word, after) = identifier(at: k), word == "template" {
+            k = skipSpace(after)
+            if k < text.count && text[k] == 60 {  // <
+                guard let close = matchingAngle(k) else { return nil }
+                head.templateParameters = MSLTranslator.templateParameterNames(string(k + 1, close - 1))
+                k = close
+            } else {
+                head.isInstantiation = true
+            }
+            head.templateEnd = k
+        }
+        while true {
+            k = skipSpace(k)
+            if k + 1 < text.count && text[k] == 91 && text[k + 1] == 91 {
+                var e = k + 2
+                while e + 1 < text.count && !(text[e] == 93 && text[e + 1] == 93) { e += 1 }
+                for item in MSLTranslator.splitTopLevel(string(k + 2, e)) where !item.trimmingSpaces.isEmpty {
+                    let name = String(item.prefix { $0 != "(" }).trimmingSpaces
+                    var argument: String?
+                    if let p = item.firstIndex(of: "("), let q = item.lastIndex(of: ")"), p < q {
+                        argument = String(item[item.index(after: p)..<q]).trimmingSpaces
+                    }
+                    head.attributes.append(Attribute(name: name, argument: argument, at: k))
+                    if name == "kernel" { head.hasKernel = true }
+                }
+                k = e + 2
+            } else if let (word, after) = identifier(at: k), word == "kernel" {
+                head.hasKernel = true
+                k = after
+            } else {
+                break
+            }
+        }
+        head.end = k
+        return head
+    }
+
+    private func maxThreads(_ head: KernelHead) throws -> MaxThreads? {
+        guard let a = head.attributes.first(where: { $0.name == "max_total_threads_per_threadgroup" }) else { return nil }
+        guard let argument = a.argument, !argument.isEmpty else {
+            throw fail(a.at, "[[max_total_threads_per_threadgroup]] needs a thread count")
+        }
+        guard let n = Int(argument) else { return MaxThreads(expression: argument) }
+        guard n > 0, n <= 1024 else {
+            throw fail(a.at, "bad [[max_total_threads_per_threadgroup(\(argument))]]: the limit is 1...1024")
+        }
+        return MaxThreads(literal: n)
+    }
+
+    /// `[[host_name("a" "b")]]` -> "ab" (string literals concatenate, as MLX's macros make them).
+    private func hostName(_ head: KernelHead) throws -> String? {
+        guard let a = head.hostName else { return nil }
+        guard let argument = a.argument, let name = MSLTranslator.concatenatedStringLiterals(argument), !name.isEmpty else {
+            throw fail(a.at, "[[host_name(\(a.argument ?? ""))]] needs a string literal")
+        }
+        return name
+    }
+
+    /// `kernel void f(...)`, `[[kernel]] void f(...)`, `template <...> [[kernel]] void f(...)`:
+    /// the head becomes `static` (the template head stays) and the parameters are recorded.
+    private mutating func kernelDefinition(_ head: KernelHead) throws -> Int? {
+        guard let (void, afterVoid) = identifier(at: head.end), void == "void" else { return nil }
         guard let (name, afterName) = identifier(at: skipSpace(afterVoid)) else { return nil }
         let open = skipSpace(afterName)
         guard open < text.count, text[open] == 40, let close = matching(open) else {
-            throw fail(i, "cannot parse the parameters of kernel \(name)")
+            throw fail(head.start, "cannot parse the parameters of kernel \(name)")
         }
-        edits.append((i, end, "static" + String(repeating: " ", count: max(0, end - i - 6))))
-        // [[max_total_threads_per_threadgroup(n)]] before `kernel`
-        var maxThreads = 0
-        let before = skipSpaceBack(i - 1)
-        if before >= 1 && text[before] == 93 && text[before - 1] == 93 {
-            var k = before - 2
-            while k > 0 && !(text[k] == 91 && text[k - 1] == 91) { k -= 1 }
-            let attribute = string(k + 1, before - 1)
-            if attribute.contains("max_total_threads_per_threadgroup"),
-               let a = attribute.firstIndex(of: "("), let b = attribute.firstIndex(of: ")") {
-                maxThreads = Int(attribute[attribute.index(after: a)..<b].trimmingSpacesSub) ?? 0
+        replaceKeepingLines(skipSpace(head.templateEnd), head.end, with: "static")
+        let parameters = try kernelParameters(open, close, kernel: name)
+        let maxThreads = try maxThreads(head) ?? MaxThreads()
+        if let templateParameters = head.templateParameters {
+            if let a = head.hostName {
+                throw fail(a.at, "kernel template \(name): put [[host_name]] on its explicit instantiations, not on the template")
             }
-            edits.append((k - 1, before + 1, MSLTranslator.blank(text[(k - 1)...before])))
+            templates[name] = KernelTemplate(name: name, templateParameters: templateParameters,
+                                             parameters: parameters, maxThreads: maxThreads)
+        } else {
+            var kernel = Kernel(name: try hostName(head) ?? name, parameters: parameters,
+                                maxTotalThreadsPerThreadgroup: maxThreads.literal, callee: name)
+            kernel.maxThreadsExpression = maxThreads.expression
+            kernel.declaredAt = MSLTranslator.location(in: text, at: head.start)
+            kernels.append(kernel)
         }
-        // Parameters, split at top-level commas.
+        return open + 1  // the address spaces inside the parameters are rewritten by the main pass
+    }
+
+    /// `template [[host_name("n")]] [[kernel]] void f<A, B>(params);` or
+    /// `template [[host_name("n")]] [[kernel]] decltype(f<A, B>) f<A, B>;`: a kernel named n that
+    /// calls f<A, B>, bound by the template's parameter attributes. The statement is blanked
+    /// (the launcher's call instantiates the template).
+    private mutating func kernelInstantiation(_ head: KernelHead) throws -> Int? {
+        var k = head.end
+        guard let (word, afterWord) = identifier(at: k) else {
+            throw fail(head.start, "cannot parse this kernel instantiation: SoftMetal expects `void f<...>(...);` or `decltype(f<...>) f<...>;` after the attributes")
+        }
+        var templateName: String
+        var arguments: String
+        if word == "decltype" {
+            let open = skipSpace(afterWord)
+            guard open < text.count, text[open] == 40, let close = matching(open),
+                  let (name, args, _) = templateId(skipSpace(open + 1)) else {
+                throw fail(head.start, "cannot parse this decltype(f<...>) kernel instantiation")
+            }
+            guard let (name2, args2, after2) = templateId(skipSpace(close)), name2 == name,
+                  MSLTranslator.compact(args2) == MSLTranslator.compact(args) else {
+                throw fail(head.start, "kernel instantiation decltype(\(name)<\(args)>): the declarator must repeat \(name)<\(args)>")
+            }
+            (templateName, arguments, k) = (name, args, after2)
+        } else if word == "void" {
+            guard let (name, args, after) = templateId(skipSpace(afterWord)) else {
+                throw fail(head.start, "kernel instantiation: expected f<...>(...) after `void`")
+            }
+            let open = skipSpace(after)
+            guard open < text.count, text[open] == 40, let close = matching(open) else {
+                throw fail(head.start, "kernel instantiation \(name)<\(args)>: cannot parse its parameters")
+            }
+            (templateName, arguments, k) = (name, args, close)
+        } else {
+            throw fail(head.start, "cannot parse this kernel instantiation (`\(word) ...`): SoftMetal expects `void f<...>(...);` or `decltype(f<...>) f<...>;`")
+        }
+        k = skipSpace(k)
+        guard k < text.count, text[k] == 59 else {  // ;
+            throw fail(head.start, "kernel instantiation \(templateName)<\(arguments)>: expected `;`")
+        }
+        guard let host = try hostName(head) else {
+            throw fail(head.start, "the kernel instantiation \(templateName)<\(arguments)> needs [[host_name(\"...\")]]: it is the name makeFunction(name:) looks up")
+        }
+        guard let template = templates[templateName] else {
+            throw fail(head.start, "kernel instantiation \(host): no kernel template named \(templateName) is declared before it (`template <...> [[kernel]] void \(templateName)(...)`)")
+        }
+        let values = MSLTranslator.splitTopLevel(arguments).map(\.trimmingSpaces)
+        let parameters = template.parameters.map { p in
+            var q = p
+            q.type = MSLTranslator.substitute(p.type, names: template.templateParameters, values: values)
+            return q
+        }
+        let maxThreads = try maxThreads(head) ?? template.maxThreads
+        var kernel = Kernel(name: host, parameters: parameters, maxTotalThreadsPerThreadgroup: maxThreads.literal,
+                            callee: "\(templateName)<\(arguments)>",
+                            instantiatedAt: MSLTranslator.location(in: text, at: head.start))
+        kernel.maxThreadsExpression = maxThreads.expression.map {
+            MSLTranslator.substitute($0, names: template.templateParameters, values: values)
+        }
+        kernel.declaredAt = kernel.instantiatedAt!
+        kernels.append(kernel)
+        edits.append((head.start, k + 1, MSLTranslator.blank(text[head.start...k])))
+        return k + 1
+    }
+
+    /// `name<args>` at i: the name, the arguments' text and the index past `>`.
+    private func templateId(_ i: Int) -> (String, String, Int)? {
+        guard let (name, after) = identifier(at: i) else { return nil }
+        let open = skipSpace(after)
+        guard open < text.count, text[open] == 60, let close = matchingAngle(open) else { return nil }
+        return (name, string(open + 1, close - 1).trimmingSpaces, close)
+    }
+
+    /// Index just past the `>` that closes the `<` at `open` (parentheses nest; `a > b` in a
+    /// template argument must be parenthesised, as in C++).
+    private func matchingAngle(_ open: Int) -> Int? {
+        var depth = 0
+        var parens = 0
+        var i = open
+        while i < text.count {
+            switch text[i] {
+            case 40, 91: parens += 1
+            case 41, 93: parens -= 1
+            case 60 where parens == 0: depth += 1
+            case 62 where parens == 0:
+                depth -= 1
+                if depth == 0 { return i + 1 }
+            case 59, 123, 125: return nil  // ; { }
+            default: break
+            }
+            i += 1
+        }
+        return nil
+    }
+
+    /// Replaces [a, b) by `word` and blanks, keeping its newlines (lines stay in place).
+    private mutating func replaceKeepingLines(_ a: Int, _ b: Int, with word: String) {
+        let region = text[a..<b]
+        let n = word.utf8.count
+        if region.count >= n && !region.prefix(n).contains(10) {
+            edits.append((a, b, word + MSLTranslator.blank(region.dropFirst(n))))
+        } else {
+            edits.append((a, b, word + " " + MSLTranslator.blank(region)))
+        }
+    }
+
+    /// Parameters of a kernel, split at top-level commas.
+    private mutating func kernelParameters(_ open: Int, _ close: Int, kernel name: String) throws -> [Parameter] {
         var parameters: [Parameter] = []
         var start = open + 1
         var depth = 0
@@ -377,9 +734,92 @@ struct MSLTranslator {
             }
             k += 1
         }
-        kernels.append(Kernel(name: name, parameters: parameters, maxTotalThreadsPerThreadgroup: maxThreads))
-        return open + 1  // the address spaces inside the parameters are rewritten by the main pass
+        return parameters
     }
+
+    // MARK: template helpers
+
+    /// "a, f(b, c), d<e, g>" -> ["a", " f(b, c)", " d<e, g>"] (inside brackets `<`/`>` are
+    /// comparisons, as in `int N = (4 > 2)`).
+    static func splitTopLevel(_ s: String) -> [String] {
+        var parts: [String] = []
+        var current = ""
+        var brackets = 0
+        var angles = 0
+        var quote: Character?
+        for ch in s {
+            if let q = quote {
+                if ch == q { quote = nil }
+            } else if ch == "\"" || ch == "'" {
+                quote = ch
+            } else if "([{".contains(ch) {
+                brackets += 1
+            } else if ")]}".contains(ch) {
+                brackets -= 1
+            } else if ch == "<" && brackets == 0 {
+                angles += 1
+            } else if ch == ">" && brackets == 0 && angles > 0 {
+                angles -= 1
+            } else if ch == "," && brackets == 0 && angles == 0 {
+                parts.append(current)
+                current = ""
+                continue
+            }
+            current.append(ch)
+        }
+        parts.append(current)
+        return parts
+    }
+
+    /// `typename T, int BITS = 4, typename... Ts` -> ["T", "BITS", "Ts"]
+    static func templateParameterNames(_ list: String) -> [String] {
+        splitTopLevel(list).compactMap { part in
+            let declaration = splitTopLevel(part.replacingAll("=", with: ",")).first ?? part
+            let words = declaration.splitWords.filter { $0.first.map { $0.isLetter || $0 == "_" } ?? false }
+            return words.last
+        }
+    }
+
+    /// Template parameter names -> the instance's arguments, identifier by identifier (for
+    /// the type names shown in reflection and errors; the launcher uses the real types).
+    static func substitute(_ type: String, names: [String], values: [String]) -> String {
+        guard !names.isEmpty else { return type }
+        var map: [String: String] = [:]
+        for (n, v) in zip(names, values) { map[n] = v }
+        var out = ""
+        var word = ""
+        for ch in type + " " {
+            if ch.isLetter || ch.isNumber || ch == "_" {
+                word.append(ch)
+                continue
+            }
+            out += map[word] ?? word
+            word = ""
+            out.append(ch)
+        }
+        return String(out.dropLast())
+    }
+
+    /// `"a" "b"` -> "ab"; nil when the text is not only string literals.
+    static func concatenatedStringLiterals(_ s: String) -> String? {
+        var result = ""
+        var chars = Array(s)[...]
+        while true {
+            while let c = chars.first, c.isWhitespace { chars = chars.dropFirst() }
+            guard let c = chars.first else { return result }
+            guard c == "\"" else { return nil }
+            chars = chars.dropFirst()
+            while true {
+                guard let d = chars.first else { return nil }
+                chars = chars.dropFirst()
+                if d == "\"" { break }
+                if d == "\\", let e = chars.first { chars = chars.dropFirst(); result.append(e); continue }
+                result.append(d)
+            }
+        }
+    }
+
+    static func compact(_ s: String) -> String { String(s.filter { !$0.isWhitespace }) }
 
     private mutating func parameter(_ a: Int, _ b: Int, kernel: String) throws -> Parameter? {
         let raw = string(a, b)
@@ -402,6 +842,18 @@ struct MSLTranslator {
             k += 1
         }
         declaration = String(decoding: bytes, as: UTF8.self)
+        var condition: String?
+        if let list = attribute {
+            var items = MSLTranslator.splitTopLevel(list).map(\.trimmingSpaces)
+            if let c = items.firstIndex(where: { $0.hasPrefix("function_constant") }) {
+                condition = items[c].drop { $0 != "(" }.dropFirst().prefix { $0 != ")" }.trimmingSpaces
+                items.remove(at: c)
+                guard let name = condition, functionConstants.contains(where: { $0.name == name && $0.type == "bool" }) else {
+                    throw fail(a, "kernel \(kernel): [[\(list)]] needs a bool function constant declared before the kernel")
+                }
+            }
+            attribute = items.joined(separator: ", ")
+        }
         // Address spaces out of the type; names are the last identifier.
         var words = declaration.splitWords
         words.removeAll { $0 == "device" || $0 == "thread" || $0 == "threadgroup" }
@@ -427,10 +879,10 @@ struct MSLTranslator {
         switch attrName {
         case "buffer":
             guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
-            return Parameter(kind: .buffer(n), type: type, name: name)
+            return Parameter(kind: .buffer(n), type: type, name: name, condition: condition)
         case "threadgroup":
             guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
-            return Parameter(kind: .threadgroup(n), type: type, name: name)
+            return Parameter(kind: .threadgroup(n), type: type, name: name, condition: condition)
         default:
             guard MSLTranslator.builtins.contains(attrName) else {
                 throw fail(a, "kernel \(kernel): the attribute [[\(attribute)]] is not supported by SoftMetal")
@@ -450,7 +902,7 @@ struct MSLTranslator {
         out += String(decoding: result, as: UTF8.self)
         out += "\n#line 1 \"softmetal-generated.cpp\"\n"
         for k in kernels { out += MSLTranslator.launcher(k) }
-        return Output(source: out, kernels: kernels)
+        return Output(source: out, kernels: kernels, functionConstants: functionConstants)
     }
 
     static func builtinExpression(_ name: String) -> String {
@@ -482,30 +934,57 @@ struct MSLTranslator {
         "\"" + s.replacingAll("\\", with: "\\\\").replacingAll("\"", with: "\\\"") + "\""
     }
 
+    /// `value`, or null/0 when the parameter's function constant is false (the host then
+    /// neither requires nor binds it: kind 0 in the reflection table).
+    static func present(_ p: Parameter, _ value: String) -> String {
+        guard let c = p.condition else { return value }
+        return "(\(c) ? \(value) : 0)"
+    }
+
     static func launcher(_ k: Kernel) -> String {
         var args: [String] = []
         var infos: [String] = []
-        for p in k.parameters {
+        let n = k.symbol
+        for (index, parameter) in k.parameters.enumerated() {
+            var p = parameter
+            // A template instance binds by the instantiated parameter types, which C++ knows.
+            if k.isTemplateInstance { p.type = "::metal::__sm::param_t<\(index), __sm_fn_\(n)>" }
             switch p.kind {
             case .buffer(let i):
-                args.append("::metal::__sm::buf_arg<\(p.type)>(__d->buffers[\(i)])")
-                infos.append("{SM_PARAM_BUFFER, \(i), ::metal::__sm::elem_size<\(p.type)>(), \(p.type.hasSuffix("&") ? 1 : 0), \(cString(p.type)), \(cString(p.name)), \"buffer(\(i))\"}")
+                args.append("::metal::__sm::buf_arg<\(p.type)>(\(present(p, "__d->buffers[\(i)]")))")
+                infos.append("{\(present(p, "SM_PARAM_BUFFER")), \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\"}")
             case .threadgroup(let i):
-                args.append("(\(p.type))__d->tg_mem[\(i)]")
-                infos.append("{SM_PARAM_THREADGROUP, \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(p.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
+                args.append("(\(p.type))\(present(p, "__d->tg_mem[\(i)]"))")
+                infos.append("{\(present(p, "SM_PARAM_THREADGROUP")), \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(parameter.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
             case .builtin(let name):
                 args.append("::metal::__sm::bi<\(p.type)>(\(builtinExpression(name)))")
-                infos.append("{SM_PARAM_BUILTIN, -1, (int64_t)sizeof(\(p.type)), 0, \(cString(p.type)), \(cString(p.name)), \(cString(name))}")
+                infos.append("{SM_PARAM_BUILTIN, -1, (int64_t)sizeof(\(p.type)), 0, \(cString(parameter.type)), \(cString(p.name)), \(cString(name))}")
             }
         }
         if infos.isEmpty { infos.append("{0, 0, 0, 0, \"\", \"\", \"\"}") }
-        let n = k.name
+        // For an instance, the lines that instantiate the template carry the MSL location of
+        // the instantiation, so that clang's "in instantiation of ... requested here" points there.
+        var instance = ""
+        var call = "    \(k.callee)(\(args.joined(separator: ",\n        ")));"
+        if let at = k.instantiatedAt {
+            let here = "#line \(at.line) \(cString(at.file))\n"
+            let back = "\n#line 1 \"softmetal-generated.cpp\"\n"
+            instance = here + "using __sm_fn_\(n) = decltype(&\(k.callee));" + back
+            call = here + "    \(k.callee)(\(args.joined(separator: ", ")));" + back
+        }
+        var maxThreads = "\(k.maxTotalThreadsPerThreadgroup)"
+        if let expression = k.maxThreadsExpression {
+            // Evaluated by C++, on a line that carries the kernel's MSL location.
+            instance += "#line \(k.declaredAt.line) \(cString(k.declaredAt.file))\n"
+                + "static constexpr int32_t __sm_max_\(n) = (int32_t)(\(expression));\n#line 1 \"softmetal-generated.cpp\"\n"
+            maxThreads = "__sm_max_\(n)"
+        }
         return """
-        static void __sm_body_\(n)(::metal::__sm::Lane* __L) {
+        \(instance)static void __sm_body_\(n)(::metal::__sm::Lane* __L) {
             ::metal::__sm::Group* __g = __L->g;
             ::sm_dispatch* __d = __g->d;
             (void)__g; (void)__d;
-            \(n)(\(args.joined(separator: ",\n        ")));
+        \(call)
         }
         extern "C" __attribute__((visibility("default"))) int32_t __sm_launch_\(n)(::sm_dispatch* d) {
             return ::metal::__sm::launch(d, &__sm_body_\(n));
@@ -514,7 +993,7 @@ struct MSLTranslator {
             \(infos.joined(separator: ",\n    "))
         };
         extern "C" __attribute__((visibility("default"))) const ::sm_kernel_info* __sm_info_\(n)(void) {
-            static const ::sm_kernel_info info = {SM_ABI_VERSION, \(k.parameters.count), __sm_params_\(n), \(k.maxTotalThreadsPerThreadgroup)};
+            static const ::sm_kernel_info info = {SM_ABI_VERSION, \(k.parameters.count), __sm_params_\(n), \(maxThreads)};
             return &info;
         }
 

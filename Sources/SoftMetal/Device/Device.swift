@@ -33,7 +33,7 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     }
 
     public func makeLibrary(source: String, options: MTLCompileOptions?) throws -> any MTLLibrary {
-        try SoftMetalLibrary(device: self, source: source)
+        try SoftMetalLibrary(device: self, source: source, options: MSLPreprocessor.Options(options))
     }
 
     public func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState {
@@ -127,43 +127,117 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     /// The C++ that the MSL was translated to (for debugging).
     public let softMetalTranslatedSource: String
     let handle: UnsafeMutableRawPointer?
+    private let source: String
+    private let translated: MSLTranslator.Output
 
-    init(device: any MTLDevice, source: String) throws {
+    /// Preprocesses, translates, compiles (or finds in the cache) and loads the source.
+    init(device: any MTLDevice, source: String, options: MSLPreprocessor.Options = .init()) throws {
         self.device = device
-        let translated = try MSLTranslator.translate(source)
+        self.source = source
+        do {
+            let preprocessed = try MSLPreprocessor.run(source, options: options)
+            translated = try MSLTranslator.translate(preprocessed)
+        } catch let SoftMetalError.compile(message) {
+            throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
+        }
+        // Without values every function constant is undefined (zero; see the README).
+        (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source)
+        functionNames = translated.kernels.map(\.name)
+        softMetalTranslatedSource = translated.source
+    }
+
+    /// Compiles (or finds in the cache) the translated source specialised for `constants`
+    /// (index -> C++ value expression) and finds its kernels.
+    private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], source: String) throws
+        -> (UnsafeMutableRawPointer, [String: CompiledKernel]) {
         let handle: UnsafeMutableRawPointer
         do {
-            handle = try KernelCompiler.shared.load(translated: translated.source)
+            handle = try KernelCompiler.shared.load(translated: constantsPrefix(translated.functionConstants, constants) + translated.source)
         } catch let SoftMetalError.compile(message) {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
         }
         var kernels: [String: CompiledKernel] = [:]
         for k in translated.kernels {
-            guard let launch = dlsym(handle, "__sm_launch_\(k.name)"), let info = dlsym(handle, "__sm_info_\(k.name)") else {
+            guard let launch = dlsym(handle, "__sm_launch_\(k.symbol)"), let info = dlsym(handle, "__sm_info_\(k.symbol)") else {
                 throw SoftMetalError.compile("kernel \(k.name): launcher missing from the compiled library")
             }
             let infoFn = unsafeBitCast(info, to: sm_info_fn.self)
             guard let table = infoFn() else { throw SoftMetalError.compile("kernel \(k.name): no reflection") }
+            let limit = table.pointee.max_total_threads
+            guard limit >= 0, limit <= 1024 else {
+                throw SoftMetalError.compile("kernel \(k.name): [[max_total_threads_per_threadgroup]] is \(limit); the limit is 1...1024")
+            }
             kernels[k.name] = CompiledKernel(name: k.name, launcher: unsafeBitCast(launch, to: sm_launcher.self), info: table)
         }
-        self.kernels = kernels
-        self.handle = handle
-        functionNames = translated.kernels.map(\.name)
-        softMetalTranslatedSource = translated.source
+        return (handle, kernels)
     }
 
-    /// The compiler's output, plus the MSL lines its errors point at.
+    /// `#define __SM_FC_<i> <value>` and `__SM_FCD_<i>` (defined or not) for every function
+    /// constant; empty when the source declares none (so its cache key is unchanged).
+    static func constantsPrefix(_ declared: [MSLTranslator.FunctionConstant], _ values: [Int: String]) -> String {
+        declared.map { c in
+            let value = values[c.index]
+            return "#define __SM_FC_\(c.index) \(value ?? "\(c.type)()")\n#define __SM_FCD_\(c.index) \(value == nil ? 0 : 1)\n"
+        }.joined()
+    }
+
+    /// A value as a C++ constant expression of the declared type (checked against it).
+    static func constantExpression(_ c: MSLTranslator.FunctionConstant, _ v: MTLFunctionConstantValues.Value) throws -> String {
+        guard MSLTranslator.functionConstantTypes[c.type] == v.type.rawValue else {
+            throw SoftMetalError.compile("function constant \(c.name) (index \(c.index)) is declared \(c.type); the value given is MTLDataType.\(v.type)")
+        }
+        let bits = v.bytes.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) }  // little-endian
+        switch v.type {
+        case .bool: return bits != 0 ? "true" : "false"
+        case .float: return "__builtin_bit_cast(float, (uint32_t)\(bits)u)"
+        case .half: return "__builtin_bit_cast(half, (uint16_t)\(bits)u)"
+        default: return "((\(c.type))\(bits)ull)"  // two's complement for the signed types
+        }
+    }
+
+    private let lock = SMLock()
+    private var variants: [String: [String: CompiledKernel]] = [:]
+    private var variantHandles: [UnsafeMutableRawPointer] = []
+
+    public func makeFunction(name: String, constantValues: MTLFunctionConstantValues) throws -> any MTLFunction {
+        guard translated.kernels.contains(where: { $0.name == name }) else {
+            throw SoftMetalError.invalidUsage("makeFunction(name:constantValues:): no function named \(name) in the library (functions: \(functionNames.joined(separator: ", ")))")
+        }
+        var values: [Int: String] = [:]
+        for c in translated.functionConstants {
+            guard let v = constantValues.byIndex[c.index] ?? constantValues.byName[c.name] else { continue }
+            values[c.index] = try SoftMetalLibrary.constantExpression(c, v)
+        }
+        let key = values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";")
+        if let known = lock.withLock({ variants[key] }), let k = known[name] {
+            return SoftMetalFunction(device: device, kernel: k)
+        }
+        let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: values, source: source)
+        lock.withLock {
+            variants[key] = kernels
+            variantHandles.append(handle)
+        }
+        return SoftMetalFunction(device: device, kernel: kernels[name]!)
+    }
+
+    /// The compiler's output, plus the MSL lines its errors point at (in the source, or in
+    /// an included file, which is read again).
     static func explain(_ message: String, source: String) -> String {
-        let lines = source.split(separator: "\n", omittingEmptySubsequences: false)
+        var files: [String: [Substring]] = [MSLTranslator.sourceName: source.split(separator: "\n", omittingEmptySubsequences: false)]
         var out = message.trimmingSpaces
-        var quoted = Set<Int>()
-        let marker = MSLTranslator.sourceName + ":"
+        var quoted = Set<String>()
         for line in message.split(separator: "\n") where line.contains(": error:") {
-            guard let r = line.firstRange(ofPlain: marker) else { continue }
-            let rest = line[r.upperBound...]
-            guard let n = Int(rest.prefix { $0.isNumber }), n >= 1, n <= lines.count, !quoted.contains(n), quoted.count < 5 else { continue }
-            quoted.insert(n)
-            out += "\n  MSL line \(n): \(lines[n - 1].trimmingSpaces)"
+            // `file:line:col: error: ...` or `file:line: error: ...`
+            let parts = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+            guard parts.count == 3, let n = Int(parts[1]), n >= 1, quoted.count < 5 else { continue }
+            let file = String(parts[0])
+            if files[file] == nil {
+                guard file != "softmetal-generated.cpp", let text = try? SMFile.read(file) else { continue }
+                files[file] = text.split(separator: "\n", omittingEmptySubsequences: false)
+            }
+            guard let lines = files[file], n <= lines.count, quoted.insert("\(file):\(n)").inserted else { continue }
+            let name = file == MSLTranslator.sourceName ? "MSL line \(n)" : "\(file) line \(n)"
+            out += "\n  \(name): \(lines[n - 1].trimmingSpaces)"
         }
         return out
     }

@@ -57,3 +57,37 @@ public enum SoftMetalOptions {
     }
 }
 #endif
+
+#if os(Linux)
+/// Compile options with what Apple's `MTLCompileOptions` has no way to say: include
+/// directories for `#include "x.h"` (Apple compiles a source string without any), and
+/// macros as plain strings. Pass it to `makeLibrary(source:options:)` like any
+/// `MTLCompileOptions`; code shared with the Metal backend must not name it.
+open class SoftMetalCompileOptions: MTLCompileOptions {
+    /// `-I` directories, searched after the including file's own directory.
+    open var softMetalIncludeDirectories: [String] = []
+    /// `-Dname=value` (the value "" defines the macro as empty), applied after the
+    /// predefined `__METAL__`, `__METAL_VERSION__`, `__HAVE_BFLOAT__` and after
+    /// `preprocessorMacros` (a name in both takes this value).
+    open var softMetalPreprocessorMacros: [String: String] = [:]
+
+    public override init() { super.init() }
+}
+
+extension MSLPreprocessor.Options {
+    init(_ options: MTLCompileOptions?) {
+        let version = options?.languageVersion ?? .version3_1
+        metalVersion = Int(version.rawValue >> 16) * 100 + Int(version.rawValue & 0xFFFF) * 10
+        var all: [String: String] = [:]
+        for (name, value) in options?.preprocessorMacros ?? [:] {
+            all[name] = (value as? Bool).map { $0 ? "1" : "0" } ?? value.description
+        }
+        if let o = options as? SoftMetalCompileOptions {
+            includeDirectories = o.softMetalIncludeDirectories
+            all.merge(o.softMetalPreprocessorMacros) { _, new in new }
+        }
+        // Sorted: the same options give the same argument list (and cache key).
+        macros = all.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+    }
+}
+#endif

@@ -1235,6 +1235,14 @@ template <class T> constexpr int64_t elem_size() {
     if constexpr (same<rcv<P>, void>::value) return 1;
     else return (int64_t)sizeof(P);
 }
+// The I-th parameter type of a kernel function pointer type: the launcher of a template
+// instance binds arguments by the instantiated types (the template's text says `T*`).
+template <int I, class... A> struct nth_type;
+template <class H, class... A> struct nth_type<0, H, A...> { typedef H type; };
+template <int I, class H, class... A> struct nth_type<I, H, A...> { typedef typename nth_type<I - 1, A...>::type type; };
+template <int I, class F> struct param_type;
+template <int I, class R, class... A> struct param_type<I, R (*)(A...)> { typedef typename nth_type<I, A...>::type type; };
+template <int I, class F> using param_t = typename param_type<I, F>::type;
 template <class T> inline T buf_arg(void* p) {
     if constexpr (is_ref<T>::value) return *static_cast<typename unref<T>::type*>(p);
     else return (T)p;

@@ -119,6 +119,40 @@ final class TranslatorTests: XCTestCase {
         }
     }
 
+    func testKernelTemplatesAndTheirInstantiations() throws {
+        let out = try translate("""
+        template <typename T, int BITS = 4>
+        [[kernel]] void qmv(device const T* w [[buffer(0)]], constant uint& n [[buffer(1)]],
+                            uint tid [[thread_position_in_grid]]) {}
+        template [[host_name("qmv_" "f16_4")]] [[kernel]] void qmv<half, 4>(device const half* w [[buffer(0)]],
+            constant uint& n [[buffer(1)]], uint tid [[thread_position_in_grid]]);
+        template [[host_name("qmv.bf16")]] [[kernel]] decltype(qmv<bfloat, 8>) qmv<bfloat, 8>;
+        """)
+        XCTAssertEqual(out.kernels.map(\.name), ["qmv_f16_4", "qmv.bf16"], "the template itself is no kernel")
+        XCTAssertEqual(out.kernels.map(\.callee), ["qmv<half, 4>", "qmv<bfloat, 8>"])
+        XCTAssertEqual(out.kernels[1].parameters, [
+            .init(kind: .buffer(0), type: "const bfloat*", name: "w"),
+            .init(kind: .buffer(1), type: "const uint&", name: "n"),
+            .init(kind: .builtin("thread_position_in_grid"), type: "uint", name: "tid"),
+        ])
+        XCTAssertEqual(out.kernels[1].instantiatedAt, .init(file: "source.metal", line: 6))
+        XCTAssertEqual(out.kernels[1].symbol, "x716d762e62663136", "a host name that is not an identifier is hex-encoded")
+        let lines = body(out)
+        XCTAssertTrue(lines[1].hasPrefix("static     void qmv("), "\(lines)")
+        XCTAssertTrue(lines[3].trimmingSpaces.isEmpty && lines[5].trimmingSpaces.isEmpty, "instantiations are blanked: \(lines)")
+        XCTAssertTrue(out.source.contains("using __sm_fn_qmv_f16_4 = decltype(&qmv<half, 4>);"), out.source)
+        XCTAssertTrue(out.source.contains("::metal::__sm::buf_arg<::metal::__sm::param_t<0, __sm_fn_qmv_f16_4>>"), out.source)
+    }
+
+    func testLineMarkersLocateErrors() throws {
+        XCTAssertThrowsError(try translate("#line 40 \"q.h\"\n\n[[kernel, vertex]] void f() {}\n")) {
+            XCTAssertTrue("\($0)".contains("q.h:41: error: the kernel attribute [[vertex]]"), "\($0)")
+        }
+        XCTAssertEqual(MSLTranslator.templateParameterNames("typename T, int BITS = (4 > 2), typename... Ts"), ["T", "BITS", "Ts"])
+        XCTAssertEqual(MSLTranslator.substitute("const device T*", names: ["T"], values: ["half"]), "const device half*")
+        XCTAssertEqual(MSLTranslator.concatenatedStringLiterals(#""a" "b\"c""#), #"ab"c"#)
+    }
+
     func testHashDependsOnEveryPart() {
         XCTAssertEqual(Hash128.of(["a", "b"]), Hash128.of(["a", "b"]))
         XCTAssertNotEqual(Hash128.of(["ab", "c"]), Hash128.of(["a", "bc"]))
