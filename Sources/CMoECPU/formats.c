@@ -23,8 +23,10 @@ static int kernel_kind(const moe_cpu_matrix* w) {
     switch (w->format) {
     case MOE_CPU_F16: return K_F16;
     case MOE_CPU_BF16: return K_BF16;
-    case MOE_CPU_MXFP4: return K_MXFP4;
-    case MOE_CPU_AFFINE: return w->bits == 4 ? K_Q4 : w->bits == 8 ? K_Q8 : K_AFFINE_ANY;
+    case MOE_CPU_MXFP4: return w->split_nibbles ? K_MXFP4 : K_AFFINE_ANY;
+    case MOE_CPU_AFFINE:
+        if (w->bits == 8) return K_Q8;
+        return w->bits == 4 && w->split_nibbles ? K_Q4 : K_AFFINE_ANY;
     default: return K_F32;
     }
 }
@@ -74,6 +76,29 @@ INLINE uint32_t bit_stream_code(const uint8_t* row, int bits, int64_t i, int64_t
     uint32_t v = row[byte];
     if (byte + 1 < row_bytes) v |= (uint32_t)row[byte + 1] << 8;
     return (v >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+// Code of element i in the CPU layout of 4-bit codes (moe_cpu_split_nibbles).
+INLINE uint32_t split_nibble_code(const uint8_t* row, int64_t i) {
+    const uint8_t byte = row[(i >> 5) * 16 + (i & 15)];
+    return (i & 16) ? byte >> 4 : byte & 0x0f;
+}
+
+INLINE uint32_t code_at(const moe_cpu_matrix* w, const uint8_t* row, int bits, int64_t i) {
+    return w->split_nibbles ? split_nibble_code(row, i) : bit_stream_code(row, bits, i, w->row_bytes);
+}
+
+void moe_cpu_split_nibbles(const uint8_t* src, uint8_t* dst, int64_t bytes) {
+    for (int64_t block = 0; block + 16 <= bytes; block += 16) {
+        uint8_t out[16];
+        for (int j = 0; j < 16; j++) {
+            // Elements j and j + 16 of the block, from MLX's order (2 per byte, low first).
+            const uint8_t lo = (src[block + j / 2] >> (4 * (j & 1))) & 0x0f;
+            const uint8_t hi = (src[block + 8 + j / 2] >> (4 * (j & 1))) & 0x0f;
+            out[j] = (uint8_t)(lo | (hi << 4));
+        }
+        memcpy(dst + block, out, 16);
+    }
 }
 
 INLINE const uint8_t* row_data(const moe_cpu_matrix* w, int64_t r) {
@@ -133,14 +158,14 @@ static void unpack_chunk_portable(const moe_cpu_matrix* w, const group_cursor* g
         float s, b;
         group_params(gc, k0, &s, &b);
         for (int i = 0; i < CHUNK; i++)
-            out[i] = fmaf((float)bit_stream_code(row, w->bits, k0 + i, w->row_bytes), s, b);
+            out[i] = fmaf((float)code_at(w, row, w->bits, k0 + i), s, b);
         return;
     }
     case MOE_CPU_MXFP4: {
         float s, b;
         group_params(gc, k0, &s, &b);
         for (int i = 0; i < CHUNK; i++)
-            out[i] = e2m1_values[bit_stream_code(row, 4, k0 + i, w->row_bytes)] * s;
+            out[i] = e2m1_values[code_at(w, row, 4, k0 + i)] * s;
         return;
     }
     }
@@ -264,28 +289,28 @@ INLINE T512 void unpack_avx512(const int kind, const moe_cpu_matrix* w, const gr
         return;
     }
     const int64_t g = (k0 - seg) >> gc->shift;
-    const float s = p->s[g], b = kind == K_MXFP4 ? 0.0f : p->b[g];
-    __m128i e0, e1;  // 32 codes, one byte each, in element order
+    const __m512 scale = _mm512_set1_ps(p->s[g]);
     if (kind == K_Q8) {
-        e0 = _mm_loadu_si128((const __m128i*)(row + k0));
-        e1 = _mm_loadu_si128((const __m128i*)(row + k0 + 16));
-    } else {  // 4-bit codes, lowest nibble first
-        const __m128i x = _mm_loadu_si128((const __m128i*)(row + k0 / 2));
-        const __m128i mask = _mm_set1_epi8(0x0f);
-        const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
-        e0 = _mm_unpacklo_epi8(lo, hi);
-        e1 = _mm_unpackhi_epi8(lo, hi);
-    }
-    const __m512i i0 = _mm512_cvtepu8_epi32(e0), i1 = _mm512_cvtepu8_epi32(e1);
-    if (kind == K_MXFP4) {
-        const __m512 table = _mm512_loadu_ps(e2m1_values), scale = _mm512_set1_ps(s);
-        v[0] = _mm512_mul_ps(_mm512_permutexvar_ps(i0, table), scale);
-        v[1] = _mm512_mul_ps(_mm512_permutexvar_ps(i1, table), scale);
-    } else {
-        const __m512 scale = _mm512_set1_ps(s), bias = _mm512_set1_ps(b);
+        const __m512 bias = _mm512_set1_ps(p->b[g]);
+        const __m512i i0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + k0)));
+        const __m512i i1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + k0 + 16)));
         v[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), scale, bias);
         v[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), scale, bias);
+        return;
     }
+    // 4-bit codes in the split layout: the 16 values a code can stand for in this group
+    // form a table, and vpermps picks by the low 4 bits of each 32-bit lane, so the
+    // codes need no mask: bytes widened to lanes index elements 0-15, shifted by 4 16-31.
+    __m512 table;
+    if (kind == K_MXFP4) {
+        table = _mm512_mul_ps(_mm512_loadu_ps(e2m1_values), scale);
+    } else {
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        table = _mm512_fmadd_ps(iota, scale, _mm512_set1_ps(p->b[g]));
+    }
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + (k0 >> 1))));
+    v[0] = _mm512_permutexvar_ps(codes, table);
+    v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
 }
 
 // One weight row against MM activation rows. Two chunks per step with separate
@@ -422,15 +447,14 @@ INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, const grou
     __m128i e[4];  // 8 codes each, one byte per code, in the low 8 bytes
     if (kind == K_Q8) {
         for (int q = 0; q < 4; q++) e[q] = _mm_loadl_epi64((const __m128i*)(row + k0 + 8 * q));
-    } else {
-        const __m128i x = _mm_loadu_si128((const __m128i*)(row + k0 / 2));
+    } else {  // split layout: low nibbles are elements 0-15, high nibbles 16-31
+        const __m128i x = _mm_loadu_si128((const __m128i*)(row + (k0 >> 1)));
         const __m128i mask = _mm_set1_epi8(0x0f);
         const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
-        const __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
-        e[0] = e0;
-        e[1] = _mm_srli_si128(e0, 8);
-        e[2] = e1;
-        e[3] = _mm_srli_si128(e1, 8);
+        e[0] = lo;
+        e[1] = _mm_srli_si128(lo, 8);
+        e[2] = hi;
+        e[3] = _mm_srli_si128(hi, 8);
     }
     if (kind == K_MXFP4) {
         const __m256 magnitudes = _mm256_loadu_ps(e2m1_values), scale = _mm256_set1_ps(s);

@@ -44,12 +44,22 @@ typedef struct moe_cpu_matrix {
     int32_t bits;          /* affine: 2, 3, 4, 5, 6 or 8 */
     int32_t group_size;    /* affine: 32, 64 or 128; mxfp4: 32 */
     int32_t scale_type;    /* affine: moe_cpu_scalar of scales and biases */
+    int32_t split_nibbles; /* 4-bit codes in the CPU layout (moe_cpu_split_nibbles) */
+    int32_t _pad;
     int64_t cols;
     int64_t row_bytes;     /* bytes of one row of data */
     const void* data;
     const void* scales;
     const void* biases;    /* affine only */
 } moe_cpu_matrix;
+
+/* The CPU layout of 4-bit codes (affine 4-bit and mxfp4): in each 16-byte block (32
+ * elements), byte j holds element j in its low nibble and element j + 16 in its high
+ * nibble, so one widening load and one shift yield 32 codes in element order, where MLX's
+ * order (elements 2j and 2j + 1 in byte j) would need two more shuffles per block.
+ * Rewrites `bytes` (a multiple of 16) bytes of MLX-ordered codes from src into dst. */
+__attribute__((visibility("hidden")))
+void moe_cpu_split_nibbles(const uint8_t* src, uint8_t* dst, int64_t bytes);
 
 /* out[r * cols + i] = element i of row row0 + r, for r < rows (float32). */
 __attribute__((visibility("hidden")))

@@ -29,11 +29,18 @@ final class WeightMatrix: @unchecked Sendable {
         scales = scaleBytes > 0 ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) scales") : nil
         biases = format.hasBiases ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) biases") : nil
         matrix = format.cpuMatrix(cols: cols)
+        let splitNibbles = format.bits == 4
         source.withMatrix(cols: cols) { src in
-            data.pointer.update(from: src.data.assumingMemoryBound(to: UInt8.self), count: rows * rowBytes)
+            let codes = src.data.assumingMemoryBound(to: UInt8.self)
+            if splitNibbles {
+                moe_cpu_split_nibbles(codes, data.pointer, Int64(rows * rowBytes))
+            } else {
+                data.pointer.update(from: codes, count: rows * rowBytes)
+            }
             if let scales { scales.pointer.update(from: src.scales.assumingMemoryBound(to: UInt8.self), count: rows * scaleBytes) }
             if let biases { biases.pointer.update(from: src.biases.assumingMemoryBound(to: UInt8.self), count: rows * scaleBytes) }
         }
+        matrix.split_nibbles = splitNibbles ? 1 : 0
         matrix.data = UnsafeRawPointer(data.pointer)
         matrix.scales = scales.map { UnsafeRawPointer($0.pointer) }
         matrix.biases = biases.map { UnsafeRawPointer($0.pointer) }

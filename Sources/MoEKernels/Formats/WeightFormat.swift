@@ -99,6 +99,12 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// Bits per code of a quantized format (0 for dense ones).
+    var bits: Int {
+        if case .quantized(let q, _) = self { return q.bits }
+        return 0
+    }
+
     var hasBiases: Bool {
         if case .quantized(.affine, _) = self { return true }
         return false
