@@ -6,12 +6,15 @@
     y = moe_swift.run_layers([layer0, layer1], x)   # x + layer0(x), then + layer1(...)
     moe_swift.last_stats()           # dispatches, command buffers, waits, allocations
 
+Weight matrices may be float16 / bfloat16 arrays or `moe_swift.Quantized` (MLX's affine
+and mxfp4 layouts; `moe_swift.formats.quantize` makes one), kept in that format.
 `moe_swift.reference.moe_forward` is the NumPy float64 oracle of the same computation.
 `moe_swift.softmetal` compiles and launches single MSL kernels on SoftMetal, the software
 Metal device (Linux).
 """
 
-from . import reference, softmetal
+from . import formats, reference, softmetal
+from .formats import Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
 from .layer import MoELayer, available_backends, last_stats, run_layers
 
@@ -19,6 +22,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MoELayer",
+    "Quantized",
+    "formats",
     "available_backends",
     "run_layers",
     "last_stats",

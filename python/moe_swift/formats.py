@@ -28,9 +28,8 @@ GROUP_SIZES = (32, 64, 128)
 MODES = ("affine", "mxfp4")
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
-# moe_dtype / moe_format codes of moe_swift.h (checked against the header by the tests).
-DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
-FORMAT_AFFINE, FORMAT_MXFP4 = 3, 4
+# Dtypes of dense weights and of affine scales / biases.
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 # --- reading arrays of any framework --------------------------------------------------

@@ -1,4 +1,4 @@
-"""MoELayer: the whole MoE layer of notes/moe-layer-spec.md in one native call."""
+"""MoELayer: the whole MoE layer of the README's "What one call computes" in one native call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import _native
-from .formats import DTYPES, FORMAT_AFFINE, FORMAT_MXFP4, Quantized, as_numpy, bf16_to_float32, float32_to_bf16
+from .formats import Quantized, as_numpy, bf16_to_float32, float32_to_bf16
 
 BACKENDS = {"auto": 0, "cpu": 1, "metal": 2, "softmetal": 3}
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
@@ -121,6 +121,12 @@ def _output_like(x):
     return lambda y: y
 
 
+# moe_format / moe_dtype constants of the header, by the names used in Python.
+_FORMAT_CONSTANTS = {"float32": "MOE_FORMAT_F32", "float16": "MOE_FORMAT_F16", "bfloat16": "MOE_FORMAT_BF16",
+                     "affine": "MOE_FORMAT_AFFINE", "mxfp4": "MOE_FORMAT_MXFP4"}
+_DTYPE_CONSTANTS = {"float32": "MOE_DTYPE_F32", "float16": "MOE_DTYPE_F16", "bfloat16": "MOE_DTYPE_BF16"}
+
+
 class _Matrix:
     """A weight matrix for the descriptor: float32 (the float field), float16 / bfloat16
     (a dense moe_tensor, kept in that dtype) or Quantized."""
@@ -147,16 +153,18 @@ class _Matrix:
             setattr(desc, field, ffi.cast("const float *", self.array.ctypes.data))
             return
         t = getattr(desc, field + "_tensor")
+        lib = _native.load()[1]
         if self.quantized is None:
             keep.append(self.array)
-            t.format = DTYPES[self.dtype]
+            t.format = getattr(lib, _FORMAT_CONSTANTS[self.dtype])
             t.data = ffi.cast("const void *", self.array.ctypes.data)
             return
         q = self.quantized
         keep.append(q)
-        t.format = FORMAT_MXFP4 if q.mode == "mxfp4" else FORMAT_AFFINE
+        t.format = getattr(lib, _FORMAT_CONSTANTS[q.mode])
         t.bits, t.group_size = q.bits, q.group_size
-        t.scale_dtype = DTYPES.get(q.scale_dtype, 0)
+        if q.mode == "affine":
+            t.scale_dtype = getattr(lib, _DTYPE_CONSTANTS[q.scale_dtype])
         t.data = ffi.cast("const void *", q.weight.ctypes.data)
         t.scales = ffi.cast("const void *", q.scales.ctypes.data)
         if q.biases is not None:

@@ -81,7 +81,7 @@ def peak_rss_gb() -> float:
 
 
 def tolerance(ref) -> float:
-    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (notes/moe-layer-spec.md)."""
+    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (the README's "What one call computes")."""
     return 1e-4 * float(np.max(np.abs(ref))) + 1e-5
 
 
