@@ -380,6 +380,32 @@ class MoELayer:
 
     forward = __call__
 
+    def experts(self, x, ids, weights):
+        """The routed experts with the routing given, no router and no shared expert:
+        y[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). x (..., H); ids and weights
+        (T, top_k) for the T rows of x (any integer / real dtype, NumPy, torch or mx).
+        y has x's array type and dtype. transformers' experts hook and mlx-lm's SwitchGLU
+        call exactly this."""
+        restore = _output_like(x)
+        x = self._input(x)
+        T = x.size // self.hidden_size
+        ids_array, ids_dtype = as_numpy(ids, "ids")
+        if ids_array.dtype.kind not in "iu":
+            raise TypeError(f"ids must be an integer array, got dtype {ids_dtype}")
+        _check_shape("ids", ids_array.shape, (T, self.top_k))
+        if ids_array.size and (ids_array.min() < 0 or ids_array.max() >= self.num_experts):
+            bad = ids_array[(ids_array < 0) | (ids_array >= self.num_experts)][0]
+            raise ValueError(f"ids must be expert ids in [0, {self.num_experts}), got {bad}")
+        ids_array = np.ascontiguousarray(ids_array, dtype=np.int32)
+        w = _array("weights", weights, (T, self.top_k))
+        y = np.empty(x.shape, dtype=np.float32)
+        handle = self._live_handle()
+        ffi = self._ffi
+        self._check(self._lib.moe_layer_forward_routed(
+            handle, ffi.cast("const float *", x.ctypes.data), T, ffi.cast("const int32_t *", ids_array.ctypes.data),
+            ffi.cast("const float *", w.ctypes.data), ffi.cast("float *", y.ctypes.data)))
+        return restore(y)
+
     def route(self, x):
         """The router alone: ids (T, k) int32 in selection order and weights (T, k) float32."""
         x = self._input(x)

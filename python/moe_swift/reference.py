@@ -10,7 +10,7 @@ import numpy as np
 
 from . import formats
 
-__all__ = ["moe_forward", "route", "expert_ffn", "ACTIVATIONS"]
+__all__ = ["moe_forward", "experts_forward", "route", "expert_ffn", "ACTIVATIONS"]
 
 
 def _f64(a):
@@ -143,6 +143,44 @@ def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation="silu", a
 # --- The layer --------------------------------------------------------------------
 
 
+def experts_forward(x, ids, weights, gate_proj=None, up_proj=None, down_proj=None, *, gate_up_proj=None,
+                    gate_up_bias=None, gate_bias=None, up_bias=None, down_bias=None,
+                    activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+    """The routed experts with the routing given: y[t] = sum_j weights[t, j] *
+    expert_{ids[t, j]}(x[t]), slots in order (what MoELayer.experts computes). x (T, H),
+    ids and weights (T, k); returns (T, H) float64."""
+    x2 = _f64(x)
+    x2 = x2.reshape(-1, x2.shape[-1])
+    if gate_up_proj is not None:
+        gu = _f64(gate_up_proj)
+        I = gu.shape[1] // 2
+        wg, wu = gu[:, :I], gu[:, I:]
+    else:
+        wg, wu = _f64(gate_proj), _f64(up_proj)
+        I = wg.shape[1]
+    wd = _f64(down_proj)
+    if gate_up_bias is not None:
+        gate_bias, up_bias = _f64(gate_up_bias)[:, :I], _f64(gate_up_bias)[:, I:]
+    bg, bu, bd = _f64(gate_bias), _f64(up_bias), _f64(down_bias)
+    ids = np.asarray(ids)
+    ids = ids.reshape(x2.shape[0], ids.size // max(x2.shape[0], 1) if x2.shape[0] else 0)
+    w = _f64(weights).reshape(ids.shape)
+    act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit)
+
+    y = np.zeros(x2.shape)
+    # the sum runs over slots in order j = 0..k-1 ...
+    for t in range(x2.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            y_e = expert_ffn(
+                x2[t], wg[e], wu[e], wd[e],
+                None if bg is None else bg[e], None if bu is None else bu[e],
+                None if bd is None else bd[e], **act,
+            )
+            y[t] += w[t, j] * y_e
+    return y
+
+
 def moe_forward(
     x,
     router_weight,
@@ -179,37 +217,17 @@ def moe_forward(
     x2 = x.reshape(-1, H)
     T = x2.shape[0]
 
-    if gate_up_proj is not None:
-        gu = _f64(gate_up_proj)
-        I = gu.shape[1] // 2
-        wg, wu = gu[:, :I], gu[:, I:]
-    else:
-        wg, wu = _f64(gate_proj), _f64(up_proj)
-        I = wg.shape[1]
-    wd = _f64(down_proj)
-    if gate_up_bias is not None:
-        gate_bias, up_bias = _f64(gate_up_bias)[:, :I], _f64(gate_up_bias)[:, I:]
-    bg, bu, bd = _f64(gate_bias), _f64(up_bias), _f64(down_bias)
-
     ids, w = route(
         x2, router_weight, top_k=top_k, scoring=scoring, norm_topk_prob=norm_topk_prob,
         routed_scaling_factor=routed_scaling_factor, router_bias=router_bias,
         selection_bias=selection_bias, n_group=n_group, topk_group=topk_group,
         per_expert_scale=per_expert_scale, ids=ids,
     )
+    act = dict(activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+    y = experts_forward(x2, ids, w, gate_proj, up_proj, down_proj, gate_up_proj=gate_up_proj,
+                        gate_up_bias=gate_up_bias, gate_bias=gate_bias, up_bias=up_bias,
+                        down_bias=down_bias, **act)
     act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit)
-
-    y = np.zeros((T, H))
-    # the sum runs over slots in order j = 0..k-1 ...
-    for t in range(T):
-        for j in range(top_k):
-            e = ids[t, j]
-            y_e = expert_ffn(
-                x2[t], wg[e], wu[e], wd[e],
-                None if bg is None else bg[e], None if bu is None else bu[e],
-                None if bd is None else bd[e], **act,
-            )
-            y[t] += w[t, j] * y_e
 
     # ... then the shared expert, with its sigmoid gate factor ...
     if shared_expert is not None:

@@ -172,6 +172,13 @@ moe_status moe_layer_create(const moe_layer_desc* desc, moe_layer** out);
 moe_status moe_layer_forward(moe_layer* layer, const float* x, int64_t num_tokens,
                              const float* residual, float* y);
 
+/* The routed experts with the routing given (no router, no shared expert, no residual):
+ * y[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) over the k slots in order.
+ * ids (num_tokens, k) int32, each in [0, E) (checked: an invalid id is an error naming
+ * it, nothing is read through it); weights (num_tokens, k) float32; x, y (num_tokens, H). */
+moe_status moe_layer_forward_routed(moe_layer* layer, const float* x, int64_t num_tokens,
+                                    const int32_t* ids, const float* weights, float* y);
+
 /* The router alone: ids (num_tokens, k) int32, in descending selection score, and
  * their final weights (num_tokens, k). */
 moe_status moe_layer_route(moe_layer* layer, const float* x, int64_t num_tokens,

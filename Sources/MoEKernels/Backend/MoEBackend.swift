@@ -11,11 +11,14 @@ protocol MoEBackend: AnyObject, Sendable {
 
 /// One pass through the layer, as the stages of the spec. A backend may run each stage
 /// as it is called (CPU) or record it and run everything at `finish()` (Metal: one command
-/// buffer). The order is fixed: `route`, then for a forward `groupPairsByExpert`,
+/// buffer). The order is fixed: `route` (or `setRouting`), then for a forward `groupPairsByExpert`,
 /// `gateUp`, `down`, `combine`, and always `finish` last.
 protocol MoEPass: AnyObject {
     /// Router logits, scores, top-k ids and weights, and the shared expert's gate factor.
     func route()
+    /// Instead of `route()`: the given routing, (tokens, k) valid expert ids and their
+    /// weights; the pass then computes the routed experts only (no shared expert).
+    func setRouting(ids: UnsafePointer<Int32>, weights: UnsafePointer<Float>) throws
     /// Buckets the (token, slot) pairs by expert, once for both expert matmuls.
     func groupPairsByExpert()
     /// Gate and up projections of every selected expert (and the shared expert) with the
@@ -30,4 +33,10 @@ protocol MoEPass: AnyObject {
     func readRouting(ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>)
     /// Completes all recorded work; results are valid after it returns.
     func finish() throws
+}
+
+extension MoEPass {
+    func setRouting(ids: UnsafePointer<Int32>, weights: UnsafePointer<Float>) throws {
+        throw MoEError.unavailable("the experts-only call (given routing) is not implemented on this backend yet")
+    }
 }

@@ -88,6 +88,21 @@ public func moe_layer_forward(_ handle: OpaquePointer?, _ x: UnsafePointer<Float
     }
 }
 
+@_cdecl("moe_layer_forward_routed")
+public func moe_layer_forward_routed(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?, _ tokens: Int64,
+                                     _ ids: UnsafePointer<Int32>?, _ weights: UnsafePointer<Float>?,
+                                     _ y: UnsafeMutablePointer<Float>?) -> moe_status {
+    status {
+        let layer = try layer(handle)
+        if tokens == 0 { return CallStats.begin(layer.backendKind, tokens: 0) }
+        guard let x else { throw MoEError.invalidArgument("x is NULL") }
+        guard let ids else { throw MoEError.invalidArgument("ids is NULL") }
+        guard let weights else { throw MoEError.invalidArgument("weights is NULL") }
+        guard let y else { throw MoEError.invalidArgument("y is NULL") }
+        try layer.experts(x, tokens: Int(tokens), ids: ids, weights: weights, into: y)
+    }
+}
+
 @_cdecl("moe_layer_route")
 public func moe_layer_route(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?, _ tokens: Int64,
                             _ ids: UnsafeMutablePointer<Int32>?, _ weights: UnsafeMutablePointer<Float>?) -> moe_status {

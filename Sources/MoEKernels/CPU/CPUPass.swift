@@ -41,6 +41,8 @@ final class CPUPass: MoEPass {
     private let sharedActivated: UnsafeMutablePointer<Float> // (tokens, Is)
     private let sharedOut: UnsafeMutablePointer<Float>     // (tokens, H), gated
 
+    /// False when the routing was given (setRouting): the routed experts alone.
+    private var withShared: Bool
     private var gateUpItems: [(expert: Int, block: Int)] = []
     private var downItems: [(expert: Int, block: Int)] = []
 
@@ -49,6 +51,7 @@ final class CPUPass: MoEPass {
         self.backend = backend
         x = input
         self.tokens = tokens
+        withShared = backend.shared != nil
         (h, e, k, inner) = (c.hiddenSize, c.numExperts, c.topK, c.intermediateSize)
         let rows = tokens * k
         let si = c.sharedIntermediateSize
@@ -114,6 +117,12 @@ final class CPUPass: MoEPass {
         }
     }
 
+    func setRouting(ids: UnsafePointer<Int32>, weights: UnsafePointer<Float>) {
+        self.ids.update(from: ids, count: tokens * k)
+        self.weights.update(from: weights, count: tokens * k)
+        withShared = false
+    }
+
     func groupPairsByExpert() {
         let rows = tokens * k
         for i in 0...e { expertStart[i] = 0 }
@@ -148,7 +157,7 @@ final class CPUPass: MoEPass {
             for b in 0..<blocks { gateUpItems.append((expert, b)) }
             for b in 0..<downBlocks { downItems.append((expert, b)) }
         }
-        if let shared = backend.shared {
+        if withShared, let shared = backend.shared {
             for b in 0..<shared.blocksPerExpert { gateUpItems.append((Self.sharedExpert, b)) }
             for b in 0..<downBlocks { downItems.append((Self.sharedExpert, b)) }
         }
@@ -248,7 +257,7 @@ final class CPUPass: MoEPass {
 
     func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>) {
         let (h, k, downOut, pairRow) = (self.h, self.k, self.downOut, self.pairRow)
-        let sharedOut: UnsafeMutablePointer<Float>? = backend.shared == nil ? nil : self.sharedOut
+        let sharedOut: UnsafeMutablePointer<Float>? = withShared ? self.sharedOut : nil
         let chunk = 16, tokens = self.tokens
         parallelFor((tokens + chunk - 1) / chunk) { c in
             withUnsafeTemporaryAllocation(of: Float.self, capacity: Self.downBlock) { tmp in

@@ -49,6 +49,29 @@ public final class MoELayer: @unchecked Sendable {
         try pass.finish()
     }
 
+    /// The routed experts with the routing given (no router, no shared expert):
+    /// `output[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(input[t])` over the topK slots
+    /// in order. Every id must be in `0..<numExperts` (checked before anything runs).
+    public func experts(_ input: UnsafePointer<Float>, tokens: Int, ids: UnsafePointer<Int32>,
+                        weights: UnsafePointer<Float>, into output: UnsafeMutablePointer<Float>) throws {
+        CallStats.begin(backend.kind, tokens: tokens)
+        try checkTokens(tokens)
+        let e = Int32(configuration.numExperts)
+        for n in 0..<tokens * configuration.topK where ids[n] < 0 || ids[n] >= e {
+            let k = configuration.topK
+            throw MoEError.invalidArgument(
+                "ids[\(n / k), \(n % k)] = \(ids[n]) is not an expert id (0..<\(e))")
+        }
+        if tokens == 0 { return }
+        let pass = try backend.makePass(input: input, tokens: tokens)
+        try pass.setRouting(ids: ids, weights: weights)
+        pass.groupPairsByExpert()
+        pass.gateUp()
+        pass.down()
+        pass.combine(residual: nil, output: output)
+        try pass.finish()
+    }
+
     /// The router alone: `ids` and `weights` receive (tokens, topK) values each.
     public func route(_ input: UnsafePointer<Float>, tokens: Int,
                       ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) throws {
@@ -98,6 +121,28 @@ public final class MoELayer: @unchecked Sendable {
             }
         }
         return (ids, weights)
+    }
+
+    /// The routed experts with the given routing: `ids` and `weights` (tokens, topK).
+    public func experts(_ input: [Float], ids: [Int32], weights: [Float]) throws -> [Float] {
+        let tokens = try rows(in: input, name: "x")
+        let pairs = tokens * configuration.topK
+        guard ids.count == pairs, weights.count == pairs else {
+            throw MoEError.invalidArgument(
+                "ids and weights must have tokens x top_k = \(pairs) elements, got \(ids.count) and \(weights.count)")
+        }
+        var output = [Float](repeating: 0, count: input.count)
+        try input.withUnsafeBufferPointer { x in
+            try ids.withUnsafeBufferPointer { i in
+                try weights.withUnsafeBufferPointer { w in
+                    try output.withUnsafeMutableBufferPointer { y in
+                        try experts(x.baseAddress!, tokens: tokens, ids: i.baseAddress!, weights: w.baseAddress!,
+                                    into: y.baseAddress!)
+                    }
+                }
+            }
+        }
+        return output
     }
 
     private func rows(in input: [Float], name: String) throws -> Int {
