@@ -180,13 +180,28 @@ def _integer(name, value, minimum=None):
     return value
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _real(name, value):
+    """A finite number that float32 can hold (the native options are float32)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be within float32's range (|x| <= {_FLOAT32_MAX:.4g}), got {value}") from None
     if not np.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
+    if abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"{name} must be within float32's range (|x| <= {_FLOAT32_MAX:.4g}), got {value:g}")
     return value
+
+
+def _flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _choice(name, value, options):
@@ -292,7 +307,7 @@ class MoELayer:
         desc.backend = _choice("backend", backend, BACKENDS)
         desc.hidden_size, desc.intermediate_size, desc.num_experts, desc.top_k = H, I, E, top_k
         desc.scoring = _choice("scoring", scoring, SCORINGS)
-        desc.norm_topk_prob = 1 if norm_topk_prob else 0
+        desc.norm_topk_prob = 1 if _flag("norm_topk_prob", norm_topk_prob) else 0
         desc.routed_scaling_factor = _real("routed_scaling_factor", routed_scaling_factor)
         desc.n_group, desc.topk_group = n_group, topk_group
         router.set(ffi, desc, "router_weight", keep)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numbers
+
 import numpy as np
 
 from . import _native
@@ -105,15 +107,16 @@ def compile(source: str, include_dirs=(), defines=None, metal_version=None) -> "
     defines it as 1). metal_version: `__METAL_VERSION__` (310 = MSL 3.1, the default).
     """
     ffi, lib, _ = _native.load()
+    _text("source", source)
     out = ffi.new("moe_softmetal_library **")
     kind = ffi.new("int32_t *")
     if not include_dirs and not defines and metal_version is None:
-        _raise(lib.moe_softmetal_compile(source.encode("utf-8"), out, kind), kind[0])
+        _raise(lib.moe_softmetal_compile(_text("source", source), out, kind), kind[0])
         return Library(out[0])
     keep = []  # cffi strings must outlive the call
 
     def strings(values):
-        cdata = [ffi.new("char[]", v.encode("utf-8")) if v is not None else ffi.NULL for v in values]
+        cdata = [ffi.new("char[]", _text("include_dirs / defines", v)) if v is not None else ffi.NULL for v in values]
         keep.extend(cdata)
         array = ffi.new("const char *[]", cdata) if cdata else ffi.NULL
         keep.append(array)
@@ -133,18 +136,27 @@ def compile(source: str, include_dirs=(), defines=None, metal_version=None) -> "
     options.define_names = strings(names)
     options.define_values = strings(values)
     options.metal_version = int(metal_version or 0)
-    _raise(lib.moe_softmetal_compile_with_options(source.encode("utf-8"), options, out, kind), kind[0])
+    _raise(lib.moe_softmetal_compile_with_options(_text("source", source), options, out, kind), kind[0])
     return Library(out[0])
 
 
 def _triple(name, value):
-    try:
-        t = tuple(int(v) for v in value)
-    except TypeError:
-        t = (int(value),)
-    if not 1 <= len(t) <= 3 or any(v < 0 for v in t):
-        raise InvalidUsageError(f"{name} must be 1 to 3 non-negative integers, got {value!r}")
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in items):
+        raise TypeError(f"{name} must be 1 to 3 integers, got {value!r}")
+    t = tuple(int(v) for v in items)
+    if not 1 <= len(t) <= 3 or any(not 0 <= v <= 0xFFFFFFFF for v in t):
+        raise InvalidUsageError(f"{name} must be 1 to 3 integers in [0, 2**32), got {value!r}")
     return t + (1,) * (3 - len(t))
+
+
+def _text(name, value):
+    """`value` as a C string: a str without NUL characters."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{name} contains a NUL character, which would cut it short")
+    return value.encode("utf-8")
 
 
 class Library:
@@ -208,7 +220,7 @@ class Library:
 
         desc = ffi.new("moe_softmetal_launch_desc *")
         desc.struct_size = ffi.sizeof("moe_softmetal_launch_desc")
-        name = ffi.new("char[]", kernel.encode("utf-8"))
+        name = ffi.new("char[]", _text("kernel", kernel))
         desc.kernel = name
         desc.num_buffers = n
         desc.buffer_indices, desc.buffer_data, desc.buffer_lengths = c_indices, c_datas, c_lengths

@@ -83,6 +83,13 @@ CASES = {
     "shared gate shape": expect(ValueError, r"shared_expert\['sigmoid_gate'\] must have shape \(16\)",
                                 shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H), down_proj=f32(H, 5),
                                                    sigmoid_gate=f32(5))),
+    "norm_topk_prob a string": expect(TypeError, r"norm_topk_prob must be True or False, got 'False'",
+                                      norm_topk_prob="False"),
+    "scaling beyond float": expect(ValueError, r"routed_scaling_factor must be within float32's range",
+                                   routed_scaling_factor=10**400),
+    "scaling beyond float32": expect(ValueError, r"routed_scaling_factor must be within float32's range",
+                                     routed_scaling_factor=1e39),
+    "alpha nan": expect(ValueError, r"swiglu_alpha must be finite", swiglu_alpha=float("nan")),
 }
 
 
@@ -146,3 +153,26 @@ def test_native_errors_have_messages():
     assert b"not a live layer" in ffi.string(lib.moe_last_error())
     lib.moe_layer_destroy(forged)  # ignored
     assert lib.moe_layer_backend(forged) == -1
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal runs on Linux")
+def test_softmetal_harness_argument_types():
+    from moe_swift import softmetal
+    with pytest.raises(TypeError, match="source must be a str"):
+        softmetal.compile(123)
+    with pytest.raises(TypeError, match="source must be a str"):
+        softmetal.compile(b"kernel void k() {}")
+    with pytest.raises(ValueError, match="NUL"):
+        softmetal.compile("kernel void k() {}\0 garbage")
+    lib = softmetal.compile("kernel void k(device float* a [[buffer(0)]]) { a[0] = 1; }")
+    a = np.zeros(1, np.float32)
+    with pytest.raises(TypeError, match="kernel must be a str"):
+        lib.launch(5, [a], threadgroups=1)
+    with pytest.raises(ValueError, match="NUL"):
+        lib.launch("k\0x", [a], threadgroups=1)
+    with pytest.raises(TypeError, match="threadgroups must be 1 to 3 integers"):
+        lib.launch("k", [a], threadgroups=(1.7,))
+    with pytest.raises(softmetal.InvalidUsageError, match=r"in \[0, 2\*\*32\)"):
+        lib.launch("k", [a], threadgroups=(2**32, 1, 1))
+    lib.launch("k", [a], threadgroups=(1,))
+    assert a[0] == 1

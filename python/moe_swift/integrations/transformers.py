@@ -1,0 +1,101 @@
+"""moe_swift as a transformers experts backend.
+
+    import moe_swift.integrations.transformers as moe_tf
+    moe_tf.register()
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moe_swift")
+
+transformers 5 routes every experts module decorated with `use_experts_implementation`
+(Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek, GLM-4.5, gpt-oss, ...) through
+`ALL_EXPERTS_FUNCTIONS[config._experts_implementation](module, hidden (T, H),
+top_k_index (T, k), top_k_weights (T, k))`. The function registered here builds one
+`MoELayer` per experts module on its first call, from the module's parameters in their
+dtype (bfloat16 stays bfloat16), and then runs `layer.experts(hidden, ids, weights)`.
+The layer is a snapshot: after changing the module's weights, call `reset(model)`.
+"""
+
+from __future__ import annotations
+
+from ..layer import MoELayer
+
+NAME = "moe_swift"
+_LAYER_ATTR = "_moe_swift_layer"
+
+
+def register(name: str = NAME, backend: str = "auto") -> str:
+    """Registers the experts backend `name` with transformers and returns it."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    def forward(module, hidden_states, top_k_index, top_k_weights):
+        return experts_forward(module, hidden_states, top_k_index, top_k_weights, backend=backend)
+
+    ALL_EXPERTS_FUNCTIONS.register(name, forward)
+    return name
+
+
+def reset(model) -> None:
+    """Drops the layers built from `model`'s experts modules (after a weight change)."""
+    for module in model.modules():
+        layer = module.__dict__.pop(_LAYER_ATTR, None)
+        if layer is not None:
+            layer.close()
+
+
+def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto"):
+    layer = module.__dict__.get(_LAYER_ATTR)
+    if layer is None:
+        layer = layer_from_module(module, top_k=top_k_index.shape[-1], backend=backend)
+        module.__dict__[_LAYER_ATTR] = layer
+    return layer.experts(hidden_states, top_k_index, top_k_weights)
+
+
+def _activation(module):
+    """(activation name, options) of an experts module."""
+    if hasattr(module, "alpha") and hasattr(module, "limit"):  # gpt-oss's clamped SwiGLU
+        return "swiglu_oai", dict(swiglu_alpha=float(module.alpha), swiglu_limit=float(module.limit))
+    act = getattr(module, "act_fn", None)
+    name = type(act).__name__.lower()
+    if "silu" in name or "swish" in name:
+        return "silu", {}
+    if "gelu" in name and "tanh" in name:
+        return "gelu_tanh", {}
+    hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+    if hidden_act in ("silu", "swish"):
+        return "silu", {}
+    if hidden_act in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return "gelu_tanh", {}
+    raise NotImplementedError(f"moe_swift has no activation matching {type(act).__name__} "
+                              f"(hidden_act={hidden_act!r}) of {type(module).__name__}")
+
+
+def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
+    """A MoELayer holding `module`'s experts (its router is unused: `experts()` takes the
+    routing transformers computed)."""
+    import torch
+
+    with torch.no_grad():
+        activation, options = _activation(module)
+        transposed = bool(getattr(module, "is_transposed", False))
+        interleaved = activation == "swiglu_oai"  # gpt-oss: gate and up alternate
+        bias = bool(getattr(module, "has_bias", False))
+
+        def out_by_in(w):
+            return w.detach().transpose(-1, -2).contiguous() if transposed else w.detach()
+
+        kwargs = dict(activation=activation, **options)
+        if hasattr(module, "gate_up_proj"):
+            gate_up = out_by_in(module.gate_up_proj)                   # (E, 2I, H)
+            if interleaved:
+                kwargs["gate_proj"], kwargs["up_proj"] = gate_up[:, 0::2].contiguous(), gate_up[:, 1::2].contiguous()
+            else:
+                kwargs["gate_up_proj"] = gate_up
+            if bias:
+                b = module.gate_up_proj_bias.detach()
+                kwargs["gate_up_bias"] = torch.cat([b[:, 0::2], b[:, 1::2]], dim=1) if interleaved else b
+        else:
+            kwargs["gate_proj"], kwargs["up_proj"] = out_by_in(module.gate_proj), out_by_in(module.up_proj)
+        down = out_by_in(module.down_proj)                             # (E, H, I)
+        if bias:
+            kwargs["down_bias"] = module.down_proj_bias.detach()
+        E, H = down.shape[0], down.shape[1]
+        router = torch.zeros((E, H), dtype=torch.float32)
+        return MoELayer(router, down_proj=down, top_k=top_k, backend=backend, **kwargs)
