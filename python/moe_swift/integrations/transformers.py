@@ -73,9 +73,13 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
     import torch
 
     with torch.no_grad():
+        for flag, wanted in (("has_gate", True), ("has_post_expert_norm", False)):
+            if bool(getattr(module, flag, wanted)) != wanted:
+                raise NotImplementedError(f"{type(module).__name__} has {flag}={not wanted}: moe_swift runs gated "
+                                          "experts without a norm after them")
         activation, options = _activation(module)
         transposed = bool(getattr(module, "is_transposed", False))
-        interleaved = activation == "swiglu_oai"  # gpt-oss: gate and up alternate
+        interleaved = not getattr(module, "is_concatenated", True)  # gpt-oss: gate and up alternate
         bias = bool(getattr(module, "has_bias", False))
 
         def out_by_in(w):
