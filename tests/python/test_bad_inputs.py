@@ -176,3 +176,22 @@ def test_softmetal_harness_argument_types():
         lib.launch("k", [a], threadgroups=(2**32, 1, 1))
     lib.launch("k", [a], threadgroups=(1,))
     assert a[0] == 1
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal runs on Linux")
+def test_softmetal_sizes_whose_products_overflow_are_usage_errors():
+    """Each of these trapped (SIGILL) in the launch path's size arithmetic."""
+    from moe_swift import softmetal
+    lib = softmetal.compile("kernel void k(device float* a [[buffer(0)]], threadgroup float* t [[threadgroup(0)]],"
+                            " uint i [[thread_position_in_grid]]) { if (i == 0) a[0] = 1; }")
+    a = np.zeros(1, np.float32)
+    big = 2**32 - 1
+    cases = [dict(threadgroups=(big, big, 1), threadgroup_memory={0: 16}),
+             dict(threadgroups=1, threads_per_threadgroup=(big, big, 1), threadgroup_memory={0: 16}),
+             dict(threadgroups=1, threadgroup_memory={0: 2**62, 1: 2**62}),
+             dict(indirect=np.array([big, big, big], np.uint32), threadgroup_memory={0: 16})]
+    for case in cases:
+        with pytest.raises(softmetal.InvalidUsageError):
+            lib.launch("k", [a], **case)
+    lib.launch("k", [a], threadgroups=1, threadgroup_memory={0: 16})
+    assert a[0] == 1

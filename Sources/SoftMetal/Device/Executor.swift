@@ -25,6 +25,17 @@ enum Executor {
         }
     }
 
+    /// The product, or nil if it overflows Int.
+    static func checkedProduct(_ factors: Int...) -> Int? {
+        var product = 1
+        for f in factors {
+            let (p, overflow) = product.multipliedReportingOverflow(by: f)
+            if overflow { return nil }
+            product = p
+        }
+        return product
+    }
+
     static func run(_ c: DispatchCommand) throws {
         let start = DispatchTime.now().uptimeNanoseconds
         var counted: (groups: Int, threads: Int)?
@@ -42,31 +53,35 @@ enum Executor {
         guard t.width >= 1, t.height >= 1, t.depth >= 1 else {
             throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadsPerThreadgroup \(t.width)x\(t.height)x\(t.depth) has a zero dimension")
         }
-        let perGroup = t.width * t.height * t.depth
-        guard perGroup <= c.maxThreads else {
-            throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadsPerThreadgroup \(t.width)x\(t.height)x\(t.depth) = \(perGroup) exceeds maxTotalThreadsPerThreadgroup \(c.maxThreads)")
+        // Sizes come from the caller (a Python harness passes anything): every product is
+        // checked, an overflow is a usage error rather than a trap.
+        guard let perGroup = checkedProduct(t.width, t.height, t.depth), perGroup <= c.maxThreads else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadsPerThreadgroup \(t.width)x\(t.height)x\(t.depth) exceeds maxTotalThreadsPerThreadgroup \(c.maxThreads)")
         }
         switch c.size {
         case .threadgroups(let g):
             groups = (g.width, g.height, g.depth)
-            grid = (g.width * t.width, g.height * t.height, g.depth * t.depth)
+            grid = (checkedProduct(g.width, t.width) ?? .max, checkedProduct(g.height, t.height) ?? .max,
+                    checkedProduct(g.depth, t.depth) ?? .max)
         case .threads(let n):
             grid = (n.width, n.height, n.depth)
-            groups = ((n.width + t.width - 1) / t.width, (n.height + t.height - 1) / t.height, (n.depth + t.depth - 1) / t.depth)
+            groups = (n.width / t.width + (n.width % t.width == 0 ? 0 : 1),
+                      n.height / t.height + (n.height % t.height == 0 ? 0 : 1),
+                      n.depth / t.depth + (n.depth % t.depth == 0 ? 0 : 1))
         case .indirect(let buffer, let offset):
-            guard offset >= 0, offset % 4 == 0, offset + 12 <= buffer.length else {
+            guard offset >= 0, offset % 4 == 0, offset <= buffer.length - 12 else {
                 throw SoftMetalError.invalidUsage("kernel \(kernel.name): indirect buffer offset \(offset) needs 12 bytes inside a buffer of \(buffer.length) (4-byte aligned)")
             }
             let p = (buffer.contents() + offset).assumingMemoryBound(to: UInt32.self)
             groups = (Int(p[0]), Int(p[1]), Int(p[2]))
-            grid = (groups.0 * t.width, groups.1 * t.height, groups.2 * t.depth)
+            grid = (checkedProduct(groups.0, t.width) ?? .max, checkedProduct(groups.1, t.height) ?? .max,
+                    checkedProduct(groups.2, t.depth) ?? .max)
         }
         guard groups.0 >= 0, groups.1 >= 0, groups.2 >= 0 else {
             throw SoftMetalError.invalidUsage("kernel \(kernel.name): negative grid size")
         }
-        let total = groups.0 * groups.1 * groups.2
-        if total == 0 { return }
-        guard total <= Int(UInt32.max), grid.0 <= Int(UInt32.max), grid.1 <= Int(UInt32.max), grid.2 <= Int(UInt32.max) else {
+        if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 { return }
+        guard let total = checkedProduct(groups.0, groups.1, groups.2), total <= Int(UInt32.max), grid.0 <= Int(UInt32.max), grid.1 <= Int(UInt32.max), grid.2 <= Int(UInt32.max) else {
             throw SoftMetalError.invalidUsage("kernel \(kernel.name): grid too large")
         }
 
@@ -86,9 +101,10 @@ enum Executor {
                 }
             }
         }
-        let dynamicTG = c.threadgroupLengths.reduce(0, +)
-        guard dynamicTG <= 32768 else {
-            throw SoftMetalError.invalidUsage("kernel \(kernel.name): \(dynamicTG) bytes of threadgroup memory exceed the 32768 bytes of Apple GPUs")
+        // Each length is checked before the sum, so the sum cannot overflow.
+        guard c.threadgroupLengths.allSatisfy({ $0 >= 0 && $0 <= 32768 }),
+              case let dynamicTG = c.threadgroupLengths.reduce(0, +), dynamicTG <= 32768 else {
+            throw SoftMetalError.invalidUsage("kernel \(kernel.name): the threadgroup memory lengths \(c.threadgroupLengths.filter { $0 != 0 }) exceed the 32768 bytes of Apple GPUs")
         }
 
         counted = (total, total * perGroup)
