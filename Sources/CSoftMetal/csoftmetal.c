@@ -1,5 +1,5 @@
 // The low-level C part of SoftMetal: guarded memory and its registry, the SIGSEGV
-// handler that turns faults in guard pages into errors, per-thread fiber stacks and
+// (and SIGBUS / SIGFPE / SIGILL / SIGTRAP) handler that turns faults in guard pages into errors, per-thread fiber stacks and
 // threadgroup memory, and running the compiler. Linux only (empty elsewhere).
 #if defined(__linux__)
 #define _GNU_SOURCE
@@ -126,7 +126,7 @@ typedef struct thread_state {
     sigjmp_buf jmp;
     volatile int running;
     uintptr_t fault_address, fault_start, fault_length;
-    int32_t fault_tag, fault_kind;
+    int32_t fault_tag, fault_kind, fault_signal, fault_code;
     // fiber stacks
     char* stacks;
     size_t stack_size, stack_count, stacks_map_length;
@@ -292,10 +292,21 @@ static int ensure_stacks(thread_state* ts, uint32_t count) {
 
 // MARK: the SIGSEGV handler -------------------------------------------------------------
 
-static struct sigaction previous_segv, previous_bus;
+// The handlers that were installed before SoftMetal's, per signal, to chain to.
+static struct sigaction previous_segv, previous_bus, previous_fpe, previous_ill, previous_trap;
+
+static struct sigaction* previous_for(int sig) {
+    switch (sig) {
+    case SIGBUS: return &previous_bus;
+    case SIGFPE: return &previous_fpe;
+    case SIGILL: return &previous_ill;
+    case SIGTRAP: return &previous_trap;
+    default: return &previous_segv;
+    }
+}
 
 static void chain(int sig, siginfo_t* info, void* context) {
-    struct sigaction* prev = sig == SIGBUS ? &previous_bus : &previous_segv;
+    struct sigaction* prev = previous_for(sig);
     if ((prev->sa_flags & SA_SIGINFO) && prev->sa_sigaction) {
         prev->sa_sigaction(sig, info, context);
     } else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN && prev->sa_handler != NULL) {
@@ -309,6 +320,16 @@ static void chain(int sig, siginfo_t* info, void* context) {
 
 static void on_fault(int sig, siginfo_t* info, void* context) {
     thread_state* ts = current_thread;
+    if (ts && ts->running && (sig == SIGFPE || sig == SIGILL || sig == SIGTRAP)) {
+        // Integer division by zero or INT_MIN / -1, __builtin_trap(), a breakpoint: on a
+        // GPU these give garbage or stop the kernel; here the kernel is stopped and the
+        // dispatch reports it, instead of the signal ending the process.
+        ts->fault_address = (uintptr_t)info->si_addr;
+        ts->fault_signal = sig;
+        ts->fault_code = info->si_code;
+        ts->running = 0;
+        siglongjmp(ts->jmp, SM_ERROR_TRAP);
+    }
     if (ts && ts->running) {
         uintptr_t address = (uintptr_t)info->si_addr;
         int i = registry_find(address);
@@ -368,6 +389,9 @@ static void install_handler(void) {
     pthread_mutex_lock(&handler_lock);
     install_one(SIGSEGV, &previous_segv);
     install_one(SIGBUS, &previous_bus);
+    install_one(SIGFPE, &previous_fpe);
+    install_one(SIGILL, &previous_ill);
+    install_one(SIGTRAP, &previous_trap);
     static int watchdog_installed;
     if (!watchdog_installed && csm_timeout_seconds() > 0) {
         struct sigaction action;
@@ -398,6 +422,8 @@ uintptr_t csm_fault_address(void) { return current_thread ? current_thread->faul
 uintptr_t csm_fault_region_start(void) { return current_thread ? current_thread->fault_start : 0; }
 uintptr_t csm_fault_region_length(void) { return current_thread ? current_thread->fault_length : 0; }
 int32_t csm_fault_region_tag(void) { return current_thread ? current_thread->fault_tag : 0; }
+int32_t csm_fault_signal(void) { return current_thread ? current_thread->fault_signal : 0; }
+int32_t csm_fault_code(void) { return current_thread ? current_thread->fault_code : 0; }
 
 // MARK: running a launcher --------------------------------------------------------------
 
@@ -449,7 +475,8 @@ int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed) {
     if (jumped) {
         ts->running = 0;
         set_error(d, jumped == SM_ERROR_STACK_OVERFLOW ? "stack overflow in a GPU thread"
-                     : jumped == SM_ERROR_TIMEOUT ? "timeout" : "out-of-bounds access");
+                     : jumped == SM_ERROR_TIMEOUT ? "timeout"
+                     : jumped == SM_ERROR_TRAP ? "trap in kernel code" : "out-of-bounds access");
         return d->error_kind = (uint32_t)jumped;
     }
 

@@ -195,3 +195,27 @@ def test_softmetal_sizes_whose_products_overflow_are_usage_errors():
             lib.launch("k", [a], **case)
     lib.launch("k", [a], threadgroups=1, threadgroup_memory={0: 16})
     assert a[0] == 1
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal runs on Linux")
+def test_kernel_traps_are_errors_not_signals():
+    """Integer division by zero, INT_MIN / -1 and __builtin_trap() in a kernel raised
+    SIGFPE / SIGILL, which ended the process."""
+    from moe_swift import softmetal
+    lib = softmetal.compile("""
+    kernel void div(device int* a [[buffer(0)]], device const int* b [[buffer(1)]],
+                    uint i [[thread_position_in_grid]]) { a[i] = a[i] / b[i]; }
+    kernel void trap(device int* a [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+        if (i == 3) __builtin_trap();
+        a[i] = 1;
+    }""")
+    for b, words in ((np.array([1, 2, 0, 4], np.int32), "division or remainder by zero"),
+                     (np.array([1, -1, 1, 1], np.int32), r"overflows \(INT_MIN / -1\)|division")):
+        a = np.array([5, -2**31, 7, 8], np.int32)
+        with pytest.raises(softmetal.SoftMetalError, match=words):
+            lib.launch("div", [a, b], grid=(4,), threads_per_threadgroup=(4,))
+    with pytest.raises(softmetal.SoftMetalError, match="trap instruction"):
+        lib.launch("trap", [np.zeros(4, np.int32)], grid=(4,), threads_per_threadgroup=(4,))
+    a = np.full(4, 6, np.int32)
+    lib.launch("div", [a, np.full(4, 3, np.int32)], grid=(4,), threads_per_threadgroup=(4,))
+    assert a.tolist() == [2, 2, 2, 2]

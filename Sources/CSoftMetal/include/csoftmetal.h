@@ -34,6 +34,7 @@ extern "C" {
 #define SM_ERROR_RUNTIME 3        /* another error found by the runtime (message in error) */
 #define SM_ERROR_STACK_OVERFLOW 4 /* fault in the guard page of a fiber stack */
 #define SM_ERROR_TIMEOUT 5        /* the watchdog stopped a chunk that ran too long */
+#define SM_ERROR_TRAP 6           /* SIGFPE, SIGILL or SIGTRAP in kernel code (see csm_fault_signal) */
 
 /* One dispatch (or one worker's part of it). Filled by the host; the launcher reads it
  * and writes error_kind / error. Positions: the threadgroups at linear positions
@@ -121,6 +122,9 @@ uintptr_t csm_fault_address(void);
 uintptr_t csm_fault_region_start(void);
 uintptr_t csm_fault_region_length(void);
 int32_t csm_fault_region_tag(void);
+/* After SM_ERROR_TRAP: the signal and its si_code (e.g. SIGFPE / FPE_INTDIV). */
+int32_t csm_fault_signal(void);
+int32_t csm_fault_code(void);
 
 /* Runs launcher(d) on the calling thread: fills the per-thread fields of a copy of *d
  * (stacks, scratch, threadgroup memory with the lengths in d->tg_mem_lengths, guarded),

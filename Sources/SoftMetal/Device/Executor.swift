@@ -199,6 +199,8 @@ enum Executor {
                 text = outOfBoundsMessage(kernel, bindings)
             } else if kind == SM_ERROR_STACK_OVERFLOW {
                 text = "kernel \(kernel.name): stack overflow in a GPU thread (thread-private memory over the fiber stack size; set SOFTMETAL_STACK_KB)"
+            } else if kind == SM_ERROR_TRAP {
+                text = trapMessage(kernel)
             } else if kind == SM_ERROR_TIMEOUT {
                 text = "kernel \(kernel.name): did not finish within \(csm_timeout_seconds()) s (SOFTMETAL_TIMEOUT_S): an endless loop, or a thread spinning on a value that another thread sets (SoftMetal runs a thread until it reaches a barrier, a simd operation or its end, so spin-waits never see the other threads)"
             }
@@ -211,6 +213,20 @@ enum Executor {
         case SM_ERROR_DIVERGENCE: throw SoftMetalError.barrierDivergence(failed.message)
         default: throw SoftMetalError.runtime(failed.message)
         }
+    }
+
+    /// Called on the thread whose csm_run reported SM_ERROR_TRAP.
+    private static func trapMessage(_ kernel: CompiledKernel) -> String {
+        let what: String
+        switch (csm_fault_signal(), csm_fault_code()) {
+        case (SIGFPE, Int32(FPE_INTDIV)): what = "an integer division or remainder by zero"
+        case (SIGFPE, Int32(FPE_INTOVF)): what = "an integer division that overflows (INT_MIN / -1)"
+        case (SIGFPE, _): what = "an arithmetic exception (SIGFPE)"
+        case (SIGILL, _): what = "a trap instruction (SIGILL: __builtin_trap() or an undefined-behaviour check)"
+        default: what = "a breakpoint trap (SIGTRAP)"
+        }
+        let hex = String(UInt(bitPattern: Int(bitPattern: csm_fault_address())), radix: 16)
+        return "kernel \(kernel.name): \(what) at address 0x\(hex); on a GPU its result would be undefined"
     }
 
     /// Called on the thread whose csm_run reported the fault.
