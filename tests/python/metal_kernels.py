@@ -21,8 +21,8 @@ _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
 
 
 def library_source(files=None) -> str:
-    def expand(text):
-        return _INCLUDE.sub(lambda m: (METAL_DIR / m.group(1)).read_text(), text)
+    def expand(text):  # headers include headers: expanded recursively (guards stop repeats)
+        return _INCLUDE.sub(lambda m: expand((METAL_DIR / m.group(1)).read_text()), text)
 
     return "\n".join(expand((METAL_DIR / name).read_text())
                      for name in (files or KERNEL_FILES) if (METAL_DIR / name).is_file())
