@@ -119,6 +119,19 @@ typedef struct moe_weight_desc {
 #define MOE_FFN_BUF_W1_SCALES 12
 #define MOE_FFN_BUF_W1_BIASES 13
 
+/* Buffer indices of moe_bucket and moe_combine. */
+#define MOE_BUCKET_BUF_PARAMS 0
+#define MOE_BUCKET_BUF_IDS 1
+#define MOE_BUCKET_BUF_OFFSETS 2
+#define MOE_BUCKET_BUF_ROWS 3
+#define MOE_BUCKET_BUF_TILES 4
+#define MOE_BUCKET_BUF_DISPATCH_ARGS 5
+#define MOE_COMBINE_BUF_PARAMS 0
+#define MOE_COMBINE_BUF_PAIR_OUT 1
+#define MOE_COMBINE_BUF_SHARED_OUT 2
+#define MOE_COMBINE_BUF_RESIDUAL 3
+#define MOE_COMBINE_BUF_OUTPUT 4
+
 /* moe_router: grid (ceil(tokens / tokens_per_group)), MOE_ROUTER_THREADS threads,
  * threadgroup(0): tokens_per_group * (logit_stride + 2 * experts) floats. */
 typedef struct moe_router_params {

@@ -74,7 +74,11 @@ struct MetalLayerEncoder {
         p.down_column_tiles = UInt32(columnTiles(c.hiddenSize))
         encoder.setComputePipelineState(context.bucket)
         setParams(&p)
-        bind([scratch.ids, scratch.offsets, scratch.rows, scratch.tiles, scratch.dispatchArgs], from: 1)
+        set(MOE_BUCKET_BUF_IDS, scratch.ids)
+        set(MOE_BUCKET_BUF_OFFSETS, scratch.offsets)
+        set(MOE_BUCKET_BUF_ROWS, scratch.rows)
+        set(MOE_BUCKET_BUF_TILES, scratch.tiles)
+        set(MOE_BUCKET_BUF_DISPATCH_ARGS, scratch.dispatchArgs)
         encoder.setThreadgroupMemoryLength(roundUp16(24 * c.numExperts), index: 0)
         dispatch(groups: (1, 1), threads: MOE_BUCKET_THREADS)
     }
@@ -163,7 +167,10 @@ struct MetalLayerEncoder {
         p.has_residual = residual == nil ? 0 : 1
         encoder.setComputePipelineState(context.combine)
         setParams(&p)
-        bind([scratch.pairOut, scratch.sharedOut, residual, output], from: 1)
+        set(MOE_COMBINE_BUF_PAIR_OUT, scratch.pairOut)
+        set(MOE_COMBINE_BUF_SHARED_OUT, scratch.sharedOut)
+        set(MOE_COMBINE_BUF_RESIDUAL, residual)
+        set(MOE_COMBINE_BUF_OUTPUT, output)
         let threads = Int(MOE_COMBINE_THREADS)
         dispatch(groups: ((c.hiddenSize + threads - 1) / threads, tokens), threads: MOE_COMBINE_THREADS)
     }
@@ -191,6 +198,7 @@ struct MetalLayerEncoder {
     }
     private func roundUp16(_ bytes: Int) -> Int { (bytes + 15) / 16 * 16 }
 
+    /// The parameter struct, at index 0 in every kernel (`MOE_*_BUF_PARAMS`).
     private func setParams<P>(_ params: inout P) {
         withUnsafeBytes(of: &params) { encoder.setBytes($0.baseAddress!, length: $0.count, index: 0) }
     }
@@ -212,13 +220,6 @@ struct MetalLayerEncoder {
         set(MOE_FFN_BUF_ROWS, scratch.rows)
         set(MOE_FFN_BUF_TILES, scratch.tiles)
         set(MOE_FFN_BUF_OFFSETS, scratch.offsets)
-    }
-
-    /// Buffers at consecutive indices; absent ones get the placeholder (never read).
-    private func bind(_ buffers: [(any MTLBuffer)?], from first: Int) {
-        for (n, buffer) in buffers.enumerated() {
-            encoder.setBuffer(buffer ?? context.placeholder, offset: 0, index: first + n)
-        }
     }
 
     private func dispatch(groups: (Int, Int), threads: Int32) {
