@@ -54,6 +54,7 @@ let package = Package(
             resources: [
                 .embedInCode("Metal/moe_kernel_params.h"),
                 .embedInCode("Metal/moe_common.h"),
+                .embedInCode("Metal/moe_formats.h"),
                 .embedInCode("Metal/moe_router.metal"),
                 .embedInCode("Metal/moe_bucket.metal"),
                 .embedInCode("Metal/moe_experts.metal"),

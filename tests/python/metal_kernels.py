@@ -11,6 +11,8 @@ from pathlib import Path
 import cffi
 import numpy as np
 
+from moe_swift import formats
+
 ROOT = Path(__file__).resolve().parents[2]
 METAL_DIR = ROOT / "Sources" / "MoEKernels" / "Metal"
 HEADER = METAL_DIR / "moe_kernel_params.h"
@@ -21,8 +23,8 @@ _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
 
 
 def library_source(files=None) -> str:
-    def expand(text):
-        return _INCLUDE.sub(lambda m: (METAL_DIR / m.group(1)).read_text(), text)
+    def expand(text):  # headers include headers: expanded recursively (guards stop repeats)
+        return _INCLUDE.sub(lambda m: expand((METAL_DIR / m.group(1)).read_text()), text)
 
     return "\n".join(expand((METAL_DIR / name).read_text())
                      for name in (files or KERNEL_FILES) if (METAL_DIR / name).is_file())
@@ -41,11 +43,83 @@ CONST = {name: int(value) for name, value in
 
 
 def params(struct: str, **fields) -> bytes:
-    """The bytes of one parameter struct (unnamed fields zero)."""
+    """The bytes of one parameter struct (unnamed fields zero); a dict sets the fields of
+    a nested struct (e.g. w0=weight.desc)."""
     p = ffi.new(f"{struct} *")
     for name, value in fields.items():
-        setattr(p[0], name, value)
+        if isinstance(value, dict):
+            inner = getattr(p[0], name)
+            for field, v in value.items():
+                setattr(inner, field, v)
+        else:
+            setattr(p[0], name, value)
     return bytes(ffi.buffer(p))
+
+
+# Kernel-test formats: name -> how a float32 matrix is stored (the instance suffix follows
+# MetalWeight.kernelSuffix: q3 and q6 run the `any` instance).
+KERNEL_FORMATS = {
+    "f32": None,
+    "f16": None,
+    "bf16": None,
+    "q4": dict(bits=4, group_size=64, scale_dtype="float16"),
+    "q8": dict(bits=8, group_size=32),
+    "q3": dict(bits=3, group_size=32, scale_dtype="bfloat16"),
+    "q6": dict(bits=6, group_size=128),
+    "mxfp4": dict(mode="mxfp4"),
+}
+
+
+class KernelWeight:
+    """A float32 matrix (E, rows, cols) as a kernel reads it in format `fmt`: the three
+    buffers, its moe_weight_desc fields, the instance suffix and the exact values it
+    stands for (float64)."""
+
+    def __init__(self, w, fmt="f32", rows_per_expert=None, row_offset=0):
+        self.fmt = fmt
+        rows_per_expert = w.shape[-2] if rows_per_expert is None else rows_per_expert
+        desc = dict(rows_per_expert=rows_per_expert, row_offset=row_offset)
+        self.scales = self.biases = None
+        if fmt in ("f32", "f16", "bf16"):
+            code = ("f32", "f16", "bf16").index(fmt)
+            if fmt == "bf16":
+                self.codes = formats.float32_to_bf16(w)
+                self.values = formats.bf16_to_float32(self.codes).astype(np.float64)
+            else:
+                self.codes = np.ascontiguousarray(w, np.float32 if fmt == "f32" else np.float16)
+                self.values = self.codes.astype(np.float64)
+            desc.update(format=code, bits=32 if code == 0 else 16)
+            self.suffix = fmt
+        else:
+            q = formats.quantize(w, **KERNEL_FORMATS[fmt])
+            self.codes, self.scales, self.biases = q.weight, q.scales, q.biases
+            self.values = formats.dequantize(q)
+            desc.update(format=CONST["MOE_FMT_MXFP4"] if q.mode == "mxfp4" else CONST["MOE_FMT_AFFINE"], bits=q.bits,
+                        group_shift=q.group_size.bit_length() - 1,
+                        scale_type=formats.DTYPES.get(q.scale_dtype, 0))
+            self.suffix = fmt if fmt in ("q4", "q8", "mxfp4") else "any"
+        self.desc = desc
+
+    def at(self, row_offset):
+        """The same buffers read from row `row_offset` of each expert (fused gate_up)."""
+        other = object.__new__(KernelWeight)
+        other.__dict__.update(self.__dict__, desc=dict(self.desc, row_offset=row_offset))
+        return other
+
+
+def ffn_buffers(w0, w1=None, **named):
+    """(instance suffix, {index: array}) of an expert kernel: w0 (and w1) as KernelWeights
+    at MOE_FFN_BUF_W0* (W1*), the others by their MOE_FFN_BUF_ names (None: a dummy)."""
+    out = {}
+    for tag, w in (("W0", w0), ("W1", w1)):
+        if w is not None:
+            out[CONST[f"MOE_FFN_BUF_{tag}"]] = w.codes
+            out[CONST[f"MOE_FFN_BUF_{tag}_SCALES"]] = dummy() if w.scales is None else w.scales
+            out[CONST[f"MOE_FFN_BUF_{tag}_BIASES"]] = dummy() if w.biases is None else w.biases
+    for name, value in named.items():
+        out[CONST["MOE_FFN_BUF_" + name.upper()]] = dummy() if value is None else value
+    suffix = w0.suffix if w1 is None or w1.suffix == w0.suffix else "any"
+    return suffix, out
 
 
 def f32(*shape, rng, scale=1.0):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from moe_swift import reference, softmetal
-from metal_kernels import CONST, dummy, f32, library_source, params
+from metal_kernels import CONST, KERNEL_FORMATS, KernelWeight, dummy, f32, ffn_buffers, library_source, params
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
 
@@ -22,9 +22,10 @@ def lib():
 
 def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, routed_scaling_factor=1.0,
                router_bias=None, selection_bias=None, n_group=1, topk_group=1, per_expert_scale=None,
-               shared_gate=None, tokens_per_group=None):
+               shared_gate=None, tokens_per_group=None, fmt="f32"):
     T, H = x.shape
     E = wr.shape[0]
+    W = KernelWeight(wr, fmt)
     tb = tokens_per_group or max(1, min(CONST["MOE_ROUTER_MAX_TOKENS"], T))
     stride = E + 1
     ids = np.full((T, top_k), -7, np.int32)
@@ -35,10 +36,13 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
                routed_scaling_factor=routed_scaling_factor, n_group=n_group, topk_group=topk_group,
                has_router_bias=int(router_bias is not None), has_selection_bias=int(selection_bias is not None),
                has_per_expert_scale=int(per_expert_scale is not None), has_shared_gate=int(shared_gate is not None),
-               tokens_per_group=tb, logit_stride=stride)
+               tokens_per_group=tb, logit_stride=stride, weight=W.desc)
     opt = lambda a: dummy() if a is None else a
-    lib.launch("moe_router", [p, x, wr, opt(router_bias), opt(selection_bias), opt(per_expert_scale),
-                              opt(shared_gate), ids, w, factor],
+    buffers = {"PARAMS": p, "X": x, "W": W.codes, "W_SCALES": opt(W.scales), "W_BIASES": opt(W.biases),
+               "ROUTER_BIAS": opt(router_bias), "SELECTION_BIAS": opt(selection_bias),
+               "EXPERT_SCALE": opt(per_expert_scale), "SHARED_GATE": opt(shared_gate), "IDS": ids, "WEIGHTS": w,
+               "SHARED_FACTOR": factor}
+    lib.launch("moe_router_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
                threadgroups=(-(-T // tb),), threads_per_threadgroup=(CONST["MOE_ROUTER_THREADS"],),
                threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True)
     return ids, w, factor
@@ -113,9 +117,17 @@ def test_router_ties_and_nan(lib):
 ACT = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 
 
-def ffn_params(*, T, H, I, k, shared=False, activation="silu", alpha=1.702, limit=7.0, has_bias=False):
+def ffn_params(*, T, H, I, k, w0, w1=None, shared=False, activation="silu", alpha=1.702, limit=7.0, has_bias=False):
+    extra = {} if w1 is None else dict(w1=w1.desc)
     return params("moe_ffn_params", tokens=T, hidden=H, inner=I, top_k=k, mode=1 if shared else 0,
-                  activation=ACT[activation], swiglu_alpha=alpha, swiglu_limit=limit, has_bias=int(has_bias))
+                  activation=ACT[activation], swiglu_alpha=alpha, swiglu_limit=limit, has_bias=int(has_bias),
+                  w0=w0.desc, **extra)
+
+
+def gate_up_weights(w, fmt="f32"):
+    """Gate and up of a fused (E, 2I, H) float32 tensor: one upload, rows [0, I) and [I, 2I)."""
+    gate = KernelWeight(w, fmt, rows_per_expert=w.shape[1])
+    return gate, gate.at(w.shape[1] // 2)
 
 
 def np_gate_up(x_rows, w, bias, activation):
@@ -143,8 +155,10 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     b = f32(E, 2 * I, rng=rng) if bias else None
     ids = decode_ids(rng, T, E, k)
     act = np.full((T * k, I), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias)
-    lib.launch("moe_gate_up_gemv", {0: p, 1: x, 2: w, 3: b if bias else dummy(), 4: act, 5: ids.ravel()},
+    g, u = gate_up_weights(w)
+    p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias, w0=g, w1=u)
+    fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=b, output=act, ids=ids.ravel())
+    lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
                check_races=True)
     for pair, e in enumerate(ids.ravel()):
@@ -152,8 +166,10 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
         np.testing.assert_allclose(act[pair], ref, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref).max()))
     # The shared expert: expert 0, rows = tokens, one threadgroup row.
     act_s = np.full((T, I), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation)
-    lib.launch("moe_gate_up_gemv", {0: p, 1: x, 2: w[:1].copy(), 3: dummy(), 4: act_s, 5: dummy()},
+    g, u = gate_up_weights(w[:1].copy())
+    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation, w0=g, w1=u)
+    fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=None, output=act_s, ids=None)
+    lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), 1), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
                check_races=True)
     np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-5)
@@ -168,8 +184,10 @@ def test_down_gemv(lib, T, H, I, E, k, bias):
     ids = decode_ids(rng, T, E, k)
     rw = rng.random(T * k).astype(np.float32)
     out = np.full((T * k, H), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias)
-    lib.launch("moe_down_gemv", {0: p, 1: act, 2: w, 3: b if bias else dummy(), 4: out, 5: ids.ravel(), 8: rw},
+    d = KernelWeight(w)
+    p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias, w0=d)
+    fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, ids=ids.ravel(), row_weight=rw)
+    lib.launch("moe_down_gemv_" + fmt, bufs,
                threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
                check_races=True)
     for pair, e in enumerate(ids.ravel()):
@@ -263,9 +281,10 @@ def test_gate_up_gemm(lib, activation, T, H, I, E, k, bias):
     ids = decode_ids(rng, T, E, k, repeat=False)
     offsets, rows, tiles = np_buckets(ids, E)
     act = np.full((T * k, I), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias)
-    lib.launch("moe_gate_up_gemm", {0: p, 1: x, 2: w, 3: b if bias else dummy(), 4: act, 5: rows, 6: tiles, 7: offsets},
-               check_races=True, **gemm_grid(len(tiles), I))
+    g, u = gate_up_weights(w)
+    p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias, w0=g, w1=u)
+    fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=b, output=act, rows=rows, tiles=tiles, offsets=offsets)
+    lib.launch("moe_gate_up_gemm_" + fmt, bufs, check_races=True, **gemm_grid(len(tiles), I))
     flat = ids.ravel()
     for e in range(E):
         pairs = np.nonzero(flat == e)[0]
@@ -273,9 +292,10 @@ def test_gate_up_gemm(lib, activation, T, H, I, E, k, bias):
         np.testing.assert_allclose(act[pairs], ref, rtol=1e-4, atol=1e-4)
     # Shared: rows are the tokens, expert 0.
     act_s = np.full((T, I), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation)
-    lib.launch("moe_gate_up_gemm", {0: p, 1: x, 2: w[:1].copy(), 3: dummy(), 4: act_s, 5: dummy(), 6: dummy(), 7: dummy()},
-               check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), I))
+    g, u = gate_up_weights(w[:1].copy())
+    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation, w0=g, w1=u)
+    fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=None, output=act_s, rows=None, tiles=None, offsets=None)
+    lib.launch("moe_gate_up_gemm_" + fmt, bufs, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), I))
     np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-4)
 
 
@@ -289,17 +309,84 @@ def test_down_gemm(lib, T, H, I, E, k, bias):
     rw = rng.random(T * k).astype(np.float32)
     offsets, rows, tiles = np_buckets(ids, E)
     out = np.full((T * k, H), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias)
-    lib.launch("moe_down_gemm", {0: p, 1: act, 2: w, 3: b if bias else dummy(), 4: out, 5: rows, 6: tiles, 7: offsets,
-                                 8: rw}, check_races=True, **gemm_grid(len(tiles), H))
+    d = KernelWeight(w)
+    p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias, w0=d)
+    fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, rows=rows, tiles=tiles, offsets=offsets,
+                            row_weight=rw)
+    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(len(tiles), H))
     flat = ids.ravel()
     ref = np.stack([act[q].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
                     for q, e in enumerate(flat)]) * rw[:, None]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     # Shared: rows are tokens, weights are the gate factors.
     out_s = np.full((T, H), np.nan, np.float32)
-    p = ffn_params(T=T, H=H, I=I, k=1, shared=True)
-    lib.launch("moe_down_gemm", {0: p, 1: act[:T].copy(), 2: w[:1].copy(), 3: dummy(), 4: out_s, 5: dummy(), 6: dummy(),
-                                 7: dummy(), 8: rw[:T].copy()}, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H))
+    d = KernelWeight(w[:1].copy())
+    p = ffn_params(T=T, H=H, I=I, k=1, shared=True, w0=d)
+    fmt, bufs = ffn_buffers(d, params=p, input=act[:T].copy(), bias=None, output=out_s, rows=None, tiles=None,
+                            offsets=None, row_weight=rw[:T].copy())
+    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H))
     np.testing.assert_allclose(out_s, (act[:T].astype(np.float64) @ w[0].astype(np.float64).T) * rw[:T, None],
                                rtol=1e-4, atol=1e-4)
+
+
+# --- weight formats: each kernel instance against the values its weights stand for --------
+
+
+def _format_pair(fmt):
+    """(gate format, up format): `q4+f16` is a mixed pair (the `any` instance)."""
+    return tuple(fmt.split("+")) if "+" in fmt else (fmt, fmt)
+
+
+FORMAT_CASES = list(KERNEL_FORMATS) + ["q4+f16", "mxfp4+bf16"]
+
+
+@pytest.mark.parametrize("fmt", FORMAT_CASES)
+def test_expert_kernels_read_every_format(lib, fmt):
+    """Gate/up and down, GEMV and GEMM, from weights kept in `fmt` (dequantized inside the
+    kernels): against NumPy on the exact values the stored weights stand for."""
+    T_dec, T_pre, H, I, E, k = 3, 40, 128, 128, 3, 2
+    rng = np.random.default_rng(len(fmt))
+    gf, uf = _format_pair(fmt)
+    gate, up = KernelWeight(f32(E, I, H, rng=rng, scale=H ** -0.5), gf), KernelWeight(f32(E, I, H, rng=rng, scale=H ** -0.5), uf)
+    down = KernelWeight(f32(E, H, I, rng=rng, scale=I ** -0.5), gf)
+    wgu = np.concatenate([gate.values, up.values], axis=1)  # (E, 2I, H) float64
+    for T in (T_dec, T_pre):
+        x = f32(T, H, rng=rng)
+        ids = decode_ids(rng, T, E, k, repeat=T == T_dec)
+        act = np.full((T * k, I), np.nan, np.float32)
+        out = np.full((T * k, H), np.nan, np.float32)
+        rw = rng.random(T * k).astype(np.float32)
+        pg = ffn_params(T=T, H=H, I=I, k=k, w0=gate, w1=up)
+        pd = ffn_params(T=T, H=H, I=I, k=k, w0=down)
+        if T == T_dec:
+            kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_races=True)
+            name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, ids=ids.ravel())
+            lib.launch("moe_gate_up_gemv_" + name, bufs, threadgroups=(I // CONST["MOE_GEMV_ROWS"], T * k), **kw)
+            name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, ids=ids.ravel(), row_weight=rw)
+            lib.launch("moe_down_gemv_" + name, bufs, threadgroups=(H // CONST["MOE_GEMV_ROWS"], T * k), **kw)
+        else:
+            offsets, rows, tiles = np_buckets(ids, E)
+            b = dict(rows=rows, tiles=tiles, offsets=offsets)
+            name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, **b)
+            lib.launch("moe_gate_up_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), I))
+            name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, row_weight=rw, **b)
+            lib.launch("moe_down_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), H))
+        for pair, e in enumerate(ids.ravel()):
+            ref_act = np_gate_up(x[pair // k][None], wgu[e], None, "silu")[0]
+            np.testing.assert_allclose(act[pair], ref_act, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref_act).max()))
+            ref_out = rw[pair] * (act[pair].astype(np.float64) @ down.values[e].T)
+            np.testing.assert_allclose(out[pair], ref_out, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref_out).max()))
+
+
+@pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))
+def test_router_reads_every_format(lib, fmt):
+    """The router weight in `fmt` (mlx-lm quantizes it at 8 bits): same ids as the
+    reference on the dequantized weight, weights within float32 accuracy."""
+    T, H, E, k = 11, 128, 40, 4
+    rng = np.random.default_rng(3)
+    x = f32(T, H, rng=rng)
+    wr = f32(E, H, rng=rng, scale=0.5)
+    ids, w, _ = run_router(lib, x, wr, top_k=k, fmt=fmt)
+    ref_ids, ref_w = reference.route(x, KernelWeight(wr, fmt).values, top_k=k)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)

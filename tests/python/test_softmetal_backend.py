@@ -135,6 +135,33 @@ def test_budgets(shared):
         assert moe_swift.last_stats()["dispatches"] == 0
 
 
+def _device_bytes(*arrays):
+    """Device bytes of arrays uploaded one buffer each (lengths rounded up to 16)."""
+    return sum((a.nbytes + 15) // 16 * 16 for a in arrays if a is not None)
+
+
+def test_weights_stay_in_their_format_on_the_device():
+    """A 4-bit layer's device memory is its quantized bytes, not float32: widening at
+    upload (what this backend did before issue 8) must not come back silently."""
+    from moe_swift.formats import quantize
+    E, H, I = 8, 256, 128
+    rng = np.random.default_rng(21)
+    router = rng.standard_normal((E, H)).astype(np.float32)
+    qs = {name: quantize(rng.standard_normal(shape).astype(np.float32), bits=4, group_size=64, scale_dtype="float16")
+          for name, shape in (("gate_proj", (E, I, H)), ("up_proj", (E, I, H)), ("down_proj", (E, H, I)))}
+    with moe_swift.MoELayer(router, **qs, top_k=2, backend=BACKEND):
+        created = moe_swift.last_stats()
+    expected = _device_bytes(router, *[a for q in qs.values() for a in (q.weight, q.scales, q.biases)])
+    assert created["allocated_bytes"] == expected, (created, expected)
+    assert created["allocated_bytes"] < 3 * E * I * H * 4 / 6   # ~4.5 bits per weight
+    # A fused gate_up tensor is one upload read at two row offsets; float16 stays 2 bytes.
+    gu = quantize(rng.standard_normal((E, 2 * I, H)).astype(np.float32), mode="mxfp4")
+    down = rng.standard_normal((E, H, I)).astype(np.float16)
+    with moe_swift.MoELayer(router, gate_up_proj=gu, down_proj=down, top_k=2, backend=BACKEND):
+        created = moe_swift.last_stats()
+    assert created["allocated_bytes"] == _device_bytes(router, gu.weight, gu.scales, down), created
+
+
 def test_cpu_stats_are_zero():
     args = make_layer_args("mixtral", H=16, I=8, E=4, k=2, seed=0)
     with moe_swift.MoELayer(**args, backend="cpu") as layer:
@@ -279,6 +306,21 @@ for family, T in [("mixtral", 1), ("qwen2_moe", 3), ("deepseek_v3", 40), ("gpt_o
         assert np.abs(y - ref).max() <= spec_tolerance(ref), family
         y2 = moe_swift.run_layers([layer, layer], x)
         assert np.isfinite(y2).all()
+# The per-format kernel instances (q4, mxfp4, bf16, and `any` for q3 and mixed gate/up).
+from moe_swift.formats import quantize
+from test_formats import FORMATS
+for fmt in ("q4", "mxfp4", "bf16", "q3", "q4+f16"):
+    args = make_layer_args("qwen2_moe", H=64, I=64, E=8, k=2, seed=3, shared=64)
+    gf, uf = fmt.split("+") if "+" in fmt else (fmt, fmt)
+    for name, f in (("router_weight", gf), ("gate_proj", gf), ("up_proj", uf), ("down_proj", gf)):
+        args[name] = FORMATS[f](args[name])
+    args["shared_expert"] = {k: (FORMATS[gf](v) if k != "sigmoid_gate" else v) for k, v in args["shared_expert"].items()}
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        for T in (1, 40):
+            x = np.random.default_rng(T).standard_normal((T, 64)).astype(np.float32)
+            y = layer(x)
+            ref = reference.moe_forward(x, **args, ids=layer.route(x)[0])
+            assert np.abs(y - ref).max() <= spec_tolerance(ref), (fmt, T)
 print("ok")
 """
 

@@ -12,12 +12,12 @@
 #include "moe_kernel_params.h"
 #include "moe_common.h"
 
-kernel void moe_bucket(constant moe_bucket_params& p [[buffer(0)]],
-                       device const int* ids [[buffer(1)]],            // (P)
-                       device uint* expert_offsets [[buffer(2)]],      // (E + 1)
-                       device uint* rows [[buffer(3)]],                // (P)
-                       device uint2* tiles [[buffer(4)]],              // (ceil(P / BM) + E)
-                       device uint* dispatch_args [[buffer(5)]],       // (8)
+kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PARAMS)]],
+                       device const int* ids [[buffer(MOE_BUCKET_BUF_IDS)]],   // (P)
+                       device uint* expert_offsets [[buffer(MOE_BUCKET_BUF_OFFSETS)]],   // (E + 1)
+                       device uint* rows [[buffer(MOE_BUCKET_BUF_ROWS)]],   // (P)
+                       device uint2* tiles [[buffer(MOE_BUCKET_BUF_TILES)]],   // (ceil(P / BM) + E)
+                       device uint* dispatch_args [[buffer(MOE_BUCKET_BUF_DISPATCH_ARGS)]],   // (8)
                        threadgroup uint* tg [[threadgroup(0)]],
                        uint tid [[thread_index_in_threadgroup]],
                        uint sg [[simdgroup_index_in_threadgroup]],

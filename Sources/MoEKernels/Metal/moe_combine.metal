@@ -8,11 +8,11 @@
 #include "moe_common.h"
 
 // Grid: (ceil(hidden / MOE_COMBINE_THREADS), tokens) threadgroups of MOE_COMBINE_THREADS.
-kernel void moe_combine(constant moe_combine_params& p [[buffer(0)]],
-                        device const float* pair_out [[buffer(1)]],    // (T * k, H)
-                        device const float* shared_out [[buffer(2)]],  // (T, H)
-                        device const float* residual [[buffer(3)]],    // (T, H)
-                        device float* out [[buffer(4)]],               // (T, H)
+kernel void moe_combine(constant moe_combine_params& p [[buffer(MOE_COMBINE_BUF_PARAMS)]],
+                        device const float* pair_out [[buffer(MOE_COMBINE_BUF_PAIR_OUT)]],   // (T * k, H)
+                        device const float* shared_out [[buffer(MOE_COMBINE_BUF_SHARED_OUT)]],  // (T, H)
+                        device const float* residual [[buffer(MOE_COMBINE_BUF_RESIDUAL)]],   // (T, H)
+                        device float* out [[buffer(MOE_COMBINE_BUF_OUTPUT)]],   // (T, H)
                         uint2 gid [[thread_position_in_grid]])
 {
     const uint h = gid.x, t = gid.y;

@@ -5,8 +5,13 @@
 //             expert's gate factor; applied in the epilogue)
 // Decode (few tokens): matrix-vector kernels that read the expert ids from the router's
 // output on the GPU. Prefill: tiled GEMMs over the buckets of moe_bucket.metal.
+// Each kernel is a template over the weights' loader (moe_formats.h): the weights stay in
+// their stored format and are dequantized in registers (GEMV) or into the threadgroup
+// tile (GEMM); instances are named <kernel>_<format> (MOE_FOR_EACH_FORMAT). Gate and up
+// use one loader: gate and up in two different formats run the `any` instance.
 #include "moe_kernel_params.h"
 #include "moe_common.h"
+#include "moe_formats.h"
 
 // --- decode: matrix-vector ----------------------------------------------------------
 //
@@ -40,15 +45,23 @@ static inline uint moe_decode_rows(constant moe_ffn_params& p, device const int*
     return n;
 }
 
-kernel void moe_gate_up_gemv(constant moe_ffn_params& p [[buffer(0)]],
-                             device const float* x [[buffer(1)]],       // (T, H)
-                             device const float* w [[buffer(2)]],       // (E, 2I, H)
-                             device const float* bias [[buffer(3)]],    // (E, 2I)
-                             device float* act [[buffer(4)]],           // (rows, I)
-                             device const int* ids [[buffer(5)]],       // (T * k)
-                             uint2 group [[threadgroup_position_in_grid]],
-                             uint sg [[simdgroup_index_in_threadgroup]],
-                             uint lane [[thread_index_in_simdgroup]])
+// Lanes take 8 consecutive weights at a time (one load8) when rows are a multiple of 8
+// long - always for quantized weights - and single ones otherwise.
+template <typename L>
+[[kernel]] void moe_gate_up_gemv(constant moe_ffn_params& p [[buffer(MOE_FFN_BUF_PARAMS)]],
+                                 device const float* x [[buffer(MOE_FFN_BUF_INPUT)]],         // (T, H)
+                                 device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],           // gate (E, I, H)
+                                 device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
+                                 device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                                 device const uchar* w1 [[buffer(MOE_FFN_BUF_W1)]],           // up (E, I, H)
+                                 device const uchar* s1 [[buffer(MOE_FFN_BUF_W1_SCALES)]],
+                                 device const uchar* b1 [[buffer(MOE_FFN_BUF_W1_BIASES)]],
+                                 device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],       // (E, 2I)
+                                 device float* act [[buffer(MOE_FFN_BUF_OUTPUT)]],            // (rows, I)
+                                 device const int* ids [[buffer(MOE_FFN_BUF_IDS)]],           // (T * k)
+                                 uint2 group [[threadgroup_position_in_grid]],
+                                 uint sg [[simdgroup_index_in_threadgroup]],
+                                 uint lane [[thread_index_in_simdgroup]])
 {
     uint expert = 0;
     uint rows[MOE_DECODE_MAX_TOKENS];
@@ -56,8 +69,8 @@ kernel void moe_gate_up_gemv(constant moe_ffn_params& p [[buffer(0)]],
     const uint H = p.hidden, I = p.inner;
     const uint r = group.x * MOE_GEMV_ROWS + sg;
     if (n == 0 || r >= I) return;
-    device const float* wg = w + ((ulong)expert * 2 * I + r) * H;
-    device const float* wu = wg + (ulong)I * H;
+    const moe_wrow wg = moe_row(p.w0, w0, s0, b0, expert, r, H);
+    const moe_wrow wu = moe_row(p.w1, w1, s1, b1, expert, r, H);
     device const float* xs[MOE_DECODE_MAX_TOKENS];
     for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
         const uint token = p.mode == MOE_FFN_SHARED ? rows[i] : rows[i] / p.top_k;
@@ -65,26 +78,24 @@ kernel void moe_gate_up_gemv(constant moe_ffn_params& p [[buffer(0)]],
     }
     float g[MOE_DECODE_MAX_TOKENS], u[MOE_DECODE_MAX_TOKENS];
     for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) { g[i] = 0.0f; u[i] = 0.0f; }
-    if ((H & 3u) == 0) {
-        for (uint h = lane * 4; h < H; h += 4 * MOE_SIMD_WIDTH) {
-            const float4 gw = *(device const float4*)(wg + h);
-            const float4 uw = *(device const float4*)(wu + h);
-            for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-                if (i < n) {
-                    const float4 xv = *(device const float4*)(xs[i] + h);
-                    g[i] += dot(gw, xv);
-                    u[i] += dot(uw, xv);
-                }
+    const uint full = H % 8 == 0 ? H : 0;
+    for (uint h = lane * 8; h < full; h += 8 * MOE_SIMD_WIDTH) {
+        float gw[8], uw[8];
+        L::load8(wg, h, gw);
+        L::load8(wu, h, uw);
+        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
+            if (i < n) {
+                g[i] += moe_dot8(gw, xs[i] + h);
+                u[i] += moe_dot8(uw, xs[i] + h);
             }
         }
-    } else {
-        for (uint h = lane; h < H; h += MOE_SIMD_WIDTH) {
-            const float gw = wg[h], uw = wu[h];
-            for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-                if (i < n) {
-                    g[i] += gw * xs[i][h];
-                    u[i] += uw * xs[i][h];
-                }
+    }
+    for (uint h = full + lane; h < H; h += MOE_SIMD_WIDTH) {
+        const float gw = L::load1(wg, h), uw = L::load1(wu, h);
+        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
+            if (i < n) {
+                g[i] += gw * xs[i][h];
+                u[i] += uw * xs[i][h];
             }
         }
     }
@@ -103,16 +114,19 @@ kernel void moe_gate_up_gemv(constant moe_ffn_params& p [[buffer(0)]],
     }
 }
 
-kernel void moe_down_gemv(constant moe_ffn_params& p [[buffer(0)]],
-                          device const float* act [[buffer(1)]],        // (rows, I)
-                          device const float* w [[buffer(2)]],          // (E, H, I)
-                          device const float* bias [[buffer(3)]],       // (E, H)
-                          device float* out [[buffer(4)]],              // (rows, H)
-                          device const int* ids [[buffer(5)]],          // (T * k)
-                          device const float* row_weight [[buffer(8)]], // (rows)
-                          uint2 group [[threadgroup_position_in_grid]],
-                          uint sg [[simdgroup_index_in_threadgroup]],
-                          uint lane [[thread_index_in_simdgroup]])
+template <typename L>
+[[kernel]] void moe_down_gemv(constant moe_ffn_params& p [[buffer(MOE_FFN_BUF_PARAMS)]],
+                              device const float* act [[buffer(MOE_FFN_BUF_INPUT)]],          // (rows, I)
+                              device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],              // down (E, H, I)
+                              device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
+                              device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                              device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],          // (E, H)
+                              device float* out [[buffer(MOE_FFN_BUF_OUTPUT)]],               // (rows, H)
+                              device const int* ids [[buffer(MOE_FFN_BUF_IDS)]],              // (T * k)
+                              device const float* row_weight [[buffer(MOE_FFN_BUF_ROW_WEIGHT)]], // (rows)
+                              uint2 group [[threadgroup_position_in_grid]],
+                              uint sg [[simdgroup_index_in_threadgroup]],
+                              uint lane [[thread_index_in_simdgroup]])
 {
     uint expert = 0;
     uint rows[MOE_DECODE_MAX_TOKENS];
@@ -120,24 +134,23 @@ kernel void moe_down_gemv(constant moe_ffn_params& p [[buffer(0)]],
     const uint H = p.hidden, I = p.inner;
     const uint h = group.x * MOE_GEMV_ROWS + sg;
     if (n == 0 || h >= H) return;
-    device const float* wd = w + ((ulong)expert * H + h) * I;
+    const moe_wrow wd = moe_row(p.w0, w0, s0, b0, expert, h, I);
     device const float* as[MOE_DECODE_MAX_TOKENS];
     for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) as[i] = act + (ulong)(i < n ? rows[i] : 0) * I;
     float y[MOE_DECODE_MAX_TOKENS];
     for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) y[i] = 0.0f;
-    if ((I & 3u) == 0) {
-        for (uint k = lane * 4; k < I; k += 4 * MOE_SIMD_WIDTH) {
-            const float4 wv = *(device const float4*)(wd + k);
-            for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-                if (i < n) y[i] += dot(wv, *(device const float4*)(as[i] + k));
-            }
+    const uint full = I % 8 == 0 ? I : 0;
+    for (uint k = lane * 8; k < full; k += 8 * MOE_SIMD_WIDTH) {
+        float wv[8];
+        L::load8(wd, k, wv);
+        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
+            if (i < n) y[i] += moe_dot8(wv, as[i] + k);
         }
-    } else {
-        for (uint k = lane; k < I; k += MOE_SIMD_WIDTH) {
-            const float wv = wd[k];
-            for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-                if (i < n) y[i] += wv * as[i][k];
-            }
+    }
+    for (uint k = full + lane; k < I; k += MOE_SIMD_WIDTH) {
+        const float wv = L::load1(wd, k);
+        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
+            if (i < n) y[i] += wv * as[i][k];
         }
     }
     for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
@@ -199,17 +212,25 @@ static inline uint moe_gemm_row(constant moe_ffn_params& p, device const uint* r
     return p.mode == MOE_FFN_SHARED ? t.first + i : rows[t.first + i];
 }
 
-kernel void moe_gate_up_gemm(constant moe_ffn_params& p [[buffer(0)]],
-                             device const float* x [[buffer(1)]],          // (T, H)
-                             device const float* w [[buffer(2)]],          // (E, 2I, H)
-                             device const float* bias [[buffer(3)]],       // (E, 2I)
-                             device float* act [[buffer(4)]],              // (rows, I)
-                             device const uint* rows [[buffer(5)]],        // bucket row -> pair
-                             device const uint2* tiles [[buffer(6)]],
-                             device const uint* offsets [[buffer(7)]],     // (E + 1)
-                             uint2 group [[threadgroup_position_in_grid]],
-                             uint tid [[thread_index_in_threadgroup]],
-                             uint sg [[simdgroup_index_in_threadgroup]])
+// The B tiles (weights) are dequantized by the loader as they are stored into threadgroup
+// memory: thread tid takes 8 consecutive k of one row, exactly one load8.
+template <typename L>
+[[kernel]] void moe_gate_up_gemm(constant moe_ffn_params& p [[buffer(MOE_FFN_BUF_PARAMS)]],
+                                 device const float* x [[buffer(MOE_FFN_BUF_INPUT)]],         // (T, H)
+                                 device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],           // gate (E, I, H)
+                                 device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
+                                 device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                                 device const uchar* w1 [[buffer(MOE_FFN_BUF_W1)]],           // up (E, I, H)
+                                 device const uchar* s1 [[buffer(MOE_FFN_BUF_W1_SCALES)]],
+                                 device const uchar* b1 [[buffer(MOE_FFN_BUF_W1_BIASES)]],
+                                 device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],       // (E, 2I)
+                                 device float* act [[buffer(MOE_FFN_BUF_OUTPUT)]],            // (rows, I)
+                                 device const uint* rows [[buffer(MOE_FFN_BUF_ROWS)]],        // bucket row -> pair
+                                 device const uint2* tiles [[buffer(MOE_FFN_BUF_TILES)]],
+                                 device const uint* offsets [[buffer(MOE_FFN_BUF_OFFSETS)]],  // (E + 1)
+                                 uint2 group [[threadgroup_position_in_grid]],
+                                 uint tid [[thread_index_in_threadgroup]],
+                                 uint sg [[simdgroup_index_in_threadgroup]])
 {
     threadgroup float smem[MOE_GATE_UP_SMEM];
     threadgroup float* As = smem;
@@ -225,19 +246,30 @@ kernel void moe_gate_up_gemm(constant moe_ffn_params& p [[buffer(0)]],
     const uint a_row = a_ok ? moe_gemm_row(p, rows, t, lr) : 0;
     device const float* xa = x + (ulong)(p.mode == MOE_FFN_SHARED ? a_row : a_row / p.top_k) * H;
     const bool b_ok = n0 + lr < I;
-    device const float* wg = w + ((ulong)t.expert * 2 * I + (b_ok ? n0 + lr : 0)) * H;
-    device const float* wu = wg + (ulong)I * H;
+    const moe_wrow wg = moe_row(p.w0, w0, s0, b0, t.expert, b_ok ? n0 + lr : 0, H);
+    const moe_wrow wu = moe_row(p.w1, w1, s1, b1, t.expert, b_ok ? n0 + lr : 0, H);
+    const bool vec = H % 8 == 0;
 
     const uint sy = sg / 2, sx = sg % 2;
     simdgroup_float8x8 g00 = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), g01 = g00, g10 = g00, g11 = g00;
     simdgroup_float8x8 u00 = g00, u01 = g00, u10 = g00, u11 = g00;
     for (uint k0 = 0; k0 < H; k0 += MOE_GEMM_BK) {
+        float gv[8], uv[8];
+        if (b_ok && vec && k0 + kc < H) {
+            L::load8(wg, k0 + kc, gv);
+            L::load8(wu, k0 + kc, uv);
+        } else {
+            for (uint q = 0; q < 8; q++) {
+                const bool in = b_ok && k0 + kc + q < H;
+                gv[q] = in ? L::load1(wg, k0 + kc + q) : 0.0f;
+                uv[q] = in ? L::load1(wu, k0 + kc + q) : 0.0f;
+            }
+        }
         for (uint q = 0; q < 8; q++) {
             const uint k = k0 + kc + q;
-            const bool in_k = k < H;
-            As[lr * MOE_LDS + kc + q] = a_ok && in_k ? xa[k] : 0.0f;
-            Bg[lr * MOE_LDS + kc + q] = b_ok && in_k ? wg[k] : 0.0f;
-            Bu[lr * MOE_LDS + kc + q] = b_ok && in_k ? wu[k] : 0.0f;
+            As[lr * MOE_LDS + kc + q] = a_ok && k < H ? xa[k] : 0.0f;
+            Bg[lr * MOE_LDS + kc + q] = gv[q];
+            Bu[lr * MOE_LDS + kc + q] = uv[q];
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint kk = 0; kk < MOE_GEMM_BK; kk += 8) {
@@ -285,18 +317,21 @@ kernel void moe_gate_up_gemm(constant moe_ffn_params& p [[buffer(0)]],
     }
 }
 
-kernel void moe_down_gemm(constant moe_ffn_params& p [[buffer(0)]],
-                          device const float* act [[buffer(1)]],        // (rows, I)
-                          device const float* w [[buffer(2)]],          // (E, H, I)
-                          device const float* bias [[buffer(3)]],       // (E, H)
-                          device float* out [[buffer(4)]],              // (rows, H)
-                          device const uint* rows [[buffer(5)]],
-                          device const uint2* tiles [[buffer(6)]],
-                          device const uint* offsets [[buffer(7)]],
-                          device const float* row_weight [[buffer(8)]], // (rows)
-                          uint2 group [[threadgroup_position_in_grid]],
-                          uint tid [[thread_index_in_threadgroup]],
-                          uint sg [[simdgroup_index_in_threadgroup]])
+template <typename L>
+[[kernel]] void moe_down_gemm(constant moe_ffn_params& p [[buffer(MOE_FFN_BUF_PARAMS)]],
+                              device const float* act [[buffer(MOE_FFN_BUF_INPUT)]],          // (rows, I)
+                              device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],              // down (E, H, I)
+                              device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
+                              device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                              device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],          // (E, H)
+                              device float* out [[buffer(MOE_FFN_BUF_OUTPUT)]],               // (rows, H)
+                              device const uint* rows [[buffer(MOE_FFN_BUF_ROWS)]],
+                              device const uint2* tiles [[buffer(MOE_FFN_BUF_TILES)]],
+                              device const uint* offsets [[buffer(MOE_FFN_BUF_OFFSETS)]],
+                              device const float* row_weight [[buffer(MOE_FFN_BUF_ROW_WEIGHT)]], // (rows)
+                              uint2 group [[threadgroup_position_in_grid]],
+                              uint tid [[thread_index_in_threadgroup]],
+                              uint sg [[simdgroup_index_in_threadgroup]])
 {
     threadgroup float smem[MOE_DOWN_SMEM];
     threadgroup float* As = smem;
@@ -309,16 +344,22 @@ kernel void moe_down_gemm(constant moe_ffn_params& p [[buffer(0)]],
     const bool a_ok = lr < t.count;
     device const float* aa = act + (ulong)(a_ok ? moe_gemm_row(p, rows, t, lr) : 0) * I;
     const bool b_ok = n0 + lr < H;
-    device const float* wd = w + ((ulong)t.expert * H + (b_ok ? n0 + lr : 0)) * I;
+    const moe_wrow wd = moe_row(p.w0, w0, s0, b0, t.expert, b_ok ? n0 + lr : 0, I);
+    const bool vec = I % 8 == 0;
 
     const uint sy = sg / 2, sx = sg % 2;
     simdgroup_float8x8 c00 = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), c01 = c00, c10 = c00, c11 = c00;
     for (uint k0 = 0; k0 < I; k0 += MOE_GEMM_BK) {
+        float wv[8];
+        if (b_ok && vec && k0 + kc < I) {
+            L::load8(wd, k0 + kc, wv);
+        } else {
+            for (uint q = 0; q < 8; q++) wv[q] = b_ok && k0 + kc + q < I ? L::load1(wd, k0 + kc + q) : 0.0f;
+        }
         for (uint q = 0; q < 8; q++) {
             const uint k = k0 + kc + q;
-            const bool in_k = k < I;
-            As[lr * MOE_LDS + kc + q] = a_ok && in_k ? aa[k] : 0.0f;
-            Bs[lr * MOE_LDS + kc + q] = b_ok && in_k ? wd[k] : 0.0f;
+            As[lr * MOE_LDS + kc + q] = a_ok && k < I ? aa[k] : 0.0f;
+            Bs[lr * MOE_LDS + kc + q] = wv[q];
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint kk = 0; kk < MOE_GEMM_BK; kk += 8) {
@@ -351,3 +392,10 @@ kernel void moe_down_gemm(constant moe_ffn_params& p [[buffer(0)]],
         out[(ulong)row * H + n] = y * row_weight[row];
     }
 }
+
+#define MOE_INSTANTIATE_EXPERTS(name, L) \
+    template [[host_name("moe_gate_up_gemv_" #name)]] [[kernel]] decltype(moe_gate_up_gemv<L>) moe_gate_up_gemv<L>; \
+    template [[host_name("moe_down_gemv_" #name)]] [[kernel]] decltype(moe_down_gemv<L>) moe_down_gemv<L>; \
+    template [[host_name("moe_gate_up_gemm_" #name)]] [[kernel]] decltype(moe_gate_up_gemm<L>) moe_gate_up_gemm<L>; \
+    template [[host_name("moe_down_gemm_" #name)]] [[kernel]] decltype(moe_down_gemm<L>) moe_down_gemm<L>;
+MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_EXPERTS)

@@ -58,6 +58,80 @@ typedef int32_t moe_i32;
 #define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
 #define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
 
+/* Weight formats (moe_weight_desc.format; the codes of moe_cpu_format) and the element
+ * types of affine scales and biases (moe_weight_desc.scale_type; ScalarType's raw values). */
+#define MOE_FMT_F32 0
+#define MOE_FMT_F16 1
+#define MOE_FMT_BF16 2
+#define MOE_FMT_AFFINE 3
+#define MOE_FMT_MXFP4 4
+#define MOE_SCALAR_F32 0
+#define MOE_SCALAR_F16 1
+#define MOE_SCALAR_BF16 2
+
+/* One weight matrix as a kernel reads it, in its stored format (Formats/WeightFormat.swift):
+ * three buffers - codes (or the dense values), scales, biases - and where the matrix's
+ * rows are. Row r of expert e is row e * rows_per_expert + row_offset + r of the tensor;
+ * a row of `cols` elements takes cols * bits / 8 bytes of codes and cols >> group_shift
+ * scales (and biases). Gate and up of a fused (E, 2I, H) tensor are the same buffers with
+ * row_offset 0 and I. */
+typedef struct moe_weight_desc {
+    moe_u32 format;               /* MOE_FMT_* */
+    moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4) */
+    moe_u32 group_shift;          /* log2(group_size) of quantized formats */
+    moe_u32 scale_type;           /* MOE_SCALAR_* of affine scales and biases */
+    moe_u32 rows_per_expert;
+    moe_u32 row_offset;
+    moe_u32 _pad0;
+    moe_u32 _pad1;
+} moe_weight_desc;
+
+/* Buffer indices ([[buffer(n)]]) of moe_router_<format>. */
+#define MOE_ROUTER_BUF_PARAMS 0
+#define MOE_ROUTER_BUF_X 1
+#define MOE_ROUTER_BUF_W 2              /* router weight (E, H): codes or dense values */
+#define MOE_ROUTER_BUF_ROUTER_BIAS 3
+#define MOE_ROUTER_BUF_SELECTION_BIAS 4
+#define MOE_ROUTER_BUF_EXPERT_SCALE 5
+#define MOE_ROUTER_BUF_SHARED_GATE 6
+#define MOE_ROUTER_BUF_IDS 7
+#define MOE_ROUTER_BUF_WEIGHTS 8
+#define MOE_ROUTER_BUF_SHARED_FACTOR 9
+#define MOE_ROUTER_BUF_W_SCALES 10
+#define MOE_ROUTER_BUF_W_BIASES 11
+
+/* Buffer indices of the expert kernels (moe_{gate_up,down}_{gemv,gemm}_<format>).
+ * W0 is the gate matrix of gate/up kernels and the down matrix of down kernels; W1 the up
+ * matrix (gate/up only). */
+#define MOE_FFN_BUF_PARAMS 0
+#define MOE_FFN_BUF_INPUT 1             /* x (T, H), or the activations (rows, I) for down */
+#define MOE_FFN_BUF_W0 2
+#define MOE_FFN_BUF_BIAS 3              /* (E, 2I) gate/up, (E, H) down */
+#define MOE_FFN_BUF_OUTPUT 4
+#define MOE_FFN_BUF_IDS 5               /* decode: the router's ids */
+#define MOE_FFN_BUF_ROWS 5              /* prefill: bucket row -> pair */
+#define MOE_FFN_BUF_TILES 6
+#define MOE_FFN_BUF_OFFSETS 7
+#define MOE_FFN_BUF_ROW_WEIGHT 8        /* down: routing weight or shared-expert factor per row */
+#define MOE_FFN_BUF_W0_SCALES 9
+#define MOE_FFN_BUF_W0_BIASES 10
+#define MOE_FFN_BUF_W1 11
+#define MOE_FFN_BUF_W1_SCALES 12
+#define MOE_FFN_BUF_W1_BIASES 13
+
+/* Buffer indices of moe_bucket and moe_combine. */
+#define MOE_BUCKET_BUF_PARAMS 0
+#define MOE_BUCKET_BUF_IDS 1
+#define MOE_BUCKET_BUF_OFFSETS 2
+#define MOE_BUCKET_BUF_ROWS 3
+#define MOE_BUCKET_BUF_TILES 4
+#define MOE_BUCKET_BUF_DISPATCH_ARGS 5
+#define MOE_COMBINE_BUF_PARAMS 0
+#define MOE_COMBINE_BUF_PAIR_OUT 1
+#define MOE_COMBINE_BUF_SHARED_OUT 2
+#define MOE_COMBINE_BUF_RESIDUAL 3
+#define MOE_COMBINE_BUF_OUTPUT 4
+
 /* moe_router: grid (ceil(tokens / tokens_per_group)), MOE_ROUTER_THREADS threads,
  * threadgroup(0): tokens_per_group * (logit_stride + 2 * experts) floats. */
 typedef struct moe_router_params {
@@ -77,6 +151,7 @@ typedef struct moe_router_params {
     moe_u32 tokens_per_group;     /* 1 ... MOE_ROUTER_MAX_TOKENS */
     moe_u32 logit_stride;         /* >= experts + 1 */
     moe_u32 _pad0;
+    moe_weight_desc weight;       /* the router weight (E, H) */
 } moe_router_params;
 
 /* moe_bucket: one threadgroup of MOE_BUCKET_THREADS threads,
@@ -102,6 +177,8 @@ typedef struct moe_ffn_params {
     moe_u32 _pad0;
     moe_u32 _pad1;
     moe_u32 _pad2;
+    moe_weight_desc w0;           /* gate (gate/up kernels) or down */
+    moe_weight_desc w1;           /* up (gate/up kernels) */
 } moe_ffn_params;
 
 /* moe_combine: grid (ceil(hidden / MOE_COMBINE_THREADS), tokens). */

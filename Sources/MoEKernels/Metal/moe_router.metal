@@ -5,27 +5,33 @@
 // lower expert index, NaN loses, a group scores the sum of its two best members.
 #include "moe_kernel_params.h"
 #include "moe_common.h"
+#include "moe_formats.h"
 
 // Grid: ceil(tokens / tokens_per_group) threadgroups of MOE_ROUTER_THREADS threads.
 // Phase 1: each simdgroup takes router rows (experts, then the shared gate vector) and
 //          computes their dot products with all of the group's tokens, so the router
-//          weight is read once per group of tokens.
+//          weight is read once per group of tokens. The router weight is read in its
+//          stored format through the loader L (mlx-lm writes it at 8 bits), like the
+//          experts' weights; the shared gate vector is float32.
 // Phase 2: simdgroup t routes token t; lane l owns experts l, l + 32, ... and keeps
 //          their "taken" flags as the bits of one register.
-kernel void moe_router(constant moe_router_params& p [[buffer(0)]],
-                       device const float* x [[buffer(1)]],                 // (T, H)
-                       device const float* router_weight [[buffer(2)]],     // (E, H)
-                       device const float* router_bias [[buffer(3)]],       // (E)
-                       device const float* selection_bias [[buffer(4)]],    // (E)
-                       device const float* per_expert_scale [[buffer(5)]],  // (E)
-                       device const float* shared_gate [[buffer(6)]],       // (H)
-                       device int* out_ids [[buffer(7)]],                   // (T, k)
-                       device float* out_weights [[buffer(8)]],             // (T, k)
-                       device float* out_shared_factor [[buffer(9)]],       // (T)
-                       threadgroup float* tg [[threadgroup(0)]],
-                       uint group [[threadgroup_position_in_grid]],
-                       uint sg [[simdgroup_index_in_threadgroup]],
-                       uint lane [[thread_index_in_simdgroup]])
+template <typename L>
+[[kernel]] void moe_router(constant moe_router_params& p [[buffer(MOE_ROUTER_BUF_PARAMS)]],
+                           device const float* x [[buffer(MOE_ROUTER_BUF_X)]],                        // (T, H)
+                           device const uchar* w_codes [[buffer(MOE_ROUTER_BUF_W)]],                  // (E, H)
+                           device const uchar* w_scales [[buffer(MOE_ROUTER_BUF_W_SCALES)]],
+                           device const uchar* w_biases [[buffer(MOE_ROUTER_BUF_W_BIASES)]],
+                           device const float* router_bias [[buffer(MOE_ROUTER_BUF_ROUTER_BIAS)]],    // (E)
+                           device const float* selection_bias [[buffer(MOE_ROUTER_BUF_SELECTION_BIAS)]], // (E)
+                           device const float* per_expert_scale [[buffer(MOE_ROUTER_BUF_EXPERT_SCALE)]], // (E)
+                           device const float* shared_gate [[buffer(MOE_ROUTER_BUF_SHARED_GATE)]],    // (H)
+                           device int* out_ids [[buffer(MOE_ROUTER_BUF_IDS)]],                        // (T, k)
+                           device float* out_weights [[buffer(MOE_ROUTER_BUF_WEIGHTS)]],              // (T, k)
+                           device float* out_shared_factor [[buffer(MOE_ROUTER_BUF_SHARED_FACTOR)]],  // (T)
+                           threadgroup float* tg [[threadgroup(0)]],
+                           uint group [[threadgroup_position_in_grid]],
+                           uint sg [[simdgroup_index_in_threadgroup]],
+                           uint lane [[thread_index_in_simdgroup]])
 {
     const uint E = p.experts, H = p.hidden, K = p.top_k;
     const uint TB = p.tokens_per_group;
@@ -39,14 +45,33 @@ kernel void moe_router(constant moe_router_params& p [[buffer(0)]],
 
     // Phase 1: logits.
     const uint rows = E + (p.has_shared_gate != 0 ? 1u : 0u);
+    // Lanes take 8 consecutive elements at a time when rows are a multiple of 8 long
+    // (always for quantized weights), else single elements.
+    const uint full = H % 8 == 0 ? H : 0;
     for (uint r = sg; r < rows; r += MOE_ROUTER_SIMDGROUPS) {
-        device const float* w = r < E ? router_weight + (ulong)r * H : shared_gate;
         float acc[MOE_ROUTER_MAX_TOKENS];
         for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) acc[t] = 0.0f;
-        for (uint h = lane; h < H; h += MOE_SIMD_WIDTH) {
-            const float wv = w[h];
-            for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) {
-                if (t < nt) acc[t] += wv * x[(ulong)(t0 + t) * H + h];
+        if (r < E) {
+            const moe_wrow w = moe_row(p.weight, w_codes, w_scales, w_biases, 0, r, H);
+            for (uint h = lane * 8; h < full; h += 8 * MOE_SIMD_WIDTH) {
+                float wv[8];
+                L::load8(w, h, wv);
+                for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) {
+                    if (t < nt) acc[t] += moe_dot8(wv, x + (ulong)(t0 + t) * H + h);
+                }
+            }
+            for (uint h = full + lane; h < H; h += MOE_SIMD_WIDTH) {
+                const float wv = L::load1(w, h);
+                for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) {
+                    if (t < nt) acc[t] += wv * x[(ulong)(t0 + t) * H + h];
+                }
+            }
+        } else {
+            for (uint h = lane; h < H; h += MOE_SIMD_WIDTH) {
+                const float wv = shared_gate[h];
+                for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) {
+                    if (t < nt) acc[t] += wv * x[(ulong)(t0 + t) * H + h];
+                }
             }
         }
         for (uint t = 0; t < nt; t++) {
@@ -159,3 +184,7 @@ kernel void moe_router(constant moe_router_params& p [[buffer(0)]],
         out_shared_factor[t0 + t] = factor;
     }
 }
+
+#define MOE_INSTANTIATE_ROUTER(name, L) \
+    template [[host_name("moe_router_" #name)]] [[kernel]] decltype(moe_router<L>) moe_router<L>;
+MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_ROUTER)

@@ -6,27 +6,48 @@ import SoftMetal
 import CMoESwift
 
 #if canImport(Metal) || canImport(SoftMetal)
-/// The Metal backend: the weights live in device buffers, uploaded once at creation; a
-/// forward is one command buffer with one compute encoder and one wait (MetalPass), its
-/// buffers come from a pool. The same code is the "metal" backend on Apple GPUs and the
-/// "softmetal" backend on SoftMetal (Linux).
+/// The Metal backend: the weights live in device buffers in their given formats (dense
+/// f32 / f16 / bf16 or quantized: never widened), uploaded once at creation; a forward is
+/// one command buffer with one compute encoder and one wait (MetalPass), its buffers come
+/// from a pool. The same code is the "metal" backend on Apple GPUs and the "softmetal"
+/// backend on SoftMetal (Linux).
 final class MetalBackend: MoEBackend, @unchecked Sendable {
     let kind: MoEBackendKind
     let context: MetalContext
     let configuration: MoEConfiguration
 
-    let router: any MTLBuffer                 // (E, H)
+    let router: MetalWeight                   // (E, H)
     let routerBias: (any MTLBuffer)?          // (E)
     let selectionBias: (any MTLBuffer)?       // (E)
     let perExpertScale: (any MTLBuffer)?      // (E)
-    let gateUp: any MTLBuffer                 // (E, 2I, H): gate rows, then up rows
+    let gate: MetalWeight                     // (E, I, H), or rows [0, I) of each expert of (E, 2I, H)
+    let up: MetalWeight                       // (E, I, H), or rows [I, 2I) of the same buffers
     let gateUpBias: (any MTLBuffer)?          // (E, 2I)
-    let down: any MTLBuffer                   // (E, H, I)
+    let down: MetalWeight                     // (E, H, I)
     let downBias: (any MTLBuffer)?            // (E, H)
-    let sharedGateUp: (any MTLBuffer)?        // (2Is, H)
-    let sharedDown: (any MTLBuffer)?          // (H, Is)
+    let shared: (gate: MetalWeight, up: MetalWeight, down: MetalWeight)?   // (Is, H), (Is, H), (H, Is)
     let sharedGate: (any MTLBuffer)?          // (H)
+    let pipelines: Pipelines
     let pool = MetalBufferPool()
+
+    /// The kernel instances that read this layer's weight formats.
+    struct Pipelines {
+        let router: any MTLComputePipelineState
+        let routed: Experts
+        let shared: Experts?
+    }
+
+    struct Experts {
+        let gateUpGemv, downGemv, gateUpGemm, downGemm: any MTLComputePipelineState
+
+        init(_ context: MetalContext, gate: MetalWeight, up: MetalWeight, down: MetalWeight) throws {
+            let gu = MetalWeight.kernelSuffix(gate: gate, up: up), d = down.kernelSuffix
+            gateUpGemv = try context.pipeline(MetalKernels.gateUpGemv(gu), threads: MOE_GEMV_THREADS)
+            downGemv = try context.pipeline(MetalKernels.downGemv(d), threads: MOE_GEMV_THREADS)
+            gateUpGemm = try context.pipeline(MetalKernels.gateUpGemm(gu), threads: MOE_GEMM_THREADS)
+            downGemm = try context.pipeline(MetalKernels.downGemm(d), threads: MOE_GEMM_THREADS)
+        }
+    }
 
     init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
         let context = try MetalContext.shared()
@@ -37,60 +58,51 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         }
         self.context = context
         configuration = c
-        let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        let (e, i) = (c.numExperts, c.intermediateSize)
 
-        func upload(_ parts: [(data: WeightData, offset: Int, count: Int)], total: Int, what: String) throws -> any MTLBuffer {
-            let buffer = try context.makeBuffer(floats: total, what: what)
-            let base = buffer.contents().assumingMemoryBound(to: Float.self)
-            for part in parts {
-                part.data.withUnsafeBufferPointer { src in
-                    (base + part.offset).update(from: src.baseAddress!, count: part.count)
+        func matrix(_ data: WeightData, rows: Int, what: String) throws -> MetalWeight {
+            try MetalWeight(data, rowsPerExpert: rows, context: context, what: what)
+        }
+        // Vectors (biases, scales, the shared gate) are small: read as float32.
+        func vector(_ data: WeightData?, what: String) throws -> (any MTLBuffer)? {
+            try data.map { data in
+                try data.withUnsafeBufferPointer { values in
+                    let buffer = try context.makeBuffer(floats: values.count, what: what)
+                    buffer.contents().copyMemory(from: values.baseAddress!, byteCount: values.count * MemoryLayout<Float>.stride)
+                    return buffer
                 }
             }
-            return buffer
-        }
-        func upload(_ data: WeightData, what: String) throws -> any MTLBuffer {
-            try upload([(data, 0, data.count)], total: data.count, what: what)
-        }
-        func uploadOptional(_ data: WeightData?, what: String) throws -> (any MTLBuffer)? {
-            try data.map { try upload($0, what: what) }
         }
 
-        router = try upload(w.router, what: "router_weight")
-        routerBias = try uploadOptional(w.routerBias, what: "router_bias")
-        selectionBias = try uploadOptional(w.selectionBias, what: "selection_bias")
-        perExpertScale = try uploadOptional(w.perExpertScale, what: "per_expert_scale")
+        router = try matrix(w.router, rows: e, what: "router_weight")
+        routerBias = try vector(w.routerBias, what: "router_bias")
+        selectionBias = try vector(w.selectionBias, what: "selection_bias")
+        perExpertScale = try vector(w.perExpertScale, what: "per_expert_scale")
         switch w.gateUp {
         case .fused(let fused):
-            gateUp = try upload(fused, what: "gate_up_proj")
-        case .separate(let gate, let up):
-            // Per expert: its I gate rows, then its I up rows.
-            var parts: [(data: WeightData, offset: Int, count: Int)] = []
-            let block = i * h
-            gateUp = try gate.withUnsafeBufferPointer { g in
-                try up.withUnsafeBufferPointer { u in
-                    for x in 0..<e {
-                        parts.append((.borrowed(UnsafeBufferPointer(rebasing: g[x * block..<(x + 1) * block])), 2 * x * block, block))
-                        parts.append((.borrowed(UnsafeBufferPointer(rebasing: u[x * block..<(x + 1) * block])), (2 * x + 1) * block, block))
-                    }
-                    return try upload(parts, total: 2 * e * block, what: "gate_proj and up_proj")
-                }
-            }
+            gate = try matrix(fused, rows: 2 * i, what: "gate_up_proj")
+            up = gate.offset(by: i)
+        case .separate(let g, let u):
+            gate = try matrix(g, rows: i, what: "gate_proj")
+            up = try matrix(u, rows: i, what: "up_proj")
         }
-        gateUpBias = try uploadOptional(w.gateUpBias, what: "gate_up_bias")
-        down = try upload(w.downProj, what: "down_proj")
-        downBias = try uploadOptional(w.downBias, what: "down_bias")
+        gateUpBias = try vector(w.gateUpBias, what: "gate_up_bias")
+        down = try matrix(w.downProj, rows: c.hiddenSize, what: "down_proj")
+        downBias = try vector(w.downBias, what: "down_bias")
         if let s = w.shared {
-            let block = c.sharedIntermediateSize * h
-            sharedGateUp = try upload([(s.gateProj, 0, block), (s.upProj, block, block)], total: 2 * block,
-                                      what: "shared_expert gate_proj and up_proj")
-            sharedDown = try upload(s.downProj, what: "shared_expert down_proj")
-            sharedGate = try uploadOptional(s.sigmoidGate, what: "shared_expert sigmoid_gate")
+            let si = c.sharedIntermediateSize
+            shared = (try matrix(s.gateProj, rows: si, what: "shared_expert gate_proj"),
+                      try matrix(s.upProj, rows: si, what: "shared_expert up_proj"),
+                      try matrix(s.downProj, rows: c.hiddenSize, what: "shared_expert down_proj"))
+            sharedGate = try vector(s.sigmoidGate, what: "shared_expert sigmoid_gate")
         } else {
-            sharedGateUp = nil
-            sharedDown = nil
+            shared = nil
             sharedGate = nil
         }
+
+        pipelines = Pipelines(router: try context.pipeline(MetalKernels.router(router.kernelSuffix), threads: MOE_ROUTER_THREADS),
+                              routed: try Experts(context, gate: gate, up: up, down: down),
+                              shared: try shared.map { try Experts(context, gate: $0.gate, up: $0.up, down: $0.down) })
     }
 
     func makePass(input: UnsafePointer<Float>, tokens: Int) throws -> any MoEPass {

@@ -20,13 +20,13 @@ final class MetalContext: @unchecked Sendable {
 
     let device: any MTLDevice
     let queue: any MTLCommandQueue
-    let router: any MTLComputePipelineState
+    let library: any MTLLibrary
     let bucket: any MTLComputePipelineState
-    let gateUpGemv: any MTLComputePipelineState
-    let downGemv: any MTLComputePipelineState
-    let gateUpGemm: any MTLComputePipelineState
-    let downGemm: any MTLComputePipelineState
     let combine: any MTLComputePipelineState
+    /// Pipelines of the per-format kernel instances, made the first time a layer needs
+    /// them (a process that reads one format does not build the others').
+    private var pipelines: [String: any MTLComputePipelineState] = [:]
+    private let lock = Lock()
     /// Bound where an optional array is absent (the kernels do not read it then).
     let placeholder: any MTLBuffer
 
@@ -65,33 +65,43 @@ final class MetalContext: @unchecked Sendable {
         } catch {
             throw MoEError.unavailable("the \(name) backend's kernels did not compile: \(error)")
         }
-        func pipeline(_ kernel: String, threads: Int32) throws -> any MTLComputePipelineState {
-            guard let function = library.makeFunction(name: kernel) else {
-                throw MoEError.internalError("kernel \(kernel) is missing from the Metal library")
-            }
-            let state: any MTLComputePipelineState
-            do {
-                state = try device.makeComputePipelineState(function: function)
-            } catch {
-                throw MoEError.unavailable("the \(name) backend could not make the pipeline of \(kernel): \(error)")
-            }
-            guard state.maxTotalThreadsPerThreadgroup >= Int(threads), state.threadExecutionWidth == Int(MOE_SIMD_WIDTH) else {
-                throw MoEError.unavailable(
-                    "the \(name) backend needs \(threads) threads per threadgroup and simdgroups of \(MOE_SIMD_WIDTH) for \(kernel); "
-                    + "this device offers \(state.maxTotalThreadsPerThreadgroup) and \(state.threadExecutionWidth)")
-            }
-            return state
-        }
         self.device = device
         self.queue = queue
         self.placeholder = placeholder
-        router = try pipeline(MetalKernels.router, threads: MOE_ROUTER_THREADS)
-        bucket = try pipeline(MetalKernels.bucket, threads: MOE_BUCKET_THREADS)
-        gateUpGemv = try pipeline(MetalKernels.gateUpGemv, threads: MOE_GEMV_THREADS)
-        downGemv = try pipeline(MetalKernels.downGemv, threads: MOE_GEMV_THREADS)
-        gateUpGemm = try pipeline(MetalKernels.gateUpGemm, threads: MOE_GEMM_THREADS)
-        downGemm = try pipeline(MetalKernels.downGemm, threads: MOE_GEMM_THREADS)
-        combine = try pipeline(MetalKernels.combine, threads: MOE_COMBINE_THREADS)
+        self.library = library
+        bucket = try Self.makePipeline(device, library, MetalKernels.bucket, threads: MOE_BUCKET_THREADS)
+        combine = try Self.makePipeline(device, library, MetalKernels.combine, threads: MOE_COMBINE_THREADS)
+    }
+
+    /// The pipeline of kernel `name`, which runs `threads` threads per threadgroup; made
+    /// once per process.
+    func pipeline(_ name: String, threads: Int32) throws -> any MTLComputePipelineState {
+        try lock.withLock {
+            if let made = pipelines[name] { return made }
+            let made = try Self.makePipeline(device, library, name, threads: threads)
+            pipelines[name] = made
+            return made
+        }
+    }
+
+    private static func makePipeline(_ device: any MTLDevice, _ library: any MTLLibrary, _ kernel: String,
+                                     threads: Int32) throws -> any MTLComputePipelineState {
+        let name = kind.name
+        guard let function = library.makeFunction(name: kernel) else {
+            throw MoEError.internalError("kernel \(kernel) is missing from the Metal library")
+        }
+        let state: any MTLComputePipelineState
+        do {
+            state = try device.makeComputePipelineState(function: function)
+        } catch {
+            throw MoEError.unavailable("the \(name) backend could not make the pipeline of \(kernel): \(error)")
+        }
+        guard state.maxTotalThreadsPerThreadgroup >= Int(threads), state.threadExecutionWidth == Int(MOE_SIMD_WIDTH) else {
+            throw MoEError.unavailable(
+                "the \(name) backend needs \(threads) threads per threadgroup and simdgroups of \(MOE_SIMD_WIDTH) for \(kernel); "
+                + "this device offers \(state.maxTotalThreadsPerThreadgroup) and \(state.threadExecutionWidth)")
+        }
+        return state
     }
 
     /// A shared-storage buffer of at least 16 bytes (Metal returns nil for length 0),

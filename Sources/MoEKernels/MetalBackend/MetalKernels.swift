@@ -1,13 +1,15 @@
 import CMoESwift
 
 /// The MSL source of the Metal backend, embedded in the binary (SwiftPM `embedInCode`)
-/// and assembled here: each `#include "x.h"` of our own headers is replaced by the file,
-/// because `makeLibrary(source:options:)` cannot resolve includes.
+/// and assembled here: each `#include "x.h"` of our own headers is replaced by the file
+/// (recursively: headers include headers; their include guards drop repeats), because
+/// Apple's `makeLibrary(source:options:)` cannot resolve includes.
 /// tests/python/metal_kernels.py assembles the same source for the kernel tests.
 enum MetalKernels {
     static let headers: [String: [UInt8]] = [
         "moe_kernel_params.h": PackageResources.moe_kernel_params_h,
         "moe_common.h": PackageResources.moe_common_h,
+        "moe_formats.h": PackageResources.moe_formats_h,
     ]
 
     /// In this order (helpers of later files may come from earlier ones).
@@ -29,7 +31,7 @@ enum MetalKernels {
             if trimmed.hasPrefix("#include \""), let end = trimmed.dropFirst(10).firstIndex(of: "\"") {
                 let name = String(trimmed[trimmed.index(trimmed.startIndex, offsetBy: 10)..<end])
                 if let header = headers[name] {
-                    out.append(Substring(String(decoding: header, as: UTF8.self)))
+                    out.append(Substring(expand(String(decoding: header, as: UTF8.self))))
                     continue
                 }
             }
@@ -38,12 +40,13 @@ enum MetalKernels {
         return out.joined(separator: "\n")
     }
 
-    /// The kernels' names (MSL `kernel void` functions).
-    static let router = "moe_router"
+    /// The kernels' names (MSL `kernel void` functions). Those that read weights are
+    /// template instances per format, `<kernel>_<suffix>` (MetalWeight.kernelSuffix).
     static let bucket = "moe_bucket"
-    static let gateUpGemv = "moe_gate_up_gemv"
-    static let downGemv = "moe_down_gemv"
-    static let gateUpGemm = "moe_gate_up_gemm"
-    static let downGemm = "moe_down_gemm"
     static let combine = "moe_combine"
+    static func router(_ suffix: String) -> String { "moe_router_" + suffix }
+    static func gateUpGemv(_ suffix: String) -> String { "moe_gate_up_gemv_" + suffix }
+    static func downGemv(_ suffix: String) -> String { "moe_down_gemv_" + suffix }
+    static func gateUpGemm(_ suffix: String) -> String { "moe_gate_up_gemm_" + suffix }
+    static func downGemm(_ suffix: String) -> String { "moe_down_gemm_" + suffix }
 }

@@ -47,10 +47,18 @@ struct MetalLayerEncoder {
         p.has_shared_gate = backend.sharedGate == nil ? 0 : 1
         p.tokens_per_group = UInt32(perGroup)
         p.logit_stride = UInt32(e + 1)
-        encoder.setComputePipelineState(context.router)
+        p.weight = backend.router.desc
+        encoder.setComputePipelineState(backend.pipelines.router)
         setParams(&p)
-        bind([x, backend.router, backend.routerBias, backend.selectionBias, backend.perExpertScale,
-              backend.sharedGate, scratch.ids, scratch.weights, scratch.sharedFactor], from: 1)
+        set(MOE_ROUTER_BUF_X, x)
+        set(backend.router, codes: MOE_ROUTER_BUF_W, scales: MOE_ROUTER_BUF_W_SCALES, biases: MOE_ROUTER_BUF_W_BIASES)
+        set(MOE_ROUTER_BUF_ROUTER_BIAS, backend.routerBias)
+        set(MOE_ROUTER_BUF_SELECTION_BIAS, backend.selectionBias)
+        set(MOE_ROUTER_BUF_EXPERT_SCALE, backend.perExpertScale)
+        set(MOE_ROUTER_BUF_SHARED_GATE, backend.sharedGate)
+        set(MOE_ROUTER_BUF_IDS, scratch.ids)
+        set(MOE_ROUTER_BUF_WEIGHTS, scratch.weights)
+        set(MOE_ROUTER_BUF_SHARED_FACTOR, scratch.sharedFactor)
         encoder.setThreadgroupMemoryLength(roundUp16(perGroup * (e + 1 + 2 * e) * 4), index: 0)
         dispatch(groups: ((tokens + perGroup - 1) / perGroup, 1), threads: MOE_ROUTER_THREADS)
     }
@@ -66,7 +74,11 @@ struct MetalLayerEncoder {
         p.down_column_tiles = UInt32(columnTiles(c.hiddenSize))
         encoder.setComputePipelineState(context.bucket)
         setParams(&p)
-        bind([scratch.ids, scratch.offsets, scratch.rows, scratch.tiles, scratch.dispatchArgs], from: 1)
+        set(MOE_BUCKET_BUF_IDS, scratch.ids)
+        set(MOE_BUCKET_BUF_OFFSETS, scratch.offsets)
+        set(MOE_BUCKET_BUF_ROWS, scratch.rows)
+        set(MOE_BUCKET_BUF_TILES, scratch.tiles)
+        set(MOE_BUCKET_BUF_DISPATCH_ARGS, scratch.dispatchArgs)
         encoder.setThreadgroupMemoryLength(roundUp16(24 * c.numExperts), index: 0)
         dispatch(groups: (1, 1), threads: MOE_BUCKET_THREADS)
     }
@@ -75,22 +87,34 @@ struct MetalLayerEncoder {
         let c = configuration
         var p = ffnParams(shared: false, inner: c.intermediateSize)
         p.has_bias = backend.gateUpBias == nil ? 0 : 1
+        p.w0 = backend.gate.desc
+        p.w1 = backend.up.desc
+        let routed = backend.pipelines.routed
+        encoder.setComputePipelineState(decode ? routed.gateUpGemv : routed.gateUpGemm)
+        setParams(&p)
+        set(MOE_FFN_BUF_INPUT, x)
+        set(backend.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
+        set(backend.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
+        set(MOE_FFN_BUF_BIAS, backend.gateUpBias)
+        set(MOE_FFN_BUF_OUTPUT, scratch.act)
         if decode {
-            encoder.setComputePipelineState(context.gateUpGemv)
-            setParams(&p)
-            bind([x, backend.gateUp, backend.gateUpBias, scratch.act, scratch.ids], from: 1)
+            set(MOE_FFN_BUF_IDS, scratch.ids)
             dispatch(groups: (rowGroups(c.intermediateSize), tokens * c.topK), threads: MOE_GEMV_THREADS)
         } else {
-            encoder.setComputePipelineState(context.gateUpGemm)
-            setParams(&p)
-            bind([x, backend.gateUp, backend.gateUpBias, scratch.act, scratch.rows, scratch.tiles, scratch.offsets], from: 1)
+            setBuckets()
             dispatchIndirect(offset: 0, threads: MOE_GEMM_THREADS)
         }
-        if let weights = backend.sharedGateUp, let act = scratch.sharedAct {
+        if let weights = backend.shared, let kernels = backend.pipelines.shared, let act = scratch.sharedAct {
             var s = ffnParams(shared: true, inner: c.sharedIntermediateSize)
-            encoder.setComputePipelineState(decode ? context.gateUpGemv : context.gateUpGemm)
+            s.w0 = weights.gate.desc
+            s.w1 = weights.up.desc
+            encoder.setComputePipelineState(decode ? kernels.gateUpGemv : kernels.gateUpGemm)
             setParams(&s)
-            bind([x, weights, nil, act, nil, nil, nil], from: 1)
+            set(weights.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
+            set(weights.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
+            set(MOE_FFN_BUF_BIAS, nil)
+            set(MOE_FFN_BUF_OUTPUT, act)
+            // The input is still bound; ids, rows, tiles and offsets are not read for the shared expert.
             dispatch(groups: decode ? (rowGroups(c.sharedIntermediateSize), 1) : sharedTiles(c.sharedIntermediateSize),
                      threads: decode ? MOE_GEMV_THREADS : MOE_GEMM_THREADS)
         }
@@ -100,23 +124,33 @@ struct MetalLayerEncoder {
         let c = configuration
         var p = ffnParams(shared: false, inner: c.intermediateSize)
         p.has_bias = backend.downBias == nil ? 0 : 1
+        p.w0 = backend.down.desc
+        let routed = backend.pipelines.routed
+        encoder.setComputePipelineState(decode ? routed.downGemv : routed.downGemm)
+        setParams(&p)
+        set(MOE_FFN_BUF_INPUT, scratch.act)
+        set(backend.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
+        set(MOE_FFN_BUF_BIAS, backend.downBias)
+        set(MOE_FFN_BUF_OUTPUT, scratch.pairOut)
+        set(MOE_FFN_BUF_ROW_WEIGHT, scratch.weights)
         if decode {
-            encoder.setComputePipelineState(context.downGemv)
-            setParams(&p)
-            bind([scratch.act, backend.down, backend.downBias, scratch.pairOut, scratch.ids, nil, nil, scratch.weights], from: 1)
+            set(MOE_FFN_BUF_IDS, scratch.ids)
             dispatch(groups: (rowGroups(c.hiddenSize), tokens * c.topK), threads: MOE_GEMV_THREADS)
         } else {
-            encoder.setComputePipelineState(context.downGemm)
-            setParams(&p)
-            bind([scratch.act, backend.down, backend.downBias, scratch.pairOut, scratch.rows, scratch.tiles,
-                  scratch.offsets, scratch.weights], from: 1)
+            setBuckets()
             dispatchIndirect(offset: 16, threads: MOE_GEMM_THREADS)
         }
-        if let weights = backend.sharedDown, let act = scratch.sharedAct, let out = scratch.sharedOut {
+        if let weights = backend.shared, let kernels = backend.pipelines.shared,
+           let act = scratch.sharedAct, let out = scratch.sharedOut {
             var s = ffnParams(shared: true, inner: c.sharedIntermediateSize)
-            encoder.setComputePipelineState(decode ? context.downGemv : context.downGemm)
+            s.w0 = weights.down.desc
+            encoder.setComputePipelineState(decode ? kernels.downGemv : kernels.downGemm)
             setParams(&s)
-            bind([act, weights, nil, out, nil, nil, nil, scratch.sharedFactor], from: 1)
+            set(MOE_FFN_BUF_INPUT, act)
+            set(weights.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
+            set(MOE_FFN_BUF_BIAS, nil)
+            set(MOE_FFN_BUF_OUTPUT, out)
+            set(MOE_FFN_BUF_ROW_WEIGHT, scratch.sharedFactor)
             dispatch(groups: decode ? (rowGroups(c.hiddenSize), 1) : sharedTiles(c.hiddenSize),
                      threads: decode ? MOE_GEMV_THREADS : MOE_GEMM_THREADS)
         }
@@ -133,7 +167,10 @@ struct MetalLayerEncoder {
         p.has_residual = residual == nil ? 0 : 1
         encoder.setComputePipelineState(context.combine)
         setParams(&p)
-        bind([scratch.pairOut, scratch.sharedOut, residual, output], from: 1)
+        set(MOE_COMBINE_BUF_PAIR_OUT, scratch.pairOut)
+        set(MOE_COMBINE_BUF_SHARED_OUT, scratch.sharedOut)
+        set(MOE_COMBINE_BUF_RESIDUAL, residual)
+        set(MOE_COMBINE_BUF_OUTPUT, output)
         let threads = Int(MOE_COMBINE_THREADS)
         dispatch(groups: ((c.hiddenSize + threads - 1) / threads, tokens), threads: MOE_COMBINE_THREADS)
     }
@@ -161,15 +198,28 @@ struct MetalLayerEncoder {
     }
     private func roundUp16(_ bytes: Int) -> Int { (bytes + 15) / 16 * 16 }
 
+    /// The parameter struct, at index 0 in every kernel (`MOE_*_BUF_PARAMS`).
     private func setParams<P>(_ params: inout P) {
         withUnsafeBytes(of: &params) { encoder.setBytes($0.baseAddress!, length: $0.count, index: 0) }
     }
 
-    /// Buffers at consecutive indices; absent ones get the placeholder (never read).
-    private func bind(_ buffers: [(any MTLBuffer)?], from first: Int) {
-        for (n, buffer) in buffers.enumerated() {
-            encoder.setBuffer(buffer ?? context.placeholder, offset: 0, index: first + n)
-        }
+    /// `buffer` at `index`; an absent one gets the placeholder (never read).
+    private func set(_ index: Int32, _ buffer: (any MTLBuffer)?) {
+        encoder.setBuffer(buffer ?? context.placeholder, offset: 0, index: Int(index))
+    }
+
+    /// A weight's codes, scales and biases (the placeholder for those its format lacks).
+    private func set(_ weight: MetalWeight, codes: Int32, scales: Int32, biases: Int32) {
+        set(codes, weight.codes)
+        set(scales, weight.scales)
+        set(biases, weight.biases)
+    }
+
+    /// Prefill: the buckets of moe_bucket for a routed GEMM.
+    private func setBuckets() {
+        set(MOE_FFN_BUF_ROWS, scratch.rows)
+        set(MOE_FFN_BUF_TILES, scratch.tiles)
+        set(MOE_FFN_BUF_OFFSETS, scratch.offsets)
     }
 
     private func dispatch(groups: (Int, Int), threads: Int32) {

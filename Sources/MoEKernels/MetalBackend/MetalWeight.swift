@@ -1,0 +1,86 @@
+#if canImport(Metal)
+import Metal
+#elseif canImport(SoftMetal)
+import SoftMetal
+#endif
+import CMoESwift
+
+#if canImport(Metal) || canImport(SoftMetal)
+/// One weight matrix on the device in the format it was given in — never widened: its
+/// codes (or dense values), scales and biases, each the caller's bytes copied once, and
+/// the `moe_weight_desc` that tells a kernel how to read a row (Metal/moe_formats.h).
+struct MetalWeight {
+    let codes: any MTLBuffer
+    let scales: (any MTLBuffer)?
+    let biases: (any MTLBuffer)?
+    let format: WeightFormat
+    var desc: moe_weight_desc
+
+    /// Uploads `data`, a tensor of experts of `rowsPerExpert` rows each (any value for a
+    /// single matrix).
+    init(_ data: WeightData, rowsPerExpert: Int, context: MetalContext, what: String) throws {
+        func upload(_ bytes: UnsafeRawBufferPointer, _ part: String) throws -> any MTLBuffer {
+            let buffer = try context.makeBuffer(bytes: bytes.count, what: what + part)
+            if let base = bytes.baseAddress { buffer.contents().copyMemory(from: base, byteCount: bytes.count) }
+            return buffer
+        }
+        switch data {
+        case .array(let a):
+            codes = try a.withUnsafeBytes { try upload($0, "") }
+            (scales, biases) = (nil, nil)
+        case .borrowed(let b):
+            codes = try upload(UnsafeRawBufferPointer(b), "")
+            (scales, biases) = (nil, nil)
+        case .dense(let raw, _):
+            codes = try upload(raw, "")
+            (scales, biases) = (nil, nil)
+        case .quantized(let q):
+            codes = try upload(q.weight, " (codes)")
+            scales = try upload(q.scales, " (scales)")
+            biases = try q.biases.map { try upload($0, " (biases)") }
+        }
+        format = data.format
+        desc = moe_weight_desc()
+        desc.rows_per_expert = UInt32(rowsPerExpert)
+        switch format {
+        case .dense(let t):
+            desc.format = UInt32([MOE_FMT_F32, MOE_FMT_F16, MOE_FMT_BF16][Int(t.rawValue)])
+            desc.bits = UInt32(8 * t.size)
+        case .quantized(let q, let scaleType):
+            desc.format = UInt32(q == .mxfp4 ? MOE_FMT_MXFP4 : MOE_FMT_AFFINE)
+            desc.bits = UInt32(q.bits)
+            desc.group_shift = UInt32(q.groupSize.trailingZeroBitCount)
+            desc.scale_type = UInt32([MOE_SCALAR_F32, MOE_SCALAR_F16, MOE_SCALAR_BF16][Int(scaleType.rawValue)])
+        }
+    }
+
+    /// The same buffers, read from row `rowOffset` of each expert (the up half of a fused
+    /// gate_up tensor).
+    func offset(by rowOffset: Int) -> MetalWeight {
+        var w = self
+        w.desc.row_offset = UInt32(rowOffset)
+        return w
+    }
+
+    /// The host-name suffix of the kernel instances that read this format
+    /// (MOE_FOR_EACH_FORMAT in Metal/moe_formats.h): the common formats have their own,
+    /// the rest (affine 2, 3, 5, 6 bits) share `any`, which reads the format per dispatch.
+    var kernelSuffix: String {
+        switch format {
+        case .dense(.float32): return "f32"
+        case .dense(.float16): return "f16"
+        case .dense(.bfloat16): return "bf16"
+        case .quantized(.mxfp4, _): return "mxfp4"
+        case .quantized(.affine(bits: 4, _), _): return "q4"
+        case .quantized(.affine(bits: 8, _), _): return "q8"
+        case .quantized: return "any"
+        }
+    }
+
+    /// The suffix of kernels that read gate and up with one loader: theirs if they agree
+    /// (group size and scale type are per dispatch, so need not), else `any`.
+    static func kernelSuffix(gate: MetalWeight, up: MetalWeight) -> String {
+        gate.kernelSuffix == up.kernelSuffix ? gate.kernelSuffix : "any"
+    }
+}
+#endif
