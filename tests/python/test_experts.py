@@ -12,7 +12,7 @@ from families import FAMILIES, make_layer_args, spec_tolerance
 
 EXPERT_KEYS = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate_up_bias", "gate_bias",
                "up_bias", "down_bias", "activation", "swiglu_alpha", "swiglu_limit"}
-BACKENDS = ["cpu"]
+BACKENDS = [b for b in ("cpu", "softmetal", "metal") if b in moe_swift.available_backends()]
 
 
 def routing(T, k, E, seed):
@@ -85,3 +85,16 @@ def test_bad_routing_is_refused_before_anything_runs():
             layer.experts(np.zeros((3, 31), np.float32), ids, weights)
     with pytest.raises(ValueError, match="closed"):
         layer.experts(x, ids, weights)
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="needs SoftMetal (Linux)")
+def test_experts_dispatch_budget_on_the_metal_backend():
+    """No router and no shared expert: 3 dispatches in decode, 4 in prefill, one wait."""
+    args = make_layer_args("qwen2_moe", H=64, I=64, E=8, k=2, seed=30)
+    x = np.random.default_rng(31).standard_normal((40, 64)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        for T, dispatches in ((1, 3), (40, 4)):
+            ids, weights = routing(T, 2, 8, seed=T)
+            check(layer, args, x[:T], ids, weights)
+            stats = moe_swift.last_stats()
+            assert (stats["dispatches"], stats["command_buffers"], stats["cpu_waits"]) == (dispatches, 1, 1)

@@ -10,7 +10,9 @@ import CMoESwift
 /// buffer is committed, and nothing here waits. Dispatches per forward:
 ///   decode (tokens <= MOE_DECODE_MAX_TOKENS): router, gate/up GEMV, down GEMV, combine = 4
 ///   prefill: router, bucket, gate/up GEMM, down GEMM (both indirect), combine = 5
-///   a shared expert adds its gate/up and down through the same kernels = +2.
+///   a shared expert adds its gate/up and down through the same kernels = +2;
+///   the experts-only call (routing given, uploaded with the input) has no router and no
+///   shared expert: 3 in decode, 4 in prefill.
 struct MetalLayerEncoder {
     let backend: MetalBackend
     let encoder: any MTLComputeCommandEncoder
@@ -18,6 +20,8 @@ struct MetalLayerEncoder {
     let tokens: Int
     /// The layer's input (tokens, H).
     let x: any MTLBuffer
+    /// False for the experts-only call (routing given): no shared expert.
+    var withShared = true
 
     var context: MetalContext { backend.context }
     var configuration: MoEConfiguration { backend.configuration }
@@ -104,7 +108,7 @@ struct MetalLayerEncoder {
             setBuckets()
             dispatchIndirect(offset: 0, threads: MOE_GEMM_THREADS)
         }
-        if let weights = backend.shared, let kernels = backend.pipelines.shared, let act = scratch.sharedAct {
+        if withShared, let weights = backend.shared, let kernels = backend.pipelines.shared, let act = scratch.sharedAct {
             var s = ffnParams(shared: true, inner: c.sharedIntermediateSize)
             s.w0 = weights.gate.desc
             s.w1 = weights.up.desc
@@ -140,7 +144,7 @@ struct MetalLayerEncoder {
             setBuckets()
             dispatchIndirect(offset: 16, threads: MOE_GEMM_THREADS)
         }
-        if let weights = backend.shared, let kernels = backend.pipelines.shared,
+        if withShared, let weights = backend.shared, let kernels = backend.pipelines.shared,
            let act = scratch.sharedAct, let out = scratch.sharedOut {
             var s = ffnParams(shared: true, inner: c.sharedIntermediateSize)
             s.w0 = weights.down.desc
@@ -163,7 +167,7 @@ struct MetalLayerEncoder {
         p.tokens = UInt32(tokens)
         p.hidden = UInt32(c.hiddenSize)
         p.top_k = UInt32(c.topK)
-        p.has_shared = scratch.sharedOut == nil ? 0 : 1
+        p.has_shared = withShared && scratch.sharedOut != nil ? 1 : 0
         p.has_residual = residual == nil ? 0 : 1
         encoder.setComputePipelineState(context.combine)
         setParams(&p)

@@ -15,7 +15,7 @@ final class MetalPass: MoEPass {
     private let scratch: MetalScratch
     private let commandBuffer: any MTLCommandBuffer
     private let encoder: any MTLComputeCommandEncoder
-    private let layer: MetalLayerEncoder
+    private var layer: MetalLayerEncoder
     private let tokens: Int
     private var output: UnsafeMutablePointer<Float>?
     private var ended = false
@@ -43,6 +43,15 @@ final class MetalPass: MoEPass {
     }
 
     func route() { layer.route() }
+
+    /// The routing goes where the router would have written it: the later stages read it
+    /// on the device as usual.
+    func setRouting(ids: UnsafePointer<Int32>, weights: UnsafePointer<Float>) {
+        let count = tokens * backend.configuration.topK
+        scratch.ids.contents().assumingMemoryBound(to: Int32.self).update(from: ids, count: count)
+        scratch.weights.contents().assumingMemoryBound(to: Float.self).update(from: weights, count: count)
+        layer.withShared = false
+    }
     func groupPairsByExpert() { layer.groupPairsByExpert() }
     func gateUp() { layer.gateUp() }
     func down() { layer.down() }

@@ -1,6 +1,7 @@
 // Weight formats through the Swift API and the C ABI: MLX's affine quantization (every bit
 // width, hand-packed here as little-endian bit streams), mxfp4 and bfloat16, against the
 // float64 reference on the dequantized values; and the errors of bad moe_tensor fields.
+import CMoECPU
 import CMoESwift
 import XCTest
 @testable import MoEKernels
@@ -57,6 +58,17 @@ func bfloat16(_ w: [Float]) -> (bits: [UInt16], values: [Float]) {
 }
 
 final class FormatTests: XCTestCase {
+    /// The format codes of the C ABI, the CPU kernels and the Metal kernels are one numbering.
+    func testFormatCodesAgree() {
+        let abi = [MOE_FORMAT_F32, MOE_FORMAT_F16, MOE_FORMAT_BF16, MOE_FORMAT_AFFINE, MOE_FORMAT_MXFP4].map { Int($0.rawValue) }
+        let cpu = [MOE_CPU_F32, MOE_CPU_F16, MOE_CPU_BF16, MOE_CPU_AFFINE, MOE_CPU_MXFP4].map { Int($0.rawValue) }
+        let metal = [MOE_FMT_F32, MOE_FMT_F16, MOE_FMT_BF16, MOE_FMT_AFFINE, MOE_FMT_MXFP4].map { Int($0) }
+        XCTAssertEqual(abi, cpu)
+        XCTAssertEqual(abi, metal)
+        XCTAssertEqual([MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16].map { Int($0.rawValue) },
+                       [MOE_CPU_SCALAR_F32, MOE_CPU_SCALAR_F16, MOE_CPU_SCALAR_BF16].map { Int($0.rawValue) })
+    }
+
     let config = makeConfig(h: 64, i: 64, e: 6, k: 2) { $0.sharedIntermediateSize = 32 }
 
     func testAffineEveryBitWidthMatchesTheReference() throws {
