@@ -96,7 +96,7 @@ class KernelWeight:
             self.values = formats.dequantize(q)
             desc.update(format=CONST["MOE_FMT_MXFP4"] if q.mode == "mxfp4" else CONST["MOE_FMT_AFFINE"], bits=q.bits,
                         group_shift=q.group_size.bit_length() - 1,
-                        scale_type=formats.DTYPES.get(q.scale_dtype, 0))
+                        scale_type=formats.DTYPES.index(q.scale_dtype) if q.mode == "affine" else 0)
             self.suffix = fmt if fmt in ("q4", "q8", "mxfp4") else "any"
         self.desc = desc
 

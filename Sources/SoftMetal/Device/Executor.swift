@@ -181,7 +181,11 @@ enum Executor {
         }
         let results = UnsafeMutableBufferPointer<ChunkResult>.allocate(capacity: chunks)
         results.initialize(repeating: ChunkResult())
-        defer { results.deallocate() }
+        // Deinitialised, not only deallocated: the messages are heap Strings.
+        defer {
+            _ = results.deinitialize()
+            results.deallocate()
+        }
         let work = { (i: Int) in
             let chunk = permutation == nil ? i : chunks - 1 - i
             var d = template
