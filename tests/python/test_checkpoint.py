@@ -66,6 +66,11 @@ def reference_layer(folder, layer, **overrides):
     router = linear(f"{P}.router" if mt == "gpt_oss" else f"{P}.gate")
     if f"{P}.switch_mlp.gate_proj.weight" in t:
         gate, up, down = (linear(f"{P}.switch_mlp.{n}") for n in ("gate_proj", "up_proj", "down_proj"))
+    elif f"{P}.experts.gate_proj.weight" in t:  # mlx-lm's gpt-oss
+        gate, up, down = (linear(f"{P}.experts.{n}") for n in ("gate_proj", "up_proj", "down_proj"))
+        opts.update(gate_bias=t[f"{P}.experts.gate_proj.bias"], up_bias=t[f"{P}.experts.up_proj.bias"],
+                    down_bias=t[f"{P}.experts.down_proj.bias"], router_bias=t[f"{P}.router.bias"],
+                    activation="swiglu_oai", swiglu_limit=config.get("swiglu_limit", 7.0))
     elif mt == "gpt_oss":
         if f"{P}.experts.gate_up_proj_blocks" in t:
             def mxfp4(name, rows=slice(None)):

@@ -260,11 +260,16 @@ final class LayerReader {
         func run<T>(_: T.Type) {
             let src = t.bytes.bindMemory(to: T.self), dst = out.bindMemory(to: T.self)
             let half = cols / 2
+            let tile = 64  // tiles keep both sides' cache lines in use (gpt-oss-120b's gate_up_proj: 2.1 G elements)
             for e in 0..<experts {
                 let base = e * rows * cols
-                for r in 0..<cols {
-                    let from = deinterleave ? (r < half ? 2 * r : 2 * (r - half) + 1) : r
-                    for k in 0..<rows { dst[base + r * rows + k] = src[base + k * cols + from] }
+                for r0 in stride(from: 0, to: cols, by: tile) {
+                    for k0 in stride(from: 0, to: rows, by: tile) {
+                        for r in r0..<Swift.min(r0 + tile, cols) {
+                            let from = deinterleave ? (r < half ? 2 * r : 2 * (r - half) + 1) : r
+                            for k in k0..<Swift.min(k0 + tile, rows) { dst[base + r * rows + k] = src[base + k * cols + from] }
+                        }
+                    }
                 }
             }
         }
