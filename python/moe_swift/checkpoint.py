@@ -7,7 +7,10 @@ and hands each tensor to the layer in its stored format. This module only calls 
 
 from __future__ import annotations
 
+import numbers
 import os
+
+import numpy as np
 
 from . import _native
 from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice
@@ -60,8 +63,9 @@ def from_pretrained(path, layer=None, *, backend="auto", **overrides):
             _native.check(lib.moe_checkpoint_moe_layers(checkpoint, indices, count[0], count))
             wanted = [int(indices[i]) for i in range(count[0])]
         else:
-            if isinstance(layer, bool) or not isinstance(layer, int):
+            if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
                 raise TypeError(f"layer must be an int or None, got {type(layer).__name__}")
+            layer = int(layer)
             wanted = [layer]
         layers = {}
         try:

@@ -253,3 +253,11 @@ def test_overrides(checkpoints):
         moe_swift.from_pretrained(folder, 2, bogus=1)
     with pytest.raises(ValueError, match="top_k"):
         moe_swift.from_pretrained(folder, 2, top_k=100)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
+def test_files_are_unmapped_after_loading(checkpoints):
+    folder = str(checkpoints["gpt_oss_mxfp4"])
+    layers = moe_swift.from_pretrained(folder, backend="cpu")
+    assert folder not in Path("/proc/self/maps").read_text()  # the layers hold the only copy
+    check_close(layers[0], folder, 0, 1)

@@ -109,16 +109,16 @@ enum JSON: Equatable {
         }
 
         mutating func number() throws -> Double {
-            let start = at
-            while at < bytes.count, "+-0123456789.eE".utf8.contains(bytes[at]) { at += 1 }
             // Python's json also writes these for non-finite floats.
-            for word in ["NaN", "Infinity", "-Infinity"] where at == start {
+            for (word, value) in [("NaN", Double.nan), ("Infinity", .infinity), ("-Infinity", -.infinity)] {
                 let w = Array(word.utf8)
                 if at + w.count <= bytes.count, Array(bytes[at..<at + w.count]) == w {
                     at += w.count
-                    return word == "NaN" ? .nan : word == "Infinity" ? .infinity : -.infinity
+                    return value
                 }
             }
+            let start = at
+            while at < bytes.count, "+-0123456789.eE".utf8.contains(bytes[at]) { at += 1 }
             guard at > start, let n = Double(String(decoding: bytes[start..<at], as: UTF8.self)) else {
                 at = start
                 throw error("expected a value")

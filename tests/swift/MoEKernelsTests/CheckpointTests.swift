@@ -3,6 +3,7 @@
 import Foundation
 import XCTest
 import MoEKernels
+import CMoESwift
 
 final class CheckpointTests: XCTestCase {
     let (h, i, e, k) = (32, 16, 4, 2)
@@ -81,5 +82,42 @@ final class CheckpointTests: XCTestCase {
         XCTAssertThrowsError(try MoELayer(checkpoint: dir.path + "/nowhere", layer: 0)) { error in
             XCTAssertTrue("\(error)".contains("config.json"), "\(error)")
         }
+    }
+
+    /// The C functions, each called as CMoESwift.moe_... so that the compiler checks the
+    /// exports against the header's prototypes (see CABITests).
+    func testCABI() throws {
+        let (dir, _, _, _, _) = try makeCheckpoint()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var checkpoint: OpaquePointer?
+        XCTAssertEqual(CMoESwift.moe_checkpoint_open(dir.path, &checkpoint), MOE_OK)
+        var count: Int32 = 0
+        XCTAssertEqual(CMoESwift.moe_checkpoint_moe_layers(checkpoint, nil, 0, &count), MOE_OK)
+        XCTAssertEqual(count, 2)
+        var indices = [Int32](repeating: -1, count: 2)
+        XCTAssertEqual(CMoESwift.moe_checkpoint_moe_layers(checkpoint, &indices, 1, &count), MOE_OK)
+        XCTAssertEqual(indices, [0, -1])
+
+        var layer: OpaquePointer?
+        let name = strdup("top_k")
+        defer { free(name) }
+        var names: [UnsafePointer<CChar>?] = [UnsafePointer(name)]
+        var values: [Double] = [3]
+        XCTAssertEqual(CMoESwift.moe_layer_create_from_checkpoint(checkpoint, 1, Int32(MOE_BACKEND_CPU.rawValue), 1,
+                                                                  &names, &values, &layer), MOE_OK)
+        CMoESwift.moe_checkpoint_close(checkpoint)  // the layer keeps its own copy
+        var info = moe_layer_info()
+        info.struct_size = UInt32(MemoryLayout<moe_layer_info>.size)
+        XCTAssertEqual(CMoESwift.moe_layer_get_info(layer, &info), MOE_OK)
+        XCTAssertEqual([info.hidden_size, info.intermediate_size, info.num_experts, info.top_k, info.shared_intermediate_size],
+                       [Int64(h), Int64(i), Int64(e), 3, 0])
+        XCTAssertEqual(info.backend, Int32(MOE_BACKEND_CPU.rawValue))
+        var y = [Float](repeating: 0, count: h)
+        XCTAssertEqual(CMoESwift.moe_layer_forward(layer, seededFloats(h, seed: 1), 1, nil, &y), MOE_OK)
+        CMoESwift.moe_layer_destroy(layer)
+
+        // A closed handle is an error, not a crash.
+        XCTAssertEqual(CMoESwift.moe_checkpoint_moe_layers(checkpoint, nil, 0, &count), MOE_ERROR_INVALID_ARGUMENT)
+        XCTAssertTrue(String(cString: CMoESwift.moe_last_error()).contains("not open"))
     }
 }
