@@ -165,12 +165,18 @@ final class LayerReader {
             }
             return UnsafeRawBufferPointer(out)
         }
+        let mixed = MoEError.invalidArgument("\(prefix).experts.*.\(projection): the experts' tensors differ in format")
         switch parts[0] {
         case .dense(_, let type):
-            return .dense(try concat(parts.map { if case .dense(let raw, type) = $0 { return raw }; return UnsafeRawBufferPointer(start: nil, count: 0) }), type)
+            return .dense(try concat(parts.map { part in
+                guard case .dense(let raw, type) = part else { throw mixed }
+                return raw
+            }), type)
         case .quantized(let first):
-            let q = parts.compactMap { if case .quantized(let q) = $0 { return q }; return nil }
-            guard q.count == parts.count else { throw MoEError.invalidArgument("\(prefix).experts.*.\(projection): mixed formats") }
+            let q = try parts.map { part in
+                guard case .quantized(let q) = part, q.quantization == first.quantization else { throw mixed }
+                return q
+            }
             return .quantized(QuantizedWeightData(first.quantization, weight: try concat(q.map(\.weight)),
                                                   scales: try concat(q.map(\.scales)),
                                                   biases: first.biases == nil ? nil : try concat(q.compactMap(\.biases)),
