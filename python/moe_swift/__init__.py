@@ -4,6 +4,7 @@
     y = layer(x)                     # (..., H) -> (..., H) float32
     ids, weights = layer.route(x)    # (T, k) int32, (T, k) float32
     y = moe_swift.run_layers([layer0, layer1], x)   # x + layer0(x), then + layer1(...)
+    layer = moe_swift.from_pretrained("Qwen3-30B-A3B/", layer=3)   # a checkpoint folder's MoE layer
     moe_swift.last_stats()           # dispatches, command buffers, waits, allocations
 
 Weight matrices may be float16 / bfloat16 arrays or `moe_swift.Quantized` (MLX's affine
@@ -17,11 +18,13 @@ from . import formats, reference, softmetal
 from .formats import Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
 from .layer import MoELayer, available_backends, last_stats, run_layers
+from .checkpoint import from_pretrained
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MoELayer",
+    "from_pretrained",
     "Quantized",
     "formats",
     "available_backends",

@@ -354,6 +354,25 @@ class MoELayer:
         self.shared_intermediate_size = shared_size
         self.backend = _BACKEND_NAMES[lib.moe_layer_backend(self._handle)]
 
+    @classmethod
+    def _from_handle(cls, handle):
+        """Wraps a live native layer handle (e.g. from moe_layer_create_from_checkpoint);
+        the new object owns it and destroys it on close()."""
+        ffi, lib, _ = _native.load()
+        self = cls.__new__(cls)
+        self._ffi, self._lib, self._handle, self._closed = ffi, lib, handle, False
+        info = ffi.new("moe_layer_info *")
+        info.struct_size = ffi.sizeof("moe_layer_info")
+        status = lib.moe_layer_get_info(handle, info)
+        if status != _native.OK:
+            self.close()
+            _native.check(status)
+        self.hidden_size, self.intermediate_size = int(info.hidden_size), int(info.intermediate_size)
+        self.num_experts, self.top_k = int(info.num_experts), int(info.top_k)
+        self.shared_intermediate_size = int(info.shared_intermediate_size)
+        self.backend = _BACKEND_NAMES[info.backend]
+        return self
+
     # --- calls --------------------------------------------------------------------
 
     def _input(self, x):

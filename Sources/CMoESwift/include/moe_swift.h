@@ -215,6 +215,51 @@ typedef struct moe_stats {
 
 moe_status moe_last_stats(moe_stats* out);
 
+/* What a layer is: its sizes and backend (e.g. of a layer made from a checkpoint). Set
+ * struct_size = sizeof(moe_layer_info) first; only the first struct_size bytes are written. */
+typedef struct moe_layer_info {
+    uint32_t struct_size;             /* sizeof(moe_layer_info) of the caller's header */
+    int32_t backend;                  /* moe_backend the layer runs on */
+    int64_t hidden_size;              /* H */
+    int64_t intermediate_size;        /* I */
+    int64_t num_experts;              /* E */
+    int64_t top_k;                    /* k */
+    int64_t shared_intermediate_size; /* Is, 0 without a shared expert */
+} moe_layer_info;
+
+moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
+
+/* --- Checkpoints -------------------------------------------------------------------------
+ * A Hugging Face / mlx-lm checkpoint folder: config.json and *.safetensors (sharded through
+ * model.safetensors.index.json, or one model.safetensors). model_types: mixtral, qwen2_moe,
+ * qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss; layouts: per-expert 2-D,
+ * transformers 5 fused 3-D, gpt-oss's (bf16 or MXFP4 blocks) and mlx-lm's (quantized or not).
+ * The files stay memory-mapped while the handle is open; a layer borrows its tensors from
+ * the mapping in their stored format and copies them once, so closing the checkpoint after
+ * creating layers frees the mapping and leaves each weight held once, in its layer. */
+
+typedef struct moe_checkpoint moe_checkpoint;   /* opaque */
+
+/* Reads config.json and the safetensors headers of the folder at path (UTF-8). */
+moe_status moe_checkpoint_open(const char* path, moe_checkpoint** out);
+
+/* The indices of the checkpoint's MoE layers, ascending: the first min(count, capacity) are
+ * written to indices (which may be NULL when capacity is 0), their number to *count. */
+moe_status moe_checkpoint_moe_layers(const moe_checkpoint* checkpoint, int32_t* indices, int32_t capacity,
+                                     int32_t* count);
+
+/* Creates MoE layer `layer` (0-based, as in model.layers.{layer}) on backend. Options of
+ * config.json may be overridden by name: override_names[i] = override_values[i] for
+ * i < num_overrides (both NULL when 0). Names: top_k, norm_topk_prob (0/1),
+ * routed_scaling_factor, scoring (moe_scoring), n_group, topk_group, activation
+ * (moe_activation), swiglu_alpha, swiglu_limit. */
+moe_status moe_layer_create_from_checkpoint(const moe_checkpoint* checkpoint, int32_t layer, int32_t backend,
+                                            int32_t num_overrides, const char* const* override_names,
+                                            const double* override_values, moe_layer** out);
+
+/* Unmaps the files and frees the handle; layers made from it stay valid. NULL is ignored. */
+void moe_checkpoint_close(moe_checkpoint* checkpoint);
+
 /* --- SoftMetal: the software Metal device (Linux) ---------------------------------------
  * Compiles MSL source and launches one kernel, with SoftMetal's checks (guard pages,
  * threadgroup-memory poisoning, barrier divergence, optional race check). Used by the

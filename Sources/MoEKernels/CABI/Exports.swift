@@ -14,6 +14,16 @@ nonisolated(unsafe) private var layersByHandle: [OpaquePointer: MoELayer] = [:]
 /// newer layer that happens to live at the same address.
 nonisolated(unsafe) private var lastHandle = 0
 
+/// A new handle for `layer`.
+func register(_ layer: MoELayer) -> OpaquePointer {
+    liveLayers.withLock { () -> OpaquePointer in
+        lastHandle += 16
+        let handle = OpaquePointer(bitPattern: lastHandle)!
+        layersByHandle[handle] = layer
+        return handle
+    }
+}
+
 private func layer(_ handle: OpaquePointer?) throws -> MoELayer {
     guard let handle else { throw MoEError.invalidArgument("layer handle is NULL") }
     guard let layer = liveLayers.withLock({ layersByHandle[handle] }) else {
@@ -22,7 +32,8 @@ private func layer(_ handle: OpaquePointer?) throws -> MoELayer {
     return layer
 }
 
-private func status(_ body: () throws -> Void) -> moe_status {
+/// Runs an export's body, turning a thrown error into its status and message.
+func status(_ body: () throws -> Void) -> moe_status {
     do {
         try body()
         return MOE_OK
@@ -66,13 +77,7 @@ public func moe_layer_create(_ desc: UnsafePointer<moe_layer_desc>?,
         let d = try LayerDescriptor.read(desc)
         let made = try MoELayer(configuration: d.configuration, weights: try d.weights(),
                                 backend: d.backend)
-        let handle = liveLayers.withLock { () -> OpaquePointer in
-            lastHandle += 16
-            let handle = OpaquePointer(bitPattern: lastHandle)!
-            layersByHandle[handle] = made
-            return handle
-        }
-        out.pointee = handle
+        out.pointee = register(made)
     }
 }
 
@@ -120,6 +125,25 @@ public func moe_layer_route(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?
 public func moe_layer_backend(_ handle: OpaquePointer?) -> Int32 {
     guard let handle, let layer = liveLayers.withLock({ layersByHandle[handle] }) else { return -1 }
     return layer.backendKind.rawValue
+}
+
+@_cdecl("moe_layer_get_info")
+public func moe_layer_get_info(_ handle: OpaquePointer?, _ out: UnsafeMutablePointer<moe_layer_info>?) -> moe_status {
+    status {
+        let layer = try layer(handle)
+        guard let out else { throw MoEError.invalidArgument("out is NULL") }
+        let size = Int(out.pointee.struct_size)
+        guard size >= 8 else { throw MoEError.invalidArgument("out->struct_size is \(size); set it to sizeof(moe_layer_info)") }
+        let c = layer.configuration
+        var info = moe_layer_info(struct_size: out.pointee.struct_size, backend: layer.backendKind.rawValue,
+                                  hidden_size: Int64(c.hiddenSize), intermediate_size: Int64(c.intermediateSize),
+                                  num_experts: Int64(c.numExperts), top_k: Int64(c.topK),
+                                  shared_intermediate_size: Int64(c.sharedIntermediateSize))
+        // An older caller's shorter struct gets only the fields it knows.
+        withUnsafeBytes(of: &info) { src in
+            UnsafeMutableRawPointer(out).copyMemory(from: src.baseAddress!, byteCount: Swift.min(size, src.count))
+        }
+    }
 }
 
 @_cdecl("moe_layer_destroy")

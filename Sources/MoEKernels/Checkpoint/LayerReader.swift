@@ -1,0 +1,285 @@
+import CMoECPU
+
+/// Finds one MoE layer's tensors in a checkpoint and describes them as `MoEWeights`,
+/// borrowed from the mapping where the stored layout is the library's. Layouts, tried in
+/// this order under the block `model.layers.{i}.{mlp}`:
+///   mlx-lm      `switch_mlp.{gate,up,down}_proj.{weight,scales,biases}` (gpt-oss: `experts.` and `.bias`)
+///   gpt-oss     `experts.gate_up_proj` (E, H, 2I) gate/up interleaved, `down_proj` (E, I, H),
+///               or `..._blocks` / `..._scales` (MXFP4, rows already out-by-in), `*_bias`
+///   fused 3-D   `experts.gate_up_proj` (E, 2I, H), `experts.down_proj` (E, H, I) (transformers 5)
+///   per expert  `experts.{e}.{gate,up,down}_proj.weight` or Mixtral's `w1`/`w3`/`w2`
+final class LayerReader {
+    let checkpoint: Checkpoint
+    let c: MoEConfiguration
+    let prefix: String
+    /// Where the block may be (`prefix` is the first of these that has a router).
+    private let blocks: [String]
+    /// Copies made in the stored format; freed with the reader.
+    private var temporaries: [UnsafeMutableRawBufferPointer] = []
+
+    init(_ checkpoint: Checkpoint, layer: Int, configuration: MoEConfiguration) {
+        self.checkpoint = checkpoint
+        c = configuration
+        let family = checkpoint.family
+        blocks = family.blockNames.map { "model.layers.\(layer).\($0)" }
+        prefix = blocks.first { checkpoint.tensor("\($0).\(family.router).weight") != nil } ?? blocks[0]
+    }
+
+    deinit {
+        for t in temporaries { t.deallocate() }
+    }
+
+    private func temporary(_ bytes: Int) -> UnsafeMutableRawBufferPointer {
+        let t = UnsafeMutableRawBufferPointer.allocate(byteCount: Swift.max(bytes, 1), alignment: 64)
+        temporaries.append(t)
+        return t
+    }
+
+    private func tensor(_ name: String) -> StoredTensor? { checkpoint.tensor(prefix + "." + name) }
+
+    private func require(_ name: String) throws -> StoredTensor {
+        guard let t = tensor(name) else { throw checkpoint.missing([prefix + "." + name], "layer weights") }
+        return t
+    }
+
+    // MARK: Matrices and vectors
+
+    /// `module.weight`, quantized when `module.scales` exists (mlx-lm's layout, with the
+    /// bits, group size and mode of config.json's "quantization" for that module).
+    private func matrix(_ module: String) throws -> WeightData {
+        let weight = try require(module + ".weight")
+        guard let scales = tensor(module + ".scales") else { return try dense(weight) }
+        let q = try quantization(of: prefix + "." + module)
+        let scaleType: ScalarType
+        if q == .mxfp4 {
+            scaleType = .float32
+        } else {
+            guard let t = scales.scalarType else {
+                throw MoEError.invalidArgument("\(scales.name): affine scales must be F32, F16 or BF16, got \(scales.dtype)")
+            }
+            scaleType = t
+        }
+        return .quantized(QuantizedWeightData(q, weight: weight.bytes, scales: scales.bytes,
+                                              biases: tensor(module + ".biases")?.bytes, scaleType: scaleType))
+    }
+
+    /// config.json's "quantization": {"group_size", "bits", "mode"?, "<module path>": {...} or false}.
+    private func quantization(of module: String) throws -> Quantization {
+        let config = checkpoint.config
+        guard let q = (config.raw["quantization"] ?? config.raw["quantization_config"])?.object else {
+            throw MoEError.invalidArgument("\(module).scales exists but \(config.path) has no \"quantization\"")
+        }
+        var settings = q
+        if let specific = q[module]?.object { settings.merge(specific) { $1 } }
+        let mode = settings["mode"]?.string ?? "affine"
+        switch mode {
+        case "mxfp4": return .mxfp4
+        case "affine":
+            guard let bits = settings["bits"]?.int, let groupSize = settings["group_size"]?.int else {
+                throw MoEError.invalidArgument("\(config.path): \"quantization\" needs integer bits and group_size for \(module)")
+            }
+            return .affine(bits: bits, groupSize: groupSize)
+        default:
+            throw MoEError.invalidArgument("\(module): quantization mode \"\(mode)\" is not supported (affine, mxfp4)")
+        }
+    }
+
+    private func dense(_ t: StoredTensor) throws -> WeightData {
+        guard let type = t.scalarType else {
+            throw MoEError.invalidArgument("\(t.name): a dense weight must be F32, F16 or BF16, got \(t.dtype)")
+        }
+        return .dense(t.bytes, type)
+    }
+
+    private func optionalDense(_ name: String) throws -> WeightData? {
+        try tensor(name).map(dense)
+    }
+
+    private func check(_ t: StoredTensor, _ shape: [Int]) throws {
+        guard t.shape == shape else {
+            throw MoEError.invalidArgument("\(t.name) has shape \(t.shapeDescription), config.json implies "
+                                           + "(" + shape.map(String.init).joined(separator: ", ") + ")")
+        }
+    }
+
+    // MARK: The layer
+
+    func weights() throws -> MoEWeights {
+        let family = checkpoint.family
+        guard tensor(family.router + ".weight") != nil else {
+            throw checkpoint.missing(blocks.map { "\($0).\(family.router).weight" }, "router")
+        }
+        var w: MoEWeights
+        if let stacked = ["switch_mlp", "experts"].first(where: { tensor("\($0).gate_proj.weight") != nil }) {
+            w = MoEWeights(router: try matrix(family.router),
+                           gateUp: .separate(gate: try matrix(stacked + ".gate_proj"), up: try matrix(stacked + ".up_proj")),
+                           downProj: try matrix(stacked + ".down_proj"))
+            if let g = tensor(stacked + ".gate_proj.bias") {
+                w.gateUpBias = try joinRows(g, try require(stacked + ".up_proj.bias"))
+            }
+            w.downBias = try optionalDense(stacked + ".down_proj.bias")
+        } else if family.gptOSS {
+            w = try gptOSSExperts()
+        } else if let gateUp = tensor("experts.gate_up_proj") {
+            w = MoEWeights(router: try matrix(family.router), gateUp: .fused(try dense(gateUp)),
+                           downProj: try dense(try require("experts.down_proj")))
+        } else if let names = [("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")]
+                    .first(where: { tensor("experts.0.\($0.0).weight") != nil }) {
+            w = MoEWeights(router: try matrix(family.router),
+                           gateUp: .separate(gate: try stackExperts(names.0), up: try stackExperts(names.1)),
+                           downProj: try stackExperts(names.2))
+        } else {
+            throw checkpoint.missing(["switch_mlp.gate_proj.weight", "experts.gate_up_proj",
+                                      "experts.0.gate_proj.weight", "experts.0.w1.weight"].map { prefix + "." + $0 },
+                                     "expert weights")
+        }
+        w.routerBias = try optionalDense(family.router + ".bias")
+        w.selectionBias = try optionalDense(family.router + ".e_score_correction_bias")
+        if c.hasSharedExpert, let shared = family.sharedExpert {
+            var s = SharedExpertWeights(gateProj: try matrix(shared + ".gate_proj"), upProj: try matrix(shared + ".up_proj"),
+                                        downProj: try matrix(shared + ".down_proj"))
+            // (1, H); mlx-lm may have quantized it: read as float32, it is one vector.
+            s.sigmoidGate = try family.sharedGate.map { .array(try matrix($0).floats()) }
+            w.shared = s
+        }
+        return w
+    }
+
+    /// One (E, ...) tensor from E per-expert tensors, in their stored format.
+    private func stackExperts(_ projection: String) throws -> WeightData {
+        let parts = try (0..<c.numExperts).map { e -> WeightData in
+            guard tensor("experts.\(e).\(projection).weight") != nil else {
+                throw checkpoint.missing([prefix + ".experts.\(e).\(projection).weight"], "expert \(e)")
+            }
+            return try matrix("experts.\(e).\(projection)")
+        }
+        func concat(_ pieces: [UnsafeRawBufferPointer]) throws -> UnsafeRawBufferPointer {
+            guard Set(pieces.map(\.count)).count == 1 else {
+                throw MoEError.invalidArgument("\(prefix).experts.*.\(projection): the experts' tensors differ in size")
+            }
+            let out = temporary(pieces.reduce(0) { $0 + $1.count })
+            var at = 0
+            for p in pieces {
+                UnsafeMutableRawBufferPointer(rebasing: out[at..<at + p.count]).copyMemory(from: p)
+                at += p.count
+            }
+            return UnsafeRawBufferPointer(out)
+        }
+        let mixed = MoEError.invalidArgument("\(prefix).experts.*.\(projection): the experts' tensors differ in format")
+        switch parts[0] {
+        case .dense(_, let type):
+            return .dense(try concat(parts.map { part in
+                guard case .dense(let raw, type) = part else { throw mixed }
+                return raw
+            }), type)
+        case .quantized(let first):
+            let q = try parts.map { part in
+                guard case .quantized(let q) = part, q.quantization == first.quantization else { throw mixed }
+                return q
+            }
+            return .quantized(QuantizedWeightData(first.quantization, weight: try concat(q.map(\.weight)),
+                                                  scales: try concat(q.map(\.scales)),
+                                                  biases: first.biases == nil ? nil : try concat(q.compactMap(\.biases)),
+                                                  scaleType: first.scaleType))
+        default:
+            throw MoEError.internalError("unexpected weight data from a checkpoint")
+        }
+    }
+
+    /// (E, I) gate bias and (E, I) up bias as one (E, 2I) tensor, in their dtype.
+    private func joinRows(_ gate: StoredTensor, _ up: StoredTensor) throws -> WeightData {
+        let (e, i) = (c.numExperts, c.intermediateSize)
+        try check(gate, [e, i])
+        try check(up, [e, i])
+        guard let type = gate.scalarType, up.dtype == gate.dtype else {
+            throw MoEError.invalidArgument("\(gate.name) and \(up.name) must be F32, F16 or BF16 alike")
+        }
+        let row = i * type.size
+        let out = temporary(2 * e * row)
+        for x in 0..<e {
+            out.baseAddress!.advanced(by: 2 * x * row).copyMemory(from: gate.bytes.baseAddress! + x * row, byteCount: row)
+            out.baseAddress!.advanced(by: (2 * x + 1) * row).copyMemory(from: up.bytes.baseAddress! + x * row, byteCount: row)
+        }
+        return .dense(UnsafeRawBufferPointer(out), type)
+    }
+
+    // MARK: gpt-oss
+
+    /// gpt-oss's own layout: gate and up interleaved along 2I (even: gate, odd: up), dense
+    /// weights stored in-by-out, MXFP4 blocks out-by-in. Each becomes the library's fused
+    /// (E, 2I, H) with gate rows first, copied once in its stored format.
+    private func gptOSSExperts() throws -> MoEWeights {
+        let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        var w: MoEWeights
+        if let blocks = tensor("experts.gate_up_proj_blocks") {
+            let scales = try require("experts.gate_up_proj_scales")
+            let downBlocks = try require("experts.down_proj_blocks"), downScales = try require("experts.down_proj_scales")
+            for (t, shape) in [(blocks, [e, 2 * i, h / 32, 16]), (scales, [e, 2 * i, h / 32]),
+                               (downBlocks, [e, h, i / 32, 16]), (downScales, [e, h, i / 32])] {
+                try check(t, shape)
+                guard t.dtype == "U8" else { throw MoEError.invalidArgument("\(t.name) must be U8, got \(t.dtype)") }
+            }
+            let gateUp = QuantizedWeightData(.mxfp4, weight: deinterleaveRows(blocks.bytes, rowBytes: h / 2),
+                                             scales: deinterleaveRows(scales.bytes, rowBytes: h / 32))
+            w = MoEWeights(router: try matrix(checkpoint.family.router), gateUp: .fused(.quantized(gateUp)),
+                           downProj: .quantized(QuantizedWeightData(.mxfp4, weight: downBlocks.bytes, scales: downScales.bytes)))
+        } else {
+            let gateUp = try require("experts.gate_up_proj"), down = try require("experts.down_proj")
+            try check(gateUp, [e, h, 2 * i])
+            try check(down, [e, i, h])
+            w = MoEWeights(router: try matrix(checkpoint.family.router),
+                           gateUp: .fused(try transposeExperts(gateUp, deinterleave: true)),
+                           downProj: try transposeExperts(down, deinterleave: false))
+        }
+        if let bias = tensor("experts.gate_up_proj_bias") {
+            try check(bias, [e, 2 * i])
+            guard let type = bias.scalarType else { throw MoEError.invalidArgument("\(bias.name) must be F32, F16 or BF16") }
+            w.gateUpBias = .dense(deinterleaveRows(bias.bytes, rowBytes: type.size), type)
+        }
+        w.downBias = try optionalDense("experts.down_proj_bias")
+        return w
+    }
+
+    /// Rows (E, 2I) of `rowBytes` each, interleaved gate/up, as gate rows then up rows per expert.
+    private func deinterleaveRows(_ src: UnsafeRawBufferPointer, rowBytes: Int) -> UnsafeRawBufferPointer {
+        let i = c.intermediateSize
+        let out = temporary(src.count)
+        for expert in 0..<c.numExperts {
+            let base = expert * 2 * i * rowBytes
+            for r in 0..<2 * i {
+                let from = base + r * rowBytes
+                let to = base + ((r % 2) * i + r / 2) * rowBytes
+                (out.baseAddress! + to).copyMemory(from: src.baseAddress! + from, byteCount: rowBytes)
+            }
+        }
+        return UnsafeRawBufferPointer(out)
+    }
+
+    /// (E, rows, cols) stored in-by-out -> (E, cols, rows) out-by-in, in the stored dtype;
+    /// with `deinterleave`, output row r takes input column 2r (r < cols/2) or 2(r - cols/2) + 1.
+    private func transposeExperts(_ t: StoredTensor, deinterleave: Bool) throws -> WeightData {
+        guard let type = t.scalarType else {
+            throw MoEError.invalidArgument("\(t.name): a dense weight must be F32, F16 or BF16, got \(t.dtype)")
+        }
+        let (experts, rows, cols) = (t.shape[0], t.shape[1], t.shape[2])
+        let out = temporary(t.bytes.count)
+        func run<T>(_: T.Type) {
+            let src = t.bytes.bindMemory(to: T.self), dst = out.bindMemory(to: T.self)
+            let half = cols / 2
+            let tile = 64  // tiles keep both sides' cache lines in use (gpt-oss-120b's gate_up_proj: 2.1 G elements)
+            for e in 0..<experts {
+                let base = e * rows * cols
+                for r0 in stride(from: 0, to: cols, by: tile) {
+                    for k0 in stride(from: 0, to: rows, by: tile) {
+                        for r in r0..<Swift.min(r0 + tile, cols) {
+                            let from = deinterleave ? (r < half ? 2 * r : 2 * (r - half) + 1) : r
+                            for k in k0..<Swift.min(k0 + tile, rows) { dst[base + r * rows + k] = src[base + k * cols + from] }
+                        }
+                    }
+                }
+            }
+        }
+        if type.size == 2 { run(UInt16.self) } else { run(UInt32.self) }
+        return .dense(UnsafeRawBufferPointer(out), type)
+    }
+}

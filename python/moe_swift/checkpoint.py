@@ -1,0 +1,84 @@
+"""from_pretrained: MoE layers of a Hugging Face / mlx-lm checkpoint folder, loaded natively.
+
+The loader is the library's own (Sources/MoEKernels/Checkpoint): it memory-maps the
+safetensors files, maps config.json and the tensor names of the model_type onto a layer,
+and hands each tensor to the layer in its stored format. This module only calls it.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+
+import numpy as np
+
+from . import _native
+from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice
+
+__all__ = ["from_pretrained", "OVERRIDES"]
+
+# Options that may replace config.json's, and how each becomes the number the C ABI takes.
+OVERRIDES = {
+    "top_k": int,
+    "norm_topk_prob": lambda v: 1.0 if v else 0.0,
+    "routed_scaling_factor": float,
+    "scoring": lambda v: _choice("scoring", v, SCORINGS),
+    "n_group": int,
+    "topk_group": int,
+    "activation": lambda v: _choice("activation", v, ACTIVATIONS),
+    "swiglu_alpha": float,
+    "swiglu_limit": float,
+}
+
+
+def from_pretrained(path, layer=None, *, backend="auto", **overrides):
+    """The MoE layer `layer` (index into model.layers) of the checkpoint folder `path`, or a
+    dict {index: MoELayer} of all its MoE layers when `layer` is None.
+
+    `path` holds config.json and model.safetensors (or shards listed in
+    model.safetensors.index.json). model_types: mixtral, qwen2_moe, qwen3_moe, olmoe,
+    deepseek_v2, deepseek_v3, glm4_moe, gpt_oss; transformers' layouts (per-expert, fused
+    3-D, gpt-oss's bf16 and MXFP4) and mlx-lm's (quantized too). Weights keep their stored
+    format. `overrides` replace config.json options: top_k, norm_topk_prob,
+    routed_scaling_factor, scoring ("softmax"/"sigmoid"), n_group, topk_group, activation,
+    swiglu_alpha, swiglu_limit. Errors (dense layer, unknown model_type, missing tensor...)
+    raise ValueError with the library's message."""
+    unknown = set(overrides) - set(OVERRIDES)
+    if unknown:
+        raise TypeError(f"from_pretrained got unknown options {sorted(unknown)}; overridable: {sorted(OVERRIDES)}")
+    backend_code = _choice("backend", backend, BACKENDS)
+    ffi, lib, _ = _native.load()
+    names = [ffi.new("char[]", name.encode()) for name in overrides]
+    name_array = ffi.new("const char *[]", names) if names else ffi.NULL
+    values = ffi.new("double[]", [OVERRIDES[k](v) for k, v in overrides.items()]) if names else ffi.NULL
+
+    out = ffi.new("moe_checkpoint **")
+    _native.check(lib.moe_checkpoint_open(os.fsencode(os.fspath(path)), out))
+    checkpoint = out[0]
+    try:
+        if layer is None:
+            count = ffi.new("int32_t *")
+            _native.check(lib.moe_checkpoint_moe_layers(checkpoint, ffi.NULL, 0, count))
+            indices = ffi.new("int32_t[]", max(count[0], 1))
+            _native.check(lib.moe_checkpoint_moe_layers(checkpoint, indices, count[0], count))
+            wanted = [int(indices[i]) for i in range(count[0])]
+        else:
+            if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
+                raise TypeError(f"layer must be an int or None, got {type(layer).__name__}")
+            layer = int(layer)
+            wanted = [layer]
+        layers = {}
+        try:
+            for index in wanted:
+                made = ffi.new("moe_layer **")
+                _native.check(lib.moe_layer_create_from_checkpoint(
+                    checkpoint, index, backend_code, len(names), name_array, values, made))
+                layers[index] = MoELayer._from_handle(made[0])
+        except BaseException:
+            for made_layer in layers.values():
+                made_layer.close()
+            raise
+    finally:
+        # The layers hold their own copies: the mapping is released here.
+        lib.moe_checkpoint_close(checkpoint)
+    return layers if layer is None else layers[layer]
