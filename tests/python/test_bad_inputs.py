@@ -1,5 +1,6 @@
 """Nothing a user passes may crash the interpreter: each mistake gets a clear exception."""
 
+import os
 import re
 
 import numpy as np
@@ -219,3 +220,27 @@ def test_kernel_traps_are_errors_not_signals():
     a = np.full(4, 6, np.int32)
     lib.launch("div", [a, np.full(4, 3, np.int32)], grid=(4,), threads_per_threadgroup=(4,))
     assert a.tolist() == [2, 2, 2, 2]
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends() or not os.path.exists("/proc/self/statm"),
+                    reason="SoftMetal and /proc (Linux)")
+def test_faulting_launches_do_not_leak():
+    """Each out-of-bounds launch leaked its messages (~1.2 KB)."""
+    from moe_swift import softmetal
+    lib = softmetal.compile("kernel void k(device float* a [[buffer(0)]], uint i [[thread_position_in_grid]])"
+                            " { a[i + 4096] = 1; }")
+    a = np.zeros(4, np.float32)
+
+    def fault(n):
+        for _ in range(n):
+            with pytest.raises(softmetal.OutOfBoundsError):
+                lib.launch("k", [a], grid=(1,), threads_per_threadgroup=(1,))
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    fault(300)  # pools and caches reach their steady state
+    before = rss()
+    fault(3000)
+    assert rss() - before < (1 << 20), f"{(rss() - before) / 3000:.0f} bytes per faulting launch"
