@@ -256,6 +256,65 @@ INLINE __attribute__((target("f16c"))) int64_t load_segment(const group_cursor* 
 
 INLINE int is_dense(int kind) { return kind == K_F32 || kind == K_F16 || kind == K_BF16; }
 
+// The drivers of one instruction set, written once over its row kernel
+// (row_ISA(kind, MM, ...): one weight row against MM <= 4 activation rows) and its chunk
+// store (store_chunk_ISA); `kind` and MM become constants in every specialisation.
+#define DEFINE_DRIVERS(ISA, TARGET)                                                                   \
+    INLINE TARGET void matmul_##ISA##_kind(const int kind, int64_t m, int64_t n, const float* a,      \
+                                           int64_t lda, const moe_cpu_matrix* w, int64_t row0,        \
+                                           float* c, int64_t ldc) {                                   \
+        for (int64_t j = 0; j < n; j++) {                                                             \
+            for (int64_t i0 = 0; i0 < m; i0 += 4) {                                                   \
+                const float* ai = a + i0 * lda;                                                       \
+                float* ci = c + i0 * ldc + j;                                                         \
+                switch (MIN(4, m - i0)) {                                                             \
+                case 1: row_##ISA(kind, 1, w, row0 + j, ai, lda, ci, ldc); break;                     \
+                case 2: row_##ISA(kind, 2, w, row0 + j, ai, lda, ci, ldc); break;                     \
+                case 3: row_##ISA(kind, 3, w, row0 + j, ai, lda, ci, ldc); break;                     \
+                default: row_##ISA(kind, 4, w, row0 + j, ai, lda, ci, ldc); break;                    \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    TARGET static void matmul_##ISA(int64_t m, int64_t n, const float* a, int64_t lda,                \
+                                    const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc) {   \
+        switch (kernel_kind(w)) {                                                                     \
+        case K_F32: matmul_##ISA##_kind(K_F32, m, n, a, lda, w, row0, c, ldc); break;                 \
+        case K_F16: matmul_##ISA##_kind(K_F16, m, n, a, lda, w, row0, c, ldc); break;                 \
+        case K_BF16: matmul_##ISA##_kind(K_BF16, m, n, a, lda, w, row0, c, ldc); break;               \
+        case K_Q4: matmul_##ISA##_kind(K_Q4, m, n, a, lda, w, row0, c, ldc); break;                   \
+        case K_Q8: matmul_##ISA##_kind(K_Q8, m, n, a, lda, w, row0, c, ldc); break;                   \
+        case K_MXFP4: matmul_##ISA##_kind(K_MXFP4, m, n, a, lda, w, row0, c, ldc); break;             \
+        default: matmul_##ISA##_kind(K_AFFINE_ANY, m, n, a, lda, w, row0, c, ldc); break;             \
+        }                                                                                             \
+    }                                                                                                 \
+    INLINE TARGET void dequantize_##ISA##_kind(const int kind, const moe_cpu_matrix* w, int64_t row0, \
+                                               int64_t rows, float* out) {                            \
+        const int64_t cols = w->cols, kv = chunked_cols(w);                                           \
+        for (int64_t r = 0; r < rows; r++) {                                                          \
+            float* o = out + r * cols;                                                                \
+            const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + r) : (group_cursor){0}; \
+            segment_params p;                                                                         \
+            for (int64_t seg = 0; seg < kv;) {                                                        \
+                const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);                   \
+                for (int64_t k0 = seg; k0 < end; k0 += CHUNK)                                         \
+                    store_chunk_##ISA(kind, w, &gc, row0 + r, &p, seg, k0, o + k0);                   \
+                seg = end;                                                                            \
+            }                                                                                         \
+            for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);                 \
+        }                                                                                             \
+    }                                                                                                 \
+    TARGET static void dequantize_##ISA(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) { \
+        switch (kernel_kind(w)) {                                                                     \
+        case K_F16: dequantize_##ISA##_kind(K_F16, w, row0, rows, out); break;                        \
+        case K_BF16: dequantize_##ISA##_kind(K_BF16, w, row0, rows, out); break;                      \
+        case K_Q4: dequantize_##ISA##_kind(K_Q4, w, row0, rows, out); break;                          \
+        case K_Q8: dequantize_##ISA##_kind(K_Q8, w, row0, rows, out); break;                          \
+        case K_MXFP4: dequantize_##ISA##_kind(K_MXFP4, w, row0, rows, out); break;                    \
+        default: dequantize_rows_portable(w, row0, rows, out); break;                                 \
+        }                                                                                             \
+    }
+
 // ---- AVX-512 ------------------------------------------------------------------------
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
@@ -353,66 +412,16 @@ INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* 
     }
 }
 
-INLINE T512 void matmul_avx512_kind(const int kind, int64_t m, int64_t n, const float* a, int64_t lda,
-                                    const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc) {
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t i0 = 0; i0 < m; i0 += 4) {
-            const float* ai = a + i0 * lda;
-            float* ci = c + i0 * ldc + j;
-            switch (MIN(4, m - i0)) {
-            case 1: row_avx512(kind, 1, w, row0 + j, ai, lda, ci, ldc); break;
-            case 2: row_avx512(kind, 2, w, row0 + j, ai, lda, ci, ldc); break;
-            case 3: row_avx512(kind, 3, w, row0 + j, ai, lda, ci, ldc); break;
-            default: row_avx512(kind, 4, w, row0 + j, ai, lda, ci, ldc); break;
-            }
-        }
-    }
+// One chunk stored as floats (the tile dequantization of prefill).
+INLINE T512 void store_chunk_avx512(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
+                                    const segment_params* p, int64_t seg, int64_t k0, float* o) {
+    __m512 v[2];
+    unpack_avx512(kind, w, gc, r, p, seg, k0, v);
+    _mm512_storeu_ps(o, v[0]);
+    _mm512_storeu_ps(o + 16, v[1]);
 }
 
-T512 static void matmul_avx512(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
-                               int64_t row0, float* c, int64_t ldc) {
-    switch (kernel_kind(w)) {
-    case K_F32: matmul_avx512_kind(K_F32, m, n, a, lda, w, row0, c, ldc); break;
-    case K_F16: matmul_avx512_kind(K_F16, m, n, a, lda, w, row0, c, ldc); break;
-    case K_BF16: matmul_avx512_kind(K_BF16, m, n, a, lda, w, row0, c, ldc); break;
-    case K_Q4: matmul_avx512_kind(K_Q4, m, n, a, lda, w, row0, c, ldc); break;
-    case K_Q8: matmul_avx512_kind(K_Q8, m, n, a, lda, w, row0, c, ldc); break;
-    case K_MXFP4: matmul_avx512_kind(K_MXFP4, m, n, a, lda, w, row0, c, ldc); break;
-    default: matmul_avx512_kind(K_AFFINE_ANY, m, n, a, lda, w, row0, c, ldc); break;
-    }
-}
-
-INLINE T512 void dequantize_avx512_kind(const int kind, const moe_cpu_matrix* w, int64_t row0, int64_t rows,
-                                        float* out) {
-    const int64_t cols = w->cols, kv = chunked_cols(w);
-    for (int64_t r = 0; r < rows; r++) {
-        float* o = out + r * cols;
-        const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + r) : (group_cursor){0};
-        segment_params p;
-        for (int64_t seg = 0; seg < kv;) {
-            const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
-            for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
-                __m512 v[2];
-                unpack_avx512(kind, w, &gc, row0 + r, &p, seg, k0, v);
-                _mm512_storeu_ps(o + k0, v[0]);
-                _mm512_storeu_ps(o + k0 + 16, v[1]);
-            }
-            seg = end;
-        }
-        for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
-    }
-}
-
-T512 static void dequantize_avx512(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
-    switch (kernel_kind(w)) {
-    case K_F16: dequantize_avx512_kind(K_F16, w, row0, rows, out); break;
-    case K_BF16: dequantize_avx512_kind(K_BF16, w, row0, rows, out); break;
-    case K_Q4: dequantize_avx512_kind(K_Q4, w, row0, rows, out); break;
-    case K_Q8: dequantize_avx512_kind(K_Q8, w, row0, rows, out); break;
-    case K_MXFP4: dequantize_avx512_kind(K_MXFP4, w, row0, rows, out); break;
-    default: dequantize_rows_portable(w, row0, rows, out); break;
-    }
-}
+DEFINE_DRIVERS(avx512, T512)
 
 // ---- AVX2 + FMA + F16C --------------------------------------------------------------
 #define T256 __attribute__((target("avx2,fma,f16c")))
@@ -505,65 +514,14 @@ INLINE T256 void row_avx2(const int kind, const int MM, const moe_cpu_matrix* w,
     }
 }
 
-INLINE T256 void matmul_avx2_kind(const int kind, int64_t m, int64_t n, const float* a, int64_t lda,
-                                  const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc) {
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t i0 = 0; i0 < m; i0 += 4) {
-            const float* ai = a + i0 * lda;
-            float* ci = c + i0 * ldc + j;
-            switch (MIN(4, m - i0)) {
-            case 1: row_avx2(kind, 1, w, row0 + j, ai, lda, ci, ldc); break;
-            case 2: row_avx2(kind, 2, w, row0 + j, ai, lda, ci, ldc); break;
-            case 3: row_avx2(kind, 3, w, row0 + j, ai, lda, ci, ldc); break;
-            default: row_avx2(kind, 4, w, row0 + j, ai, lda, ci, ldc); break;
-            }
-        }
-    }
+INLINE T256 void store_chunk_avx2(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
+                                  const segment_params* p, int64_t seg, int64_t k0, float* o) {
+    __m256 v[4];
+    unpack_avx2(kind, w, gc, r, p, seg, k0, v);
+    for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + 8 * q, v[q]);
 }
 
-T256 static void matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
-                             int64_t row0, float* c, int64_t ldc) {
-    switch (kernel_kind(w)) {
-    case K_F32: matmul_avx2_kind(K_F32, m, n, a, lda, w, row0, c, ldc); break;
-    case K_F16: matmul_avx2_kind(K_F16, m, n, a, lda, w, row0, c, ldc); break;
-    case K_BF16: matmul_avx2_kind(K_BF16, m, n, a, lda, w, row0, c, ldc); break;
-    case K_Q4: matmul_avx2_kind(K_Q4, m, n, a, lda, w, row0, c, ldc); break;
-    case K_Q8: matmul_avx2_kind(K_Q8, m, n, a, lda, w, row0, c, ldc); break;
-    case K_MXFP4: matmul_avx2_kind(K_MXFP4, m, n, a, lda, w, row0, c, ldc); break;
-    default: matmul_avx2_kind(K_AFFINE_ANY, m, n, a, lda, w, row0, c, ldc); break;
-    }
-}
-
-INLINE T256 void dequantize_avx2_kind(const int kind, const moe_cpu_matrix* w, int64_t row0, int64_t rows,
-                                      float* out) {
-    const int64_t cols = w->cols, kv = chunked_cols(w);
-    for (int64_t r = 0; r < rows; r++) {
-        float* o = out + r * cols;
-        const group_cursor gc = w->group_size > 0 ? group_cursor_for(w, row0 + r) : (group_cursor){0};
-        segment_params p;
-        for (int64_t seg = 0; seg < kv;) {
-            const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
-            for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
-                __m256 v[4];
-                unpack_avx2(kind, w, &gc, row0 + r, &p, seg, k0, v);
-                for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + k0 + 8 * q, v[q]);
-            }
-            seg = end;
-        }
-        for (int64_t i = kv; i < cols; i++) o[i] = dense_element(w, row0 + r, i);
-    }
-}
-
-T256 static void dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
-    switch (kernel_kind(w)) {
-    case K_F16: dequantize_avx2_kind(K_F16, w, row0, rows, out); break;
-    case K_BF16: dequantize_avx2_kind(K_BF16, w, row0, rows, out); break;
-    case K_Q4: dequantize_avx2_kind(K_Q4, w, row0, rows, out); break;
-    case K_Q8: dequantize_avx2_kind(K_Q8, w, row0, rows, out); break;
-    case K_MXFP4: dequantize_avx2_kind(K_MXFP4, w, row0, rows, out); break;
-    default: dequantize_rows_portable(w, row0, rows, out); break;
-    }
-}
+DEFINE_DRIVERS(avx2, T256)
 
 typedef void (*matmul_fn)(int64_t, int64_t, const float*, int64_t, const moe_cpu_matrix*, int64_t, float*, int64_t);
 typedef void (*dequantize_fn)(const moe_cpu_matrix*, int64_t, int64_t, float*);

@@ -57,6 +57,39 @@ func bfloat16(_ w: [Float]) -> (bits: [UInt16], values: [Float]) {
     return (bits, bits.map { Float(bitPattern: UInt32($0) << 16) })
 }
 
+/// A layer whose gate (group 32), up (group 64) and down (group 32) are `bits`-bit affine,
+/// checked against the reference on its dequantized values for 1, 3 and 20 tokens (the
+/// decode and prefill paths of every backend); `inspect` sees the layer right after its
+/// creation, with the packed tensors.
+func checkAffineLayer(_ config: MoEConfiguration, bits: Int, seed: UInt64, backend: MoEBackendKind,
+                      file: StaticString = #filePath, line: UInt = #line,
+                      inspect: (MoELayer, [PackedAffine]) throws -> Void) throws {
+    var d = LayerData.random(config, seed: seed)
+    let h = config.hiddenSize
+    let gate = PackedAffine(d.gate, bits: bits, groupSize: 32)
+    let up = PackedAffine(d.up, bits: bits, groupSize: 64)
+    let down = PackedAffine(d.down, bits: bits, groupSize: 32)
+    (d.gate, d.up, d.down) = (gate.values, up.values, down.values)
+    let x = seededFloats(20 * h, seed: seed + 1)
+    try gate.data(bits: bits, groupSize: 32) { g in
+        try up.data(bits: bits, groupSize: 64) { u in
+            try down.data(bits: bits, groupSize: 32) { dn in
+                var w = d.weights()
+                w.gateUp = .separate(gate: g, up: u)
+                w.downProj = dn
+                let layer = try MoELayer(configuration: config, weights: w, backend: backend)
+                try inspect(layer, [gate, up, down])
+                for tokens in [1, 3, 20] {
+                    let xs = Array(x[0..<tokens * h])
+                    let (ids, _) = try layer.route(xs)
+                    let ref = NaiveReference(d).forward(xs, tokens: tokens, forcedIds: ids)
+                    assertClose(try layer.forward(xs), ref, "\(bits)-bit, \(tokens) tokens", file: file, line: line)
+                }
+            }
+        }
+    }
+}
+
 final class FormatTests: XCTestCase {
     /// The format codes of the C ABI, the CPU kernels and the Metal kernels are one numbering.
     func testFormatCodesAgree() {
@@ -73,29 +106,7 @@ final class FormatTests: XCTestCase {
 
     func testAffineEveryBitWidthMatchesTheReference() throws {
         for bits in [2, 3, 4, 5, 6, 8] {
-            var d = LayerData.random(config, seed: UInt64(40 + bits))
-            let h = config.hiddenSize
-            let gate = PackedAffine(d.gate, bits: bits, groupSize: 32)
-            let up = PackedAffine(d.up, bits: bits, groupSize: 64)
-            let down = PackedAffine(d.down, bits: bits, groupSize: 32)
-            (d.gate, d.up, d.down) = (gate.values, up.values, down.values)
-            let x = seededFloats(20 * h, seed: 41)
-            try gate.data(bits: bits, groupSize: 32) { g in
-                try up.data(bits: bits, groupSize: 64) { u in
-                    try down.data(bits: bits, groupSize: 32) { dn in
-                        var w = d.weights()
-                        w.gateUp = .separate(gate: g, up: u)
-                        w.downProj = dn
-                        let layer = try MoELayer(configuration: config, weights: w, backend: .cpu)
-                        for tokens in [1, 3, 20] {  // in registers, and dequantized tiles
-                            let xs = Array(x[0..<tokens * h])
-                            let (ids, _) = try layer.route(xs)
-                            let ref = NaiveReference(d).forward(xs, tokens: tokens, forcedIds: ids)
-                            assertClose(try layer.forward(xs), ref, "\(bits)-bit, \(tokens) tokens")
-                        }
-                    }
-                }
-            }
+            try checkAffineLayer(config, bits: bits, seed: UInt64(40 + bits), backend: .cpu) { _, _ in }
         }
     }
 

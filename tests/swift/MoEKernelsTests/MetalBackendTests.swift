@@ -136,33 +136,12 @@ final class MetalBackendTests: XCTestCase {
     /// bytes allocated at creation are the packed bytes, never float32.
     func testAffineWeightsStayQuantizedOnTheDevice() throws {
         let config = makeConfig(h: 64, i: 64, e: 6, k: 2)
-        let h = config.hiddenSize
         func device(_ bytes: Int) -> Int { (bytes + 15) / 16 * 16 }
         for bits in [2, 3, 4, 5, 6, 8] {
-            var d = LayerData.random(config, seed: UInt64(70 + bits))
-            let gate = PackedAffine(d.gate, bits: bits, groupSize: 32)
-            let up = PackedAffine(d.up, bits: bits, groupSize: 64)
-            let down = PackedAffine(d.down, bits: bits, groupSize: 32)
-            (d.gate, d.up, d.down) = (gate.values, up.values, down.values)
-            let x = seededFloats(20 * h, seed: 71)
-            try gate.data(bits: bits, groupSize: 32) { g in
-                try up.data(bits: bits, groupSize: 64) { u in
-                    try down.data(bits: bits, groupSize: 32) { dn in
-                        var w = d.weights()
-                        w.gateUp = .separate(gate: g, up: u)
-                        w.downProj = dn
-                        let layer = try MoELayer(configuration: config, weights: w, backend: Self.kind)
-                        let packed = [gate, up, down].map { device(4 * $0.words.count) + 2 * device(4 * $0.scales.count) }
-                        XCTAssertEqual(MoECallStats.last.allocatedBytes, device(4 * d.router.count) + packed.reduce(0, +),
-                                       "\(bits)-bit weights are uploaded as they are")
-                        for tokens in [1, 3, 20] {  // GEMV and GEMM
-                            let xs = Array(x[0..<tokens * h])
-                            let (ids, _) = try layer.route(xs)
-                            let ref = NaiveReference(d).forward(xs, tokens: tokens, forcedIds: ids)
-                            assertClose(try layer.forward(xs), ref, "\(bits)-bit, \(tokens) tokens")
-                        }
-                    }
-                }
+            try checkAffineLayer(config, bits: bits, seed: UInt64(70 + bits), backend: Self.kind) { _, packed in
+                let bytes = packed.map { device(4 * $0.words.count) + 2 * device(4 * $0.scales.count) }
+                XCTAssertEqual(MoECallStats.last.allocatedBytes, device(4 * config.numExperts * config.hiddenSize)
+                               + bytes.reduce(0, +), "\(bits)-bit weights are uploaded as they are")
             }
         }
     }
