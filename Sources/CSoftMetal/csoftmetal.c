@@ -99,7 +99,11 @@ static void* guarded_map(size_t length, int32_t tag, int32_t kind) {
     size_t total = (data_pages + 2) * page;
     char* base = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) return NULL;
-    if (data_pages > 0 && mprotect(base + page, data_pages * page, PROT_READ | PROT_WRITE) != 0) {
+    // The data pages are mapped again without MAP_NORESERVE, so they are charged to the
+    // process like malloc'd memory: an impossible size fails here (makeBuffer returns nil,
+    // as Metal does) instead of growing until the OOM killer ends the process.
+    if (data_pages > 0 && mmap(base + page, data_pages * page, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
         munmap(base, total);
         return NULL;
     }

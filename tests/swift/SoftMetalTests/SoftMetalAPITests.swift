@@ -64,6 +64,15 @@ final class SoftMetalAPITests: XCTestCase {
         XCTAssertEqual(Int(bitPattern: c.contents()) % 4, 0)
     }
 
+    /// An impossible size is refused at once (nil, as Metal does), like malloc: it used to
+    /// be reserved lazily and grow until the OOM killer ended the process.
+    func testAnImpossibleBufferIsNil() throws {
+        let policy = (try? String(contentsOfFile: "/proc/sys/vm/overcommit_memory", encoding: .utf8)) ?? "0"
+        try XCTSkipIf(policy.hasPrefix("1"), "vm.overcommit_memory = 1: the kernel grants any size")
+        XCTAssertNil(device.makeBuffer(length: 1 << 44, options: []))   // 16 TiB
+        XCTAssertNotNil(device.makeBuffer(length: 1 << 20, options: []))
+    }
+
     func testBytesNoCopyNeedsPageAlignmentAndIsNotGuarded() throws {
         let page = Int(sysconf(Int32(_SC_PAGESIZE)))
         var raw: UnsafeMutableRawPointer?
