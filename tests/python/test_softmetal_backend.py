@@ -338,3 +338,12 @@ def test_whole_forwards_pass_the_race_check():
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", RACE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_many_experts_in_prefill():
+    """790 <= E <= 1024 with T >= 5 failed: the bucket kernel's threadgroup memory (24 B per
+    expert) stayed set on the encoder and pushed the GEMM after it over 32 KiB."""
+    args = make_layer_args("mixtral", H=32, I=16, E=1024, k=2, seed=3)
+    x = np.random.default_rng(0).standard_normal((6, 32)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
+        check(layer, args, x)

@@ -63,8 +63,8 @@ struct MetalLayerEncoder {
         set(MOE_ROUTER_BUF_IDS, scratch.ids)
         set(MOE_ROUTER_BUF_WEIGHTS, scratch.weights)
         set(MOE_ROUTER_BUF_SHARED_FACTOR, scratch.sharedFactor)
-        encoder.setThreadgroupMemoryLength(roundUp16(perGroup * (e + 1 + 2 * e) * 4), index: 0)
-        dispatch(groups: ((tokens + perGroup - 1) / perGroup, 1), threads: MOE_ROUTER_THREADS)
+        dispatch(groups: ((tokens + perGroup - 1) / perGroup, 1), threads: MOE_ROUTER_THREADS,
+                 threadgroupMemory: roundUp16(perGroup * (e + 1 + 2 * e) * 4))
     }
 
     /// Prefill only: the pairs bucketed by expert, for both GEMMs.
@@ -83,8 +83,7 @@ struct MetalLayerEncoder {
         set(MOE_BUCKET_BUF_ROWS, scratch.rows)
         set(MOE_BUCKET_BUF_TILES, scratch.tiles)
         set(MOE_BUCKET_BUF_DISPATCH_ARGS, scratch.dispatchArgs)
-        encoder.setThreadgroupMemoryLength(roundUp16(24 * c.numExperts), index: 0)
-        dispatch(groups: (1, 1), threads: MOE_BUCKET_THREADS)
+        dispatch(groups: (1, 1), threads: MOE_BUCKET_THREADS, threadgroupMemory: roundUp16(24 * c.numExperts))
     }
 
     func gateUp() {
@@ -230,6 +229,16 @@ struct MetalLayerEncoder {
         encoder.dispatchThreadgroups(MTLSize(width: groups.0, height: groups.1, depth: 1),
                                      threadsPerThreadgroup: MTLSize(width: Int(threads), height: 1, depth: 1))
         CallStats.dispatch()
+    }
+
+    /// A dispatch with `threadgroupMemory` bytes at threadgroup(0), reset to 0 afterwards:
+    /// an encoder keeps the length for later dispatches (on Metal too), where it would
+    /// count against their 32 KiB (the bucket kernel's 24 B per expert broke the GEMMs
+    /// after it for E >= 790).
+    private func dispatch(groups: (Int, Int), threads: Int32, threadgroupMemory: Int) {
+        encoder.setThreadgroupMemoryLength(threadgroupMemory, index: 0)
+        dispatch(groups: groups, threads: threads)
+        encoder.setThreadgroupMemoryLength(0, index: 0)
     }
 
     private func dispatchIndirect(offset: Int, threads: Int32) {
