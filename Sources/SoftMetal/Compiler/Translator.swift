@@ -173,7 +173,12 @@ struct MSLTranslator {
         return out
     }
 
-    private func string(_ a: Int, _ b: Int) -> String { String(decoding: text[a..<b], as: UTF8.self) }
+    /// Text between a and b; empty for an empty or inverted range, so that no malformed
+    /// source can make a slice trap.
+    private func string(_ a: Int, _ b: Int) -> String {
+        let a = Swift.max(0, a), b = Swift.min(text.count, b)
+        return a < b ? String(decoding: text[a..<b], as: UTF8.self) : ""
+    }
 
     private func skipSpace(_ i: Int) -> Int {
         var i = i
@@ -833,6 +838,9 @@ struct MSLTranslator {
             if text[k] == 91 && k + 1 < b && text[k + 1] == 91 {
                 var e = k + 2
                 while e + 1 < b && !(text[e] == 93 && text[e + 1] == 93) { e += 1 }
+                guard e + 1 < b else {
+                    throw fail(k, "kernel \(kernel): `[[` without a matching `]]` in the parameter `\(raw.trimmingSpaces)`")
+                }
                 attribute = string(k + 2, e).trimmingSpaces
                 edits.append((k, min(e + 2, b), MSLTranslator.blank(text[k..<min(e + 2, b)])))
                 k = e + 2
@@ -873,7 +881,7 @@ struct MSLTranslator {
         }
         let attrName = String(attribute.prefix { $0 != "(" }).trimmingSpaces
         var argument: Int?
-        if let p = attribute.firstIndex(of: "("), let q = attribute.firstIndex(of: ")") {
+        if let p = attribute.firstIndex(of: "("), let q = attribute[p...].firstIndex(of: ")") {
             argument = Int(attribute[attribute.index(after: p)..<q].trimmingSpacesSub)
         }
         switch attrName {
