@@ -244,3 +244,20 @@ def test_faulting_launches_do_not_leak():
     before = rss()
     fault(3000)
     assert rss() - before < (1 << 20), f"{(rss() - before) / 3000:.0f} bytes per faulting launch"
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal runs on Linux")
+def test_more_threads_than_a_gpu_has_are_refused_before_anything_is_mapped():
+    """[[max_total_threads_per_threadgroup(40000)]] let a launch map 40,000 fiber stacks
+    (exhausting the memory-map table) before refusing: now it does not compile, as with
+    Apple's compiler, and launches above 1024 threads are refused before any mapping."""
+    from moe_swift import softmetal
+    with pytest.raises(softmetal.CompileError, match=r"the limit is 1\.\.\.1024"):
+        softmetal.compile("[[kernel, max_total_threads_per_threadgroup(40000)]] void k(device float* a [[buffer(0)]]) {}")
+    lib = softmetal.compile("kernel void k(device float* a [[buffer(0)]], uint i [[thread_position_in_grid]])"
+                            " { if (i == 0) a[0] = 1; }")
+    a = np.zeros(1, np.float32)
+    with pytest.raises(softmetal.InvalidUsageError, match="exceeds maxTotalThreadsPerThreadgroup 1024"):
+        lib.launch("k", [a], threadgroups=1, threads_per_threadgroup=(40000, 1, 1))
+    lib.launch("k", [a], threadgroups=1, threads_per_threadgroup=(1024, 1, 1))
+    assert a[0] == 1

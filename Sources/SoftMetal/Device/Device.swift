@@ -113,7 +113,9 @@ final class CompiledKernel: @unchecked Sendable {
                                 attribute: String(cString: p.attribute)))
         }
         self.params = params
-        maxTotalThreads = i.max_total_threads > 0 ? Int(i.max_total_threads) : 1024
+        // Never above the 1024 threads of every Apple GPU: a larger attribute value would
+        // have a launch map a guarded fiber stack per thread before anything refused it.
+        maxTotalThreads = i.max_total_threads > 0 ? Swift.min(Int(i.max_total_threads), 1024) : 1024
     }
 
     deinit { free(cName) }
