@@ -1,5 +1,8 @@
 #if os(Linux)
 import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Command buffers of one queue run in commit order on a serial Dispatch queue; each
 /// dispatch spreads its threadgroups over the machine's cores.
@@ -50,7 +53,7 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
             return commands
         }
         guard let work else { return }
-        queue.serial.async { [self] in
+        let run = { [self] in
             lock.withLock { _status = .scheduled }
             var failure: (any Error)?
             for command in work {
@@ -73,6 +76,14 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
                 waiters = 0
             }
         }
+        // In a child forked after the parent ran command buffers, libdispatch's worker
+        // threads are gone and async work would never start (waitUntilCompleted would hang,
+        // e.g. under multiprocessing's fork): the child runs its command buffers inline.
+        if getpid() == commandQueueProcess {
+            queue.serial.async(execute: run)
+        } else {
+            run()
+        }
     }
 
     public func waitUntilCompleted() {
@@ -84,6 +95,10 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
         if mustWait { done.wait() }
     }
 }
+
+/// The process that first committed a command buffer (a global is initialised once, so a
+/// forked child still sees its parent's id).
+let commandQueueProcess = getpid()
 
 /// One recorded dispatch.
 struct DispatchCommand {
