@@ -46,3 +46,33 @@ def test_a_forked_child_runs_layers(backend):
     np.testing.assert_array_equal(new_layer_y, expected)
     np.testing.assert_array_equal(parent_layer_y, expected)
     _PARENT_LAYER.pop(backend).close()
+
+
+EXIT_WITH_CALLS_IN_FLIGHT = """
+import sys, threading, time
+import numpy as np
+import moe_swift
+sys.path.insert(0, {tests!r})
+from families import make_layer_args
+args = make_layer_args("mixtral", H=1024, I=512, E=8, k=2, seed=0)
+layer = moe_swift.MoELayer(**args, backend="cpu")
+x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+def loop():
+    while True:
+        layer(x)
+for _ in range(4):
+    threading.Thread(target=loop, daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+def test_interpreter_exit_while_daemon_threads_are_in_a_call():
+    """OpenBLAS's destructor ran under prefill products still in flight: SIGSEGV at exit
+    in 8 of 12 runs of this script (128 rows per expert: BLAS)."""
+    import pathlib
+    import subprocess
+
+    script = EXIT_WITH_CALLS_IN_FLIGHT.format(tests=str(pathlib.Path(__file__).parent))
+    for _ in range(6):
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+        assert result.returncode == 0, (result.returncode, result.stderr.decode()[-500:])

@@ -10,4 +10,9 @@ void moe_internal_set_error(const char* message);
 /* The calling thread's statistics slot behind moe_last_stats() (reset by each call). */
 moe_stats* moe_internal_stats(void);
 
+/* Brackets every exported call that runs work: at process exit, an atexit handler waits
+ * for the calls in flight before the libraries' destructors run (exit.c). */
+void moe_internal_call_begin(void);
+void moe_internal_call_end(void);
+
 #endif

@@ -34,6 +34,8 @@ private func layer(_ handle: OpaquePointer?) throws -> MoELayer {
 
 /// Runs an export's body, turning a thrown error into its status and message.
 func status(_ body: () throws -> Void) -> moe_status {
+    moe_internal_call_begin()
+    defer { moe_internal_call_end() }
     do {
         try body()
         return MOE_OK
