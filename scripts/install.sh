@@ -14,4 +14,12 @@ if [ "$(uname)" = "Linux" ] && ! pkg-config --exists openblas 2>/dev/null; then
 fi
 
 extras="${1:-}"
+# The tests run libMoESwift under valgrind (tests/python/test_valgrind.py; skipped without it).
+if [ "$(uname)" = "Linux" ] && [ "$extras" = "test" ] && ! command -v valgrind >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >/dev/null \
+        || { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >/dev/null; } \
+        || echo "valgrind could not be installed: tests/python/test_valgrind.py will be skipped"
+fi
 python3 -m pip install -q -e ".${extras:+[$extras]}"
