@@ -153,10 +153,16 @@ struct ConfigReader {
         }
     }
 
-    /// The options every family has: sizes, top-k, the activation.
+    /// The options every family has: sizes, top-k, the activation. The expert count goes by
+    /// other names too: transformers 5 writes `num_local_experts` for the Qwen MoE models,
+    /// whose earlier configs (and mlx-lm's) say `num_experts`.
     func base(experts: String, intermediate: String) throws -> MoEConfiguration {
+        let aliases = [experts, "num_local_experts", "num_experts", "n_routed_experts"]
+        guard let count = try aliases.lazy.compactMap({ try self.optionalInt($0) }).first else {
+            throw MoEError.invalidArgument("\(path) has no \"\(experts)\"")
+        }
         var m = MoEConfiguration(hiddenSize: try int("hidden_size"), intermediateSize: try int(intermediate),
-                                 numExperts: try int(experts), topK: try int("num_experts_per_tok"))
+                                 numExperts: count, topK: try int("num_experts_per_tok"))
         switch raw["hidden_act"]?.string ?? "silu" {
         case "silu", "swish": m.activation = .silu
         case "gelu_pytorch_tanh", "gelu_tanh": m.activation = .geluTanh
