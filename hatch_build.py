@@ -68,6 +68,16 @@ class SwiftBuildHook(BuildHookInterface):
         native.mkdir(parents=True)
         shutil.copy2(bin_dir / LIBRARY, native / LIBRARY)
         shutil.copy2(root / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native / "moe_swift.h")
+        # For C programs: `pkg-config --cflags --libs moe_swift` with PKG_CONFIG_PATH set to
+        # this folder (`python -m moe_swift --pkg-config-path`); ${pcfiledir} keeps it
+        # valid wherever the package is installed.
+        (native / "moe_swift.pc").write_text(
+            "prefix=${pcfiledir}\n\n"
+            "Name: moe_swift\n"
+            "Description: A whole Mixture-of-Experts layer in one call (C ABI of libMoESwift)\n"
+            f"Version: {self.metadata.version}\n"
+            "Cflags: -I${prefix}\n"
+            "Libs: -L${prefix} -lMoESwift -Wl,-rpath,${prefix}\n")
         if sys.platform.startswith("linux"):
             runtime_dir = Path(swift).resolve().parent.parent / "lib" / "swift" / "linux"
             for lib in _swift_runtime_closure(native / LIBRARY, runtime_dir):

@@ -1,6 +1,8 @@
 """The cffi declarations come from the C header; the library matches them; the wheel
 carries the Swift runtime it needs."""
 
+import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -79,3 +81,24 @@ def test_packaged_library_finds_its_swift_runtime_beside_it():
     assert "libswiftCore.so" in swift_libs
     for name in swift_libs:
         assert (path.parent / name).is_file(), f"{name} is not bundled"
+
+
+@pytest.mark.skipif(shutil.which("pkg-config") is None or shutil.which("cc") is None, reason="needs pkg-config and cc")
+def test_a_c_program_builds_with_pkg_config(tmp_path):
+    """The README's C recipe: PKG_CONFIG_PATH from `python -m moe_swift --pkg-config-path`,
+    then `cc app.c $(pkg-config --cflags --libs moe_swift)`; the program runs a layer."""
+    import subprocess
+    import sys
+
+    folder = subprocess.run([sys.executable, "-m", "moe_swift", "--pkg-config-path"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    if not (pathlib.Path(folder) / "moe_swift.pc").exists():
+        pytest.skip("this install has no moe_swift.pc (a library from MOE_SWIFT_LIBRARY)")
+    env = dict(os.environ, PKG_CONFIG_PATH=folder)
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "moe_swift"], check=True, env=env,
+                           capture_output=True, text=True).stdout.split()
+    source = pathlib.Path(__file__).parents[1] / "c" / "forward_under_valgrind.c"
+    program = tmp_path / "app"
+    subprocess.run(["cc", str(source), "-o", str(program), *flags], check=True)
+    result = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
