@@ -175,6 +175,8 @@ def test_softmetal_harness_argument_types():
         lib.launch("k", [a], threadgroups=(1.7,))
     with pytest.raises(softmetal.InvalidUsageError, match=r"in \[0, 2\*\*32\)"):
         lib.launch("k", [a], threadgroups=(2**32, 1, 1))
+    with pytest.raises(softmetal.InvalidUsageError, match="0 bytes: Metal has no empty buffers"):
+        lib.launch("k", [np.zeros(0, np.float32)], threadgroups=1)
     lib.launch("k", [a], threadgroups=(1,))
     assert a[0] == 1
 

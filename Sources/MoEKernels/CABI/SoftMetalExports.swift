@@ -169,6 +169,9 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
             guard length >= 0, let data = datas[i] ?? (length == 0 ? UnsafeMutableRawPointer(bitPattern: 16) : nil) else {
                 throw usage("buffer(\(index)): NULL data or negative length")
             }
+            guard length > 0 else {
+                throw usage("buffer(\(index)) has 0 bytes: Metal has no empty buffers (makeBuffer(length: 0) is nil)")
+            }
             guard let b = device.makeBuffer(length: length, options: .storageModeShared) else {
                 throw HarnessError(kind: MOE_SOFTMETAL_RUNTIME, status: MOE_ERROR_OUT_OF_MEMORY, message: "cannot allocate \(length) bytes")
             }

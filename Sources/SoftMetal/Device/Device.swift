@@ -12,22 +12,25 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
 
     public func makeCommandQueue() -> (any MTLCommandQueue)? { SoftMetalCommandQueue(device: self) }
 
+    /// nil for a length of 0, as on Metal (code that works here must work there).
     public func makeBuffer(length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
-        SoftMetalBuffer(device: self, length: length)
+        guard length > 0 else { return nil }
+        return SoftMetalBuffer(device: self, length: length)
     }
 
     public func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
-        guard let buffer = SoftMetalBuffer(device: self, length: length) else { return nil }
-        if length > 0 { buffer.contents().copyMemory(from: pointer, byteCount: length) }
+        guard length > 0, let buffer = SoftMetalBuffer(device: self, length: length) else { return nil }
+        buffer.contents().copyMemory(from: pointer, byteCount: length)
         return buffer
     }
 
     /// The memory is the caller's, so it cannot be given guard pages: out-of-bounds
-    /// accesses to such a buffer are not detected. Like Metal, the pointer and the length
-    /// must be page-aligned (else nil).
+    /// accesses to such a buffer are not detected. Like Metal on Apple silicon, the
+    /// pointer and the length must be multiples of its 16 KiB page (else nil), even where
+    /// this machine's pages are smaller.
     public func makeBuffer(bytesNoCopy pointer: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions,
                            deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) -> (any MTLBuffer)? {
-        let page = Int(csm_page_size())
+        let page = Swift.max(Int(csm_page_size()), 16384)
         guard length > 0, Int(bitPattern: pointer) % page == 0, length % page == 0 else { return nil }
         return SoftMetalBuffer(device: self, noCopy: pointer, length: length, deallocator: deallocator)
     }

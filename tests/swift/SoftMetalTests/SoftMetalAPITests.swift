@@ -74,7 +74,7 @@ final class SoftMetalAPITests: XCTestCase {
     }
 
     func testBytesNoCopyNeedsPageAlignmentAndIsNotGuarded() throws {
-        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let page = 16384  // Apple silicon's page, whatever this machine's is
         var raw: UnsafeMutableRawPointer?
         XCTAssertEqual(posix_memalign(&raw, page, page), 0)
         let memory = try XCTUnwrap(raw)
@@ -88,6 +88,14 @@ final class SoftMetalAPITests: XCTestCase {
         }
         XCTAssertTrue(flag.freed)
         XCTAssertNil(device.makeBuffer(bytesNoCopy: UnsafeMutableRawPointer(bitPattern: page + 8)!, length: page))
+        XCTAssertNil(device.makeBuffer(bytesNoCopy: UnsafeMutableRawPointer(bitPattern: 4096)!, length: 4096),
+                     "4 KiB-aligned memory is not enough for Metal on Apple silicon")
+    }
+
+    func testEmptyBuffersAreNilAsOnMetal() {
+        XCTAssertNil(device.makeBuffer(length: 0, options: []))
+        var byte: UInt8 = 1
+        XCTAssertNil(device.makeBuffer(bytes: &byte, length: 0, options: []))
     }
 
     func testFirstKernelWithSetBytesAndOffsets() throws {
