@@ -315,6 +315,8 @@ struct MSLTranslator {
             case "constant":
                 if !inDirective, !isMember(i), let after = try functionConstant(at: i) { i = after; continue }
                 if !isMember(i) { edits.append((i, end, "const   ")) }
+            case "double" where !inDirective:
+                throw fail(i, "MSL has no `double`: Apple's compiler rejects it (use float)")
             case "is_function_constant_defined":
                 if !inDirective { i = try functionConstantDefined(at: i, end: end); continue }
             case "threadgroup":
@@ -864,6 +866,10 @@ struct MSLTranslator {
         }
         // Address spaces out of the type; names are the last identifier.
         var words = declaration.splitWords
+        if declaration.contains("*") || declaration.contains("&"),
+           !words.contains(where: { ["device", "constant", "threadgroup", "thread"].contains($0) }) {
+            throw fail(a, "kernel \(kernel): the pointer or reference `\(raw.trimmingSpaces)` needs an address space (device, constant, threadgroup or thread), as Apple's compiler requires")
+        }
         words.removeAll { $0 == "device" || $0 == "thread" || $0 == "threadgroup" }
         words = words.map { $0 == "constant" ? "const" : $0 }
         let joined = words.joined(separator: " ")

@@ -153,6 +153,18 @@ final class TranslatorTests: XCTestCase {
         XCTAssertEqual(MSLTranslator.concatenatedStringLiterals(#""a" "b\"c""#), #"ab"c"#)
     }
 
+    /// What Apple's compiler rejects is rejected here too, with the MSL line.
+    func testDoubleAndPointersWithoutAddressSpaceAreErrors() {
+        XCTAssertThrowsError(try translate("kernel void k(device float* a [[buffer(0)]]) {\n double d = 1; a[0] = d; }")) {
+            XCTAssertTrue("\($0)".contains("MSL has no `double`"), "\($0)")
+        }
+        XCTAssertThrowsError(try translate("kernel void k(float* a [[buffer(0)]]) { a[0] = 1; }")) {
+            XCTAssertTrue("\($0)".contains("needs an address space"), "\($0)")
+        }
+        XCTAssertNoThrow(try translate("kernel void k(device float* a [[buffer(0)]], constant uint& n [[buffer(1)]],"
+                                       + " threadgroup float* t [[threadgroup(0)]]) { a[0] = n; }"))
+    }
+
     func testHashDependsOnEveryPart() {
         XCTAssertEqual(Hash128.of(["a", "b"]), Hash128.of(["a", "b"]))
         XCTAssertNotEqual(Hash128.of(["ab", "c"]), Hash128.of(["a", "bc"]))
