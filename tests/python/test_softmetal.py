@@ -907,3 +907,20 @@ def test_compile_errors_in_an_included_header_name_its_file_and_line(tmp_path):
 def test_missing_include_is_a_compile_error():
     with pytest.raises(softmetal.CompileError, match=r"source.metal:2:\d+: (fatal )?error: 'nowhere.h' file not found"):
         softmetal.compile("// x\n#include \"nowhere.h\"\n")
+
+
+def test_the_standard_library_declares_msl_names_only():
+    """MSL has no erf: a stand-in metal::erf silently changed which erf a third-party
+    kernel that brings its own (as MLX does) called."""
+    src = """
+    #include <metal_stdlib>
+    using namespace metal;
+    float erf(float a) { return a * 2; }
+    kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = erf(y[i]); }
+    """
+    y = np.ones(4, np.float32)
+    softmetal.compile(src).launch("k", [y], grid=(4,), threads_per_threadgroup=(4,))
+    assert y.tolist() == [2, 2, 2, 2]
+    with pytest.raises(softmetal.CompileError, match="undeclared identifier 'erf'"):
+        softmetal.compile("#include <metal_stdlib>\nusing namespace metal;\n"
+                          "kernel void k(device float* y [[buffer(0)]]) { y[0] = erf(y[0]); }")

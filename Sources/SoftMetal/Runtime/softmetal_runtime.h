@@ -464,7 +464,8 @@ SM_F1(fract, __sm::fractf_)
 SM_F1(fabs, __builtin_fabsf)
 SM_F1(saturate, __sm::saturatef_)
 SM_F1(sign, __sm::signf_)
-SM_F1(erf, __builtin_erff)
+// No erf: MSL has none (MLX and others define their own `erf`, which a stand-in here
+// would silently shadow or make ambiguous).
 SM_F2(pow, __builtin_powf)
 SM_F2(powr, __builtin_powf)
 SM_F2(atan2, __builtin_atan2f)
@@ -616,7 +617,7 @@ using metal::sinh; using metal::cosh; using metal::asin; using metal::acos; usin
 using metal::pow; using metal::powr; using metal::fmin; using metal::fmax; using metal::fabs; using metal::floor;
 using metal::ceil; using metal::round; using metal::trunc; using metal::fract; using metal::fmod; using metal::divide;
 using metal::normalize; using metal::length; using metal::distance; using metal::fma; using metal::min; using metal::max;
-using metal::clamp; using metal::abs; using metal::erf; using metal::saturate; using metal::copysign;
+using metal::clamp; using metal::abs; using metal::saturate; using metal::copysign;
 }  // namespace precise
 namespace fast = precise;  // no faster approximations here: both give the float result
 
