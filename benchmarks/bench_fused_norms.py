@@ -5,8 +5,10 @@ For a Qwen3-30B-A3B-shaped layer (E=128, H=2048, I=768, k=8; random weights), pe
   fused:    h, normed = layer(x, input_norm=(w1, eps), residual="input", next_norm=(w2, eps))
   unfused:  xn = rmsnorm(x) * w1; h = layer(xn, residual=x); normed = rmsnorm(h) * w2  (NumPy float32)
   plain:    layer(x, residual=x) - the layer alone, for the cost of the norms themselves
-The variants alternate in blocks (a pause, a warm-up call, then back-to-back calls on fresh
-inputs), several rounds; medians per call. A benchmark, not a test: the machine is shared.
+The variants alternate call by call on the same input (the order rotating, so that none
+always comes first after a pause), so each triple reads the same experts under the same
+load; the table gives medians per call and the median of the paired differences. A
+benchmark, not a test: the machine is shared, compare within one run.
 
     PYTHONPATH=python python3 benchmarks/bench_fused_norms.py [--format f32|q4] [--tokens 1,512] [--rounds 5]
 """
@@ -41,7 +43,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--format", default="f32", choices=["f32", "q4"])
     ap.add_argument("--tokens", default="1,512")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--settle", type=float, default=0.3)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -63,29 +65,36 @@ def main():
 
     variants = {"fused": fused, "unfused": unfused, "plain": plain}
     print(f"load average at start: {open('/proc/loadavg').read().split()[:3]}")
-    print(f"{'T':>5} {'fused ms':>10} {'unfused ms':>11} {'plain ms':>9} {'saving ms':>10} {'saving %':>9}"
-          f" {'norms in NumPy ms':>18} {'norms fused ms':>15}")
+    print(f"{'T':>5} {'fused ms':>10} {'unfused ms':>11} {'plain ms':>9} {'saving ms (paired)':>19}"
+          f" {'saving %':>9} {'fused - plain ms':>17} {'NumPy norms alone ms':>21}")
+    names = list(variants)
     for T in (int(t) for t in args.tokens.split(",")):
-        calls = 30 if T <= 8 else 4
-        inputs = [rng.standard_normal((T, H), dtype=np.float32) for _ in range(calls + 1)]
+        calls = 40 if T <= 8 else 3
+        inputs = [rng.standard_normal((T, H), dtype=np.float32) for _ in range(calls)]
         # The check: both ways compute the same block.
         a, b = fused(inputs[0]), unfused(inputs[0])
         for u, v in zip(a, b):
             assert np.abs(u - v).max() <= 1e-3 * np.abs(v).max() + 1e-5, np.abs(u - v).max()
-        times = {name: [] for name in variants}
+        times = {name: [] for name in names}
         for _ in range(args.rounds):
-            for name, f in variants.items():
-                time.sleep(args.settle)
-                f(inputs[0])
-                for x in inputs[1:]:
+            time.sleep(args.settle)
+            plain(inputs[-1])  # warm-up
+            for i, x in enumerate(inputs):
+                for name in names[i % 3:] + names[:i % 3]:
                     s = time.perf_counter()
-                    f(x)
+                    variants[name](x)
                     times[name].append(time.perf_counter() - s)
         med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
-        saving = med["unfused"] - med["fused"]
-        print(f"{T:>5} {med['fused']:>10.3f} {med['unfused']:>11.3f} {med['plain']:>9.3f} {saving:>10.3f}"
-              f" {100 * saving / med['unfused']:>8.1f}% {med['unfused'] - med['plain']:>18.3f}"
-              f" {med['fused'] - med['plain']:>15.3f}")
+        paired = statistics.median(u - f for u, f in zip(times["unfused"], times["fused"])) * 1e3
+        over_plain = statistics.median(f - p for f, p in zip(times["fused"], times["plain"])) * 1e3
+        x = inputs[0]
+        norm_times = []
+        for _ in range(20):
+            s = time.perf_counter()
+            rmsnorm(rmsnorm(x, w1, EPS), w2, EPS)
+            norm_times.append(time.perf_counter() - s)
+        print(f"{T:>5} {med['fused']:>10.3f} {med['unfused']:>11.3f} {med['plain']:>9.3f} {paired:>19.3f}"
+              f" {100 * paired / med['unfused']:>8.1f}% {over_plain:>17.3f} {statistics.median(norm_times) * 1e3:>21.3f}")
     print(f"load average at end: {open('/proc/loadavg').read().split()[:3]}")
 
 

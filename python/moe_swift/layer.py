@@ -217,7 +217,11 @@ def _norm(name, value, H, offset_name, offset):
     """(weight float32 (H,), eps, offset) of an RMSNorm given as (weight, eps)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"{name} must be a (weight, eps) pair, got {type(value).__name__}")
-    weight = _array(f"{name} weight", value[0], (H,))
+    weight = value[0]
+    # A float32 NumPy vector as is (the common case, per decode step: as_numpy costs ~8 us).
+    if not (type(weight) is np.ndarray and weight.dtype == np.float32 and weight.shape == (H,)
+            and weight.flags.c_contiguous):
+        weight = _array(f"{name} weight", weight, (H,))
     eps = value[1]
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name} eps must be a real number, got {type(eps).__name__}")

@@ -140,13 +140,15 @@ public func moe_layer_forward_ex(_ handle: OpaquePointer?, _ desc: UnsafePointer
         let layer = try layer(handle)
         guard let desc else { throw MoEError.invalidArgument("desc is NULL") }
         let d = try ForwardDescriptor.read(desc)
+        let options = try ForwardDescriptor.options(d)
+        try options.validate()  // also for 0 tokens: a bad eps is the caller's bug either way
         if d.num_tokens == 0 { return CallStats.begin(layer.backendKind, tokens: 0) }
         guard d.num_tokens > 0 && d.num_tokens <= Int64(Int32.max) else {
             throw MoEError.invalidArgument("num_tokens must be in 0...\(Int32.max), got \(d.num_tokens)")
         }
         guard let x = d.x else { throw MoEError.invalidArgument("x is NULL") }
         guard let y = d.y else { throw MoEError.invalidArgument("y is NULL") }
-        try layer.forward(x, tokens: Int(d.num_tokens), options: try ForwardDescriptor.options(d), into: y)
+        try layer.forward(x, tokens: Int(d.num_tokens), options: options, into: y)
     }
 }
 

@@ -166,6 +166,7 @@ final class FusedNormTests: XCTestCase {
             expect("input_norm", forwardEx(layer, x, tokens: 2, residualIsInput: true, inputNorm: (w, eps, 0), nextNorm: nil).0)
             expect("next_norm", forwardEx(layer, x, tokens: 2, residualIsInput: true, inputNorm: nil, nextNorm: (w, eps, 0)).0)
         }
+        expect("input_norm", forwardEx(layer, [], tokens: 0, residualIsInput: true, inputNorm: (w, 0, 0), nextNorm: nil).0)
         expect("offset", forwardEx(layer, x, tokens: 2, residualIsInput: false, inputNorm: (w, 1e-6, .nan), nextNorm: nil).0)
         expect("normed", forwardEx(layer, x, tokens: 2, residualIsInput: false, inputNorm: nil, nextNorm: (w, 1e-6, 0)) {
             $0.normed = nil
