@@ -183,7 +183,7 @@ public func moe_run_layers_ex(_ handles: UnsafePointer<OpaquePointer?>?, _ count
         }
         let norms = try inputNorms.map { norms in
             try (0..<Int(count)).map { i in
-                guard let norm = try ForwardDescriptor.norm(norms[i]) else {
+                guard let norm = ForwardDescriptor.norm(norms[i]) else {
                     throw MoEError.invalidArgument("input_norms[\(i)].weight is NULL")
                 }
                 return norm

@@ -21,7 +21,8 @@ enum ForwardDescriptor {
         return d
     }
 
-    static func norm(_ n: moe_rms_norm) throws -> RMSNorm? {
+    /// A norm, or nil where its weight is NULL (validated later, with the call).
+    static func norm(_ n: moe_rms_norm) -> RMSNorm? {
         n.weight.map { RMSNorm(weight: $0, eps: n.eps, offset: n.offset) }
     }
 
@@ -33,11 +34,11 @@ enum ForwardDescriptor {
         case (false, let r?): residual = .buffer(r)
         case (false, nil): residual = .none
         }
-        let next = try norm(d.next_norm)
+        let next = norm(d.next_norm)
         if next == nil && d.normed != nil {
             throw MoEError.invalidArgument("normed is set but next_norm.weight is NULL")
         }
-        return MoEForwardOptions(inputNorm: try norm(d.input_norm), residual: residual,
+        return MoEForwardOptions(inputNorm: norm(d.input_norm), residual: residual,
                                  nextNorm: next, normedOutput: d.normed)
     }
 }
