@@ -115,8 +115,7 @@ final class CPUPass: MoEPass {
             if let (norm, source, normed) = inputNorm {
                 for t in t0..<t1 {
                     let v = source + t * h
-                    var sum: Float = 0
-                    for i in 0..<h { sum += v[i] * v[i] }
+                    let sum = RMSNorm.sumOfSquares(v, count: h)
                     norm.apply(v, inverse: RMSNorm.inverseRMS(sumOfSquares: sum, count: h, eps: norm.eps),
                                count: h, into: normed + t * h)
                 }
@@ -304,7 +303,7 @@ final class CPUPass: MoEPass {
                             for i in 0..<n { acc[i] += r[i] }
                         }
                         (output + t * h + h0).update(from: acc, count: n)
-                        if next != nil { for i in 0..<n { sumOfSquares += acc[i] * acc[i] } }
+                        if next != nil { sumOfSquares += RMSNorm.sumOfSquares(acc, count: n) }
                     }
                     // The next layer's norm while the token's row is still in cache.
                     if let next {
