@@ -41,11 +41,15 @@ def last_stats() -> dict:
     return stats
 
 
-def run_layers(layers, x):
+def run_layers(layers, x, input_norms=None, input_norm_offset=0.0):
     """Several layers in one native call, each output feeding the next:
     x_{i+1} = x_i + layer_i(x_i); returns x_n with x's shape (float32). All layers must use
     the same backend and hidden size. On metal/softmetal the whole stack is one command
-    buffer with one wait; on cpu a loop of forwards."""
+    buffer with one wait; on cpu a loop of forwards.
+
+    input_norms: one (weight (H,), eps) per layer makes the stack one of decoder
+    post-attention blocks, x_{i+1} = x_i + layer_i(rmsnorm_i(x_i)) (each norm fused into its
+    layer's router stage); input_norm_offset=1.0 for Gemma-style (1 + weight) norms."""
     layers = list(layers)
     if not layers:
         raise ValueError("run_layers needs at least one layer")
@@ -65,8 +69,19 @@ def run_layers(layers, x):
     y = np.empty(x.shape, dtype=np.float32)
     ffi, lib, _ = _native.load()
     handles = ffi.new("moe_layer *[]", [layer._live_handle() for layer in layers])
-    status = lib.moe_run_layers(handles, len(layers), ffi.cast("const float *", x.ctypes.data), T,
-                                ffi.cast("float *", y.ctypes.data))
+    norms, keep = ffi.NULL, []
+    if input_norms is not None:
+        if isinstance(input_norms, (str, bytes)) or not hasattr(input_norms, "__len__"):
+            raise TypeError(f"input_norms must be a list of (weight, eps), one per layer, got {type(input_norms).__name__}")
+        if len(input_norms) != len(layers):
+            raise ValueError(f"input_norms must have one (weight, eps) per layer ({len(layers)}), got {len(input_norms)}")
+        norms = ffi.new("moe_rms_norm[]", len(layers))
+        for i, norm in enumerate(input_norms):
+            parsed = _norm(f"input_norms[{i}]", norm, H, "input_norm_offset", input_norm_offset)
+            keep.append(parsed[0])
+            _set_norm(ffi, norms[i], parsed)
+    status = lib.moe_run_layers_ex(handles, len(layers), ffi.cast("const float *", x.ctypes.data), T,
+                                   ffi.cast("float *", y.ctypes.data), norms)
     if status != _native.OK and any(layer._closed for layer in layers):
         raise ValueError("a MoELayer of run_layers was closed during the call")
     _native.check(status)
@@ -196,6 +211,30 @@ def _real(name, value):
     if abs(value) > _FLOAT32_MAX:
         raise ValueError(f"{name} must be within float32's range (|x| <= {_FLOAT32_MAX:.4g}), got {value:g}")
     return value
+
+
+def _norm(name, value, H, offset_name, offset):
+    """(weight float32 (H,), eps, offset) of an RMSNorm given as (weight, eps)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (weight, eps) pair, got {type(value).__name__}")
+    weight = value[0]
+    # A float32 NumPy vector as is (the common case, per decode step: as_numpy costs ~8 us).
+    if not (type(weight) is np.ndarray and weight.dtype == np.float32 and weight.shape == (H,)
+            and weight.flags.c_contiguous):
+        weight = _array(f"{name} weight", weight, (H,))
+    eps = value[1]
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{name} eps must be a real number, got {type(eps).__name__}")
+    eps = float(eps)
+    if not np.isfinite(eps) or eps <= 0 or eps > _FLOAT32_MAX or np.float32(eps) == 0:
+        raise ValueError(f"{name} eps must be positive and finite (in float32), got {eps}")
+    return weight, eps, _real(offset_name, offset)
+
+
+def _set_norm(ffi, target, norm):
+    weight, eps, offset = norm
+    target.weight = ffi.cast("const float *", weight.ctypes.data)
+    target.eps, target.offset = eps, offset
 
 
 def _flag(name, value):
@@ -391,26 +430,65 @@ class MoELayer:
             raise ValueError("this MoELayer is closed")  # closed by another thread mid-call
         _native.check(status)
 
-    def __call__(self, x, residual=None):
+    def __call__(self, x, residual=None, *, input_norm=None, next_norm=None, input_norm_offset=0.0,
+                 next_norm_offset=0.0, out=None):
         """y = moe(x) (+ residual): x (..., H) -> y (..., H). x and residual may be NumPy
         (float32, float16, ml_dtypes.bfloat16), torch CPU tensors or mx arrays; y has x's
         array type and dtype (float32 for float64 or integer NumPy input). Accumulation is
-        float32 whatever the dtypes."""
+        float32 whatever the dtypes.
+
+        A decoder's post-attention block, the norms fused into the layer's own stages:
+        input_norm=(weight (H,), eps): the layer routes and runs rmsnorm(x) * weight;
+        residual="input": the residual is x itself (before input_norm);
+        next_norm=(weight, eps): returns (h, normed), normed = rmsnorm(h) * weight per token
+        (h = moe(...) + residual, or moe(...) alone without a residual); *_norm_offset=1.0:
+        Gemma-style norms that scale by (1 + weight). out: a float32 C-contiguous NumPy
+        array of x's shape that receives h (and is returned); it may be the residual or x
+        itself (in place)."""
         restore = _output_like(x)
         x = self._input(x)
-        T = x.size // self.hidden_size
-        y = np.empty(x.shape, dtype=np.float32)
-        r = self._ffi.NULL
-        if residual is not None:
+        H = self.hidden_size
+        T = x.size // H
+        ffi = self._ffi
+        desc = ffi.new("moe_forward_desc *")
+        self._lib.moe_forward_desc_init(desc)
+        if isinstance(residual, str):
+            if residual != "input":
+                raise ValueError(f'residual must be an array or "input", got {residual!r}')
+            desc.residual_is_input = 1
+        elif residual is not None:
             residual = _array("residual", residual)
             if residual.shape != x.shape:
                 raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
-            r = self._ffi.cast("const float *", residual.ctypes.data)
+            desc.residual = ffi.cast("const float *", residual.ctypes.data)
+        norms = []  # the weights stay alive until the call returns
+        if input_norm is not None:
+            norms.append(_norm("input_norm", input_norm, H, "input_norm_offset", input_norm_offset))
+            _set_norm(ffi, desc.input_norm, norms[-1])
+        normed = None
+        if next_norm is not None:
+            norms.append(_norm("next_norm", next_norm, H, "next_norm_offset", next_norm_offset))
+            _set_norm(ffi, desc.next_norm, norms[-1])
+            normed = np.empty(x.shape, dtype=np.float32)
+            desc.normed = ffi.cast("float *", normed.ctypes.data)
+        if out is None:
+            y = np.empty(x.shape, dtype=np.float32)
+        else:
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
+            if out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError(f"out must be a writeable C-contiguous float32 array, got dtype {out.dtype}"
+                                 + ("" if out.flags.c_contiguous else ", not C-contiguous"))
+            if out.shape != x.shape:
+                raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
+            y = out
+        desc.x = ffi.cast("const float *", x.ctypes.data)
+        desc.num_tokens = T
+        desc.y = ffi.cast("float *", y.ctypes.data)
         handle = self._live_handle()
-        self._check(self._lib.moe_layer_forward(
-            handle, self._ffi.cast("const float *", x.ctypes.data), T, r,
-            self._ffi.cast("float *", y.ctypes.data)))
-        return restore(y)
+        self._check(self._lib.moe_layer_forward_ex(handle, desc))
+        h = y if out is not None else restore(y)
+        return h if normed is None else (h, restore(normed))
 
     forward = __call__
 

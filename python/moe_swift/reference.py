@@ -10,7 +10,7 @@ import numpy as np
 
 from . import formats
 
-__all__ = ["moe_forward", "experts_forward", "route", "expert_ffn", "ACTIVATIONS"]
+__all__ = ["moe_forward", "experts_forward", "route", "expert_ffn", "rms_norm", "ACTIVATIONS"]
 
 
 def _f64(a):
@@ -140,6 +140,17 @@ def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation="silu", a
     return a @ wd.T + (0.0 if bd is None else bd)
 
 
+# --- RMSNorm ----------------------------------------------------------------------
+
+
+def rms_norm(x, weight, eps, offset=0.0):
+    """x * rsqrt(mean(x^2) + eps) * (offset + weight) per row of x (..., H): a decoder's
+    RMSNorm (offset 1.0: Gemma's (1 + weight))."""
+    x = _f64(x)
+    inverse = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x * inverse * (offset + _f64(weight))
+
+
 # --- The layer --------------------------------------------------------------------
 
 
@@ -208,11 +219,24 @@ def moe_forward(
     shared_expert=None,
     residual=None,
     ids=None,
+    input_norm=None,
+    input_norm_offset=0.0,
+    next_norm=None,
+    next_norm_offset=0.0,
 ):
     """y = sum_j w_j expert_{id_j}(x) + f_s(x) shared(x) (+ residual), in float64.
 
-    x is (..., H); the result has x's shape. `ids` (T, k) forces the routing choice."""
+    x is (..., H); the result has x's shape. `ids` (T, k) forces the routing choice.
+    A decoder's post-attention block: input_norm=(weight, eps) runs the layer on
+    rms_norm(x); residual="input" adds x itself (before the norm); next_norm=(weight, eps)
+    returns (y, rms_norm(y))."""
     x = _f64(x)
+    if isinstance(residual, str):
+        if residual != "input":
+            raise ValueError(f'residual must be an array or "input", got {residual!r}')
+        residual = x
+    if input_norm is not None:
+        x = rms_norm(x, *input_norm, offset=input_norm_offset)
     H = x.shape[-1]
     x2 = x.reshape(-1, H)
     T = x2.shape[0]
@@ -240,4 +264,7 @@ def moe_forward(
     # ... then the residual
     if residual is not None:
         y = y + _f64(residual).reshape(T, H)
-    return y.reshape(x.shape)
+    y = y.reshape(x.shape)
+    if next_norm is not None:
+        return y, rms_norm(y, *next_norm, offset=next_norm_offset)
+    return y

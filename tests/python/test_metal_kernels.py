@@ -22,7 +22,7 @@ def lib():
 
 def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, routed_scaling_factor=1.0,
                router_bias=None, selection_bias=None, n_group=1, topk_group=1, per_expert_scale=None,
-               shared_gate=None, tokens_per_group=None, fmt="f32"):
+               shared_gate=None, tokens_per_group=None, fmt="f32", input_norm=None):
     T, H = x.shape
     E = wr.shape[0]
     W = KernelWeight(wr, fmt)
@@ -37,14 +37,27 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
                has_router_bias=int(router_bias is not None), has_selection_bias=int(selection_bias is not None),
                has_per_expert_scale=int(per_expert_scale is not None), has_shared_gate=int(shared_gate is not None),
                tokens_per_group=tb, logit_stride=stride, weight=W.desc)
+    x_normed = None
+    if input_norm is not None:  # (weight, eps, offset): the router normalises x first
+        p = params("moe_router_params", tokens=T, hidden=H, experts=E, top_k=top_k,
+                   scoring=0 if scoring == "softmax" else 1, norm_topk_prob=int(norm_topk_prob),
+                   routed_scaling_factor=routed_scaling_factor, n_group=n_group, topk_group=topk_group,
+                   has_router_bias=int(router_bias is not None), has_selection_bias=int(selection_bias is not None),
+                   has_per_expert_scale=int(per_expert_scale is not None), has_shared_gate=int(shared_gate is not None),
+                   tokens_per_group=tb, logit_stride=stride, weight=W.desc, has_input_norm=1,
+                   input_norm_eps=input_norm[1], input_norm_offset=input_norm[2])
+        x_normed = np.full((T, H), np.nan, np.float32)
     opt = lambda a: dummy() if a is None else a
     buffers = {"PARAMS": p, "X": x, "W": W.codes, "W_SCALES": opt(W.scales), "W_BIASES": opt(W.biases),
                "ROUTER_BIAS": opt(router_bias), "SELECTION_BIAS": opt(selection_bias),
                "EXPERT_SCALE": opt(per_expert_scale), "SHARED_GATE": opt(shared_gate), "IDS": ids, "WEIGHTS": w,
-               "SHARED_FACTOR": factor}
+               "SHARED_FACTOR": factor, "NORM_WEIGHT": dummy() if input_norm is None else input_norm[0],
+               "X_NORMED": opt(x_normed)}
     lib.launch("moe_router_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
                threadgroups=(-(-T // tb),), threads_per_threadgroup=(CONST["MOE_ROUTER_THREADS"],),
                threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True)
+    if input_norm is not None:
+        return ids, w, factor, x_normed
     return ids, w, factor
 
 
@@ -214,10 +227,44 @@ def test_combine(lib, shared, residual):
         expected += r
     p = params("moe_combine_params", tokens=T, hidden=H, top_k=k, has_shared=int(shared), has_residual=int(residual))
     out = np.full((T, H), np.nan, np.float32)
-    lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out},
+    lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
+                               5: dummy(), 6: dummy()},
                threadgroups=(-(-H // CONST["MOE_COMBINE_THREADS"]), T),
                threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_races=True)
     np.testing.assert_array_equal(out, expected)  # float32 in the same order: bit-identical
+
+    # The next layer's norm: one threadgroup per token, the same sums, and the normed rows.
+    # H = 300 is above the thread count (the loop over H) and not a multiple of it.
+    weight, eps, offset = f32(H, rng=rng), 1e-5, 1.0
+    p = params("moe_combine_params", tokens=T, hidden=H, top_k=k, has_shared=int(shared), has_residual=int(residual),
+               has_next_norm=1, next_norm_eps=eps, next_norm_offset=offset)
+    out = np.full((T, H), np.nan, np.float32)
+    normed = np.full((T, H), np.nan, np.float32)
+    lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
+                               5: weight, 6: normed},
+               threadgroups=(1, T), threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_races=True)
+    np.testing.assert_array_equal(out, expected)
+    ref = expected / np.sqrt((expected.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * (offset + weight)
+    np.testing.assert_allclose(normed, ref, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("T,tb", [(1, 1), (11, 8), (5, 2)])
+def test_router_input_norm(lib, T, tb):
+    """The router normalises each token's row into x_normed and routes that."""
+    H, E, k = 40, 12, 3
+    rng = np.random.default_rng(T)
+    x = f32(T, H, rng=rng, scale=5.0)
+    wr = f32(E, H, rng=rng, scale=0.5)
+    weight, eps, offset = f32(H, rng=rng, scale=0.2), 1e-6, 1.0
+    gate = f32(H, rng=rng, scale=0.3)
+    ids, w, factor, x_normed = run_router(lib, x, wr, top_k=k, tokens_per_group=tb, shared_gate=gate,
+                                          input_norm=(weight, eps, offset))
+    xn = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * (offset + weight)
+    np.testing.assert_allclose(x_normed, xn, rtol=2e-6, atol=1e-6)
+    ref_ids, ref_w = reference.route(xn, wr, top_k=k)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(factor, 1 / (1 + np.exp(-(xn @ gate))), rtol=1e-5)
 
 
 # --- bucketing ---------------------------------------------------------------------

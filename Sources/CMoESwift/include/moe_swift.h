@@ -172,6 +172,42 @@ moe_status moe_layer_create(const moe_layer_desc* desc, moe_layer** out);
 moe_status moe_layer_forward(moe_layer* layer, const float* x, int64_t num_tokens,
                              const float* residual, float* y);
 
+/* An RMSNorm of a decoder block, per token row v of H floats:
+ * v * (1 / sqrt(mean(v^2) + eps)) * (offset + weight), float32 accumulation.
+ * weight NULL: no norm. */
+typedef struct moe_rms_norm {
+    const float* weight;              /* (H); read during the call only */
+    float eps;                        /* > 0 and finite */
+    float offset;                     /* 0; 1 for Gemma-style norms, which scale by (1 + weight) */
+} moe_rms_norm;
+
+/* One call of moe_layer_forward_ex: a decoder's whole post-attention block,
+ *   h = residual + moe(input_norm(x)),  normed = next_norm(h)  (per token),
+ * with both norms fused into the layer's own stages. Fill it with moe_forward_desc_init()
+ * (struct_size, everything NULL / 0), then set what you need. The library reads only the
+ * first struct_size bytes, so fields can be appended later. */
+typedef struct moe_forward_desc {
+    uint32_t struct_size;             /* sizeof(moe_forward_desc) of the caller's header */
+    int32_t residual_is_input;        /* 1: the residual is x itself, before input_norm
+                                         (then residual must be NULL) */
+    const float* x;                   /* (num_tokens, H) */
+    int64_t num_tokens;               /* may be 0 */
+    const float* residual;            /* (num_tokens, H) or NULL; may alias y */
+    float* y;                         /* (num_tokens, H): h; may alias x or residual */
+    moe_rms_norm input_norm;          /* normalise x before the router and experts */
+    moe_rms_norm next_norm;           /* the next layer's norm of h, written to normed;
+                                         without a residual, h = moe(x) */
+    float* normed;                    /* (num_tokens, H), required with next_norm; must not
+                                         overlap x, residual or y */
+} moe_forward_desc;
+
+/* Sets struct_size; everything else NULL / 0. */
+void moe_forward_desc_init(moe_forward_desc* desc);
+
+/* The forward of moe_forward_desc. Same threading rules as moe_layer_forward; on the
+ * metal backends the norms add no dispatch. */
+moe_status moe_layer_forward_ex(moe_layer* layer, const moe_forward_desc* desc);
+
 /* The routed experts with the routing given (no router, no shared expert, no residual):
  * y[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) over the k slots in order.
  * ids (num_tokens, k) int32, each in [0, E) (checked: an invalid id is an error naming
@@ -197,6 +233,12 @@ void moe_layer_destroy(moe_layer* layer);
  * one command buffer with one wait at its end; on cpu it is a loop of forwards. */
 moe_status moe_run_layers(moe_layer* const* layers, int64_t num_layers, const float* x,
                           int64_t num_tokens, float* y);
+
+/* moe_run_layers as a stack of decoder post-attention blocks: with input_norms (num_layers
+ * entries, each with a weight), x_{i+1} = x_i + layer_i(input_norms[i](x_i)); input_norms
+ * NULL is moe_run_layers. */
+moe_status moe_run_layers_ex(moe_layer* const* layers, int64_t num_layers, const float* x,
+                             int64_t num_tokens, float* y, const moe_rms_norm* input_norms);
 
 /* What the calling thread's last call (moe_layer_create, _forward, _route or
  * moe_run_layers) did on its device. Set struct_size = sizeof(moe_stats) first; only

@@ -5,8 +5,9 @@ protocol MoEBackend: AnyObject, Sendable {
     var kind: MoEBackendKind { get }
 
     /// Starts one forward (or routing) pass over `tokens` rows of `input` (tokens, H).
-    /// `input` must stay valid until the pass finishes.
-    func makePass(input: UnsafePointer<Float>, tokens: Int) throws -> any MoEPass
+    /// `input` must stay valid until the pass finishes. With `inputNorm`, every stage reads
+    /// the normalised rows (made by `route`), never `input` itself.
+    func makePass(input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws -> any MoEPass
 }
 
 /// One pass through the layer, as the stages of the spec. A backend may run each stage
@@ -14,7 +15,8 @@ protocol MoEBackend: AnyObject, Sendable {
 /// buffer). The order is fixed: `route` (or `setRouting`), then for a forward `groupPairsByExpert`,
 /// `gateUp`, `down`, `combine`, and always `finish` last.
 protocol MoEPass: AnyObject {
-    /// Router logits, scores, top-k ids and weights, and the shared expert's gate factor.
+    /// The input norm (if any), router logits, scores, top-k ids and weights, and the shared
+    /// expert's gate factor.
     func route()
     /// Instead of `route()`: the given routing, (tokens, k) valid expert ids and their
     /// weights; the pass then computes the routed experts only (no shared expert).
@@ -26,9 +28,10 @@ protocol MoEPass: AnyObject {
     func gateUp()
     /// Down projections, each pair's result multiplied by its routing weight.
     func down()
-    /// `output[t] = sum_j pair(t, j) + factor(t) * shared(t) + residual[t]`, in that order.
-    /// `residual` may alias `output`.
-    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>)
+    /// `output[t] = sum_j pair(t, j) + factor(t) * shared(t) + residual[t]`, in that order,
+    /// then `next.output[t] = next.norm(output[t])`. `residual` may alias `output` or the
+    /// pass's input.
+    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>, next: NextNorm?)
     /// Copies the routing decision out (tokens, k) each.
     func readRouting(ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>)
     /// Completes all recorded work; results are valid after it returns.

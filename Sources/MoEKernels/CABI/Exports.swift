@@ -154,9 +154,40 @@ public func moe_layer_destroy(_ handle: OpaquePointer?) {
     _ = liveLayers.withLock { layersByHandle.removeValue(forKey: handle) }
 }
 
+@_cdecl("moe_forward_desc_init")
+public func moe_forward_desc_init(_ desc: UnsafeMutablePointer<moe_forward_desc>?) {
+    desc?.pointee = moe_forward_desc()
+    desc?.pointee.struct_size = UInt32(MemoryLayout<moe_forward_desc>.size)
+}
+
+@_cdecl("moe_layer_forward_ex")
+public func moe_layer_forward_ex(_ handle: OpaquePointer?, _ desc: UnsafePointer<moe_forward_desc>?) -> moe_status {
+    status {
+        let layer = try layer(handle)
+        guard let desc else { throw MoEError.invalidArgument("desc is NULL") }
+        let d = try ForwardDescriptor.read(desc)
+        let options = try ForwardDescriptor.options(d)
+        try options.validate()  // also for 0 tokens: a bad eps is the caller's bug either way
+        if d.num_tokens == 0 { return CallStats.begin(layer.backendKind, tokens: 0) }
+        guard d.num_tokens > 0 && d.num_tokens <= Int64(Int32.max) else {
+            throw MoEError.invalidArgument("num_tokens must be in 0...\(Int32.max), got \(d.num_tokens)")
+        }
+        guard let x = d.x else { throw MoEError.invalidArgument("x is NULL") }
+        guard let y = d.y else { throw MoEError.invalidArgument("y is NULL") }
+        try layer.forward(x, tokens: Int(d.num_tokens), options: options, into: y)
+    }
+}
+
 @_cdecl("moe_run_layers")
 public func moe_run_layers(_ handles: UnsafePointer<OpaquePointer?>?, _ count: Int64, _ x: UnsafePointer<Float>?,
                            _ tokens: Int64, _ y: UnsafeMutablePointer<Float>?) -> moe_status {
+    moe_run_layers_ex(handles, count, x, tokens, y, nil)
+}
+
+@_cdecl("moe_run_layers_ex")
+public func moe_run_layers_ex(_ handles: UnsafePointer<OpaquePointer?>?, _ count: Int64, _ x: UnsafePointer<Float>?,
+                              _ tokens: Int64, _ y: UnsafeMutablePointer<Float>?,
+                              _ inputNorms: UnsafePointer<moe_rms_norm>?) -> moe_status {
     status {
         guard count >= 1 else { throw MoEError.invalidArgument("num_layers must be at least 1, got \(count)") }
         guard let handles else { throw MoEError.invalidArgument("layers is NULL") }
@@ -176,8 +207,17 @@ public func moe_run_layers(_ handles: UnsafePointer<OpaquePointer?>?, _ count: I
             guard x != nil else { throw MoEError.invalidArgument("x is NULL") }
             guard y != nil else { throw MoEError.invalidArgument("y is NULL") }
         }
+        let norms = try inputNorms.map { norms in
+            try (0..<Int(count)).map { i in
+                guard let norm = ForwardDescriptor.norm(norms[i]) else {
+                    throw MoEError.invalidArgument("input_norms[\(i)].weight is NULL")
+                }
+                return norm
+            }
+        }
         let dummy = UnsafeMutablePointer<Float>.allocate(capacity: 1)
         defer { dummy.deallocate() }
-        try MoELayer.runLayers(layers, x ?? UnsafePointer(dummy), tokens: Int(tokens), into: y ?? dummy)
+        try MoELayer.runLayers(layers, x ?? UnsafePointer(dummy), tokens: Int(tokens), inputNorms: norms,
+                               into: y ?? dummy)
     }
 }

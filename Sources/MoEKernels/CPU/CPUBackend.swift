@@ -35,8 +35,8 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
         }
     }
 
-    func makePass(input: UnsafePointer<Float>, tokens: Int) throws -> any MoEPass {
-        try CPUPass(backend: self, input: input, tokens: tokens)
+    func makePass(input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws -> any MoEPass {
+        try CPUPass(backend: self, input: input, tokens: tokens, inputNorm: inputNorm)
     }
 
     var tokenRouter: TokenRouter {

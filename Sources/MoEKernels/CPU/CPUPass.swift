@@ -16,7 +16,10 @@ final class CPUPass: MoEPass {
 
     private let backend: CPUBackend
     private let arena: ScratchArena
+    /// What the stages read: the caller's input, or its normalised copy with an input norm.
     private let x: UnsafePointer<Float>
+    /// With an input norm: the caller's rows, and `x` as the (tokens, H) rows `route` writes.
+    private let inputNorm: (norm: RMSNorm, source: UnsafePointer<Float>, normed: UnsafeMutablePointer<Float>)?
     private let tokens: Int
     private let (h, e, k, inner): (Int, Int, Int, Int)
 
@@ -46,10 +49,9 @@ final class CPUPass: MoEPass {
     private var gateUpItems: [(expert: Int, block: Int)] = []
     private var downItems: [(expert: Int, block: Int)] = []
 
-    init(backend: CPUBackend, input: UnsafePointer<Float>, tokens: Int) throws {
+    init(backend: CPUBackend, input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws {
         let c = backend.configuration
         self.backend = backend
-        x = input
         self.tokens = tokens
         withShared = backend.shared != nil
         (h, e, k, inner) = (c.hiddenSize, c.numExperts, c.topK, c.intermediateSize)
@@ -62,7 +64,7 @@ final class CPUPass: MoEPass {
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
             (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
             (rows * h, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
-            (tokens * 2 * si, f), (tokens * si, f), (tokens * h, f),
+            (tokens * 2 * si, f), (tokens * si, f), (tokens * h, f), (inputNorm == nil ? 0 : tokens * h, f),
         ])
         arena = try backend.scratch.checkOut(bytes: bytes)
         arena.reset()
@@ -81,6 +83,14 @@ final class CPUPass: MoEPass {
         sharedGateUp = arena.take(Float.self, tokens * 2 * si)
         sharedActivated = arena.take(Float.self, tokens * si)
         sharedOut = arena.take(Float.self, tokens * h)
+        if let inputNorm {
+            let normed = arena.take(Float.self, tokens * h)
+            self.inputNorm = (inputNorm, input, normed)
+            x = UnsafePointer(normed)
+        } else {
+            self.inputNorm = nil
+            x = input
+        }
     }
 
     // The arena goes back to the pool only when the pass is released, after the caller
@@ -97,8 +107,19 @@ final class CPUPass: MoEPass {
         let chunk = Self.routerChunk
         let scratchCount = router.scratchCount
         let routeScratch = self.routeScratch
+        let inputNorm = self.inputNorm
         parallelFor((tokens + chunk - 1) / chunk) { c in
             let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
+            // The input norm where the rows are read anyway: the chunk's normalised rows stay
+            // in cache for the router product, and every later stage reads them.
+            if let (norm, source, normed) = inputNorm {
+                for t in t0..<t1 {
+                    let v = source + t * h
+                    let sum = RMSNorm.sumOfSquares(v, count: h)
+                    norm.apply(v, inverse: RMSNorm.inverseRMS(sumOfSquares: sum, count: h, eps: norm.eps),
+                               count: h, into: normed + t * h)
+                }
+            }
             routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
                                   c: logits + t0 * e, ldc: e, tile: nil)
             for t in t0..<t1 {
@@ -255,7 +276,7 @@ final class CPUPass: MoEPass {
         }
     }
 
-    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>) {
+    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>, next: NextNorm?) {
         let (h, k, downOut, pairRow) = (self.h, self.k, self.downOut, self.pairRow)
         let sharedOut: UnsafeMutablePointer<Float>? = withShared ? self.sharedOut : nil
         let chunk = 16, tokens = self.tokens
@@ -263,6 +284,7 @@ final class CPUPass: MoEPass {
             withUnsafeTemporaryAllocation(of: Float.self, capacity: Self.downBlock) { tmp in
                 let acc = tmp.baseAddress!
                 for t in c * chunk..<Swift.min(tokens, (c + 1) * chunk) {
+                    var sumOfSquares: Float = 0
                     for h0 in stride(from: 0, to: h, by: Self.downBlock) {
                         let n = Swift.min(Self.downBlock, h - h0)
                         // Fixed order: slots 0..k-1, shared expert, residual. The residual is
@@ -281,6 +303,12 @@ final class CPUPass: MoEPass {
                             for i in 0..<n { acc[i] += r[i] }
                         }
                         (output + t * h + h0).update(from: acc, count: n)
+                        if next != nil { sumOfSquares += RMSNorm.sumOfSquares(acc, count: n) }
+                    }
+                    // The next layer's norm while the token's row is still in cache.
+                    if let next {
+                        let inverse = RMSNorm.inverseRMS(sumOfSquares: sumOfSquares, count: h, eps: next.norm.eps)
+                        next.norm.apply(output + t * h, inverse: inverse, count: h, into: next.output + t * h)
                     }
                 }
             }

@@ -34,18 +34,32 @@ public final class MoELayer: @unchecked Sendable {
         CallStats.begin(backend.kind, tokens: tokens)
         try checkTokens(tokens)
         if tokens == 0 { return }
-        try runForward(input, tokens: tokens, residual: residual, into: output)
+        try runForward(input, tokens: tokens, options: MoEForwardOptions(residual: residual.map { .buffer($0) } ?? .none),
+                       into: output)
+    }
+
+    /// A decoder's post-attention block in one call (`MoEForwardOptions`):
+    /// `output = residual + moe(inputNorm(input))`, `options.normedOutput = nextNorm(output)`.
+    /// The norms are fused into the layer's own stages (no extra pass over the activations).
+    /// `output` may alias `input` or the residual.
+    public func forward(_ input: UnsafePointer<Float>, tokens: Int, options: MoEForwardOptions,
+                        into output: UnsafeMutablePointer<Float>) throws {
+        CallStats.begin(backend.kind, tokens: tokens)
+        try checkTokens(tokens)
+        try options.validate()
+        if tokens == 0 { return }
+        try runForward(input, tokens: tokens, options: options, into: output)
     }
 
     /// One forward through the backend's stages (statistics not reset).
-    func runForward(_ input: UnsafePointer<Float>, tokens: Int, residual: UnsafePointer<Float>?,
+    func runForward(_ input: UnsafePointer<Float>, tokens: Int, options: MoEForwardOptions,
                     into output: UnsafeMutablePointer<Float>) throws {
-        let pass = try backend.makePass(input: input, tokens: tokens)
+        let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: options.inputNorm)
         pass.route()
         pass.groupPairsByExpert()
         pass.gateUp()
         pass.down()
-        pass.combine(residual: residual, output: output)
+        pass.combine(residual: options.residualPointer(input: input), output: output, next: options.next)
         try pass.finish()
     }
 
@@ -63,12 +77,12 @@ public final class MoELayer: @unchecked Sendable {
                 "ids[\(n / k), \(n % k)] = \(ids[n]) is not an expert id (0..<\(e))")
         }
         if tokens == 0 { return }
-        let pass = try backend.makePass(input: input, tokens: tokens)
+        let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
         try pass.setRouting(ids: ids, weights: weights)
         pass.groupPairsByExpert()
         pass.gateUp()
         pass.down()
-        pass.combine(residual: nil, output: output)
+        pass.combine(residual: nil, output: output, next: nil)
         try pass.finish()
     }
 
@@ -78,7 +92,7 @@ public final class MoELayer: @unchecked Sendable {
         CallStats.begin(backend.kind, tokens: tokens)
         try checkTokens(tokens)
         if tokens == 0 { return }
-        let pass = try backend.makePass(input: input, tokens: tokens)
+        let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
         pass.route()
         try pass.finish()
         pass.readRouting(ids: ids, weights: weights)

@@ -1,10 +1,12 @@
 extension MoELayer {
     /// Several layers in one call, each layer's output feeding the next:
-    /// `x_{i+1} = x_i + layer_i(x_i)`, and `output = x_n`. All layers must run on the same
-    /// backend and have the same hidden size; `input` and `output` (tokens, H) may alias.
-    /// On the Metal backends the whole stack is one command buffer with one wait at its end;
-    /// on the CPU it is a loop of forwards.
+    /// `x_{i+1} = x_i + layer_i(x_i)`, and `output = x_n`; with `inputNorms` (one per layer),
+    /// a stack of decoder post-attention blocks: `x_{i+1} = x_i + layer_i(inputNorms[i](x_i))`.
+    /// All layers must run on the same backend and have the same hidden size; `input` and
+    /// `output` (tokens, H) may alias. On the Metal backends the whole stack is one command
+    /// buffer with one wait at its end; on the CPU it is a loop of forwards.
     public static func runLayers(_ layers: [MoELayer], _ input: UnsafePointer<Float>, tokens: Int,
+                                 inputNorms: [RMSNorm]? = nil,
                                  into output: UnsafeMutablePointer<Float>) throws {
         guard let first = layers.first else {
             CallStats.begin(.auto, tokens: tokens, layers: 0)
@@ -23,10 +25,17 @@ extension MoELayer {
             }
             try layer.checkTokens(tokens)
         }
+        if let inputNorms {
+            guard inputNorms.count == layers.count else {
+                throw MoEError.invalidArgument(
+                    "input_norms must have one norm per layer (\(layers.count)), got \(inputNorms.count)")
+            }
+            for (i, norm) in inputNorms.enumerated() { try norm.validate("input_norms[\(i)]") }
+        }
         if tokens == 0 { return }
         #if canImport(Metal) || canImport(SoftMetal)
         if let backends = layers.map({ $0.backend as? MetalBackend }) as? [MetalBackend] {
-            try MetalBackend.runLayers(backends, input, tokens: tokens, into: output)
+            try MetalBackend.runLayers(backends, input, tokens: tokens, inputNorms: inputNorms, into: output)
             return
         }
         #endif
@@ -34,7 +43,8 @@ extension MoELayer {
         var current = [Float](UnsafeBufferPointer(start: input, count: tokens * h))
         for (i, layer) in layers.enumerated() {
             try current.withUnsafeBufferPointer { x in
-                try layer.runForward(x.baseAddress!, tokens: tokens, residual: x.baseAddress!, into: output)
+                let options = MoEForwardOptions(inputNorm: inputNorms?[i], residual: .input)
+                try layer.runForward(x.baseAddress!, tokens: tokens, options: options, into: output)
             }
             if i + 1 < layers.count { current.withUnsafeMutableBufferPointer { $0.baseAddress!.update(from: output, count: tokens * h) } }
         }

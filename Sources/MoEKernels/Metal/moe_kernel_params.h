@@ -99,6 +99,8 @@ typedef struct moe_weight_desc {
 #define MOE_ROUTER_BUF_SHARED_FACTOR 9
 #define MOE_ROUTER_BUF_W_SCALES 10
 #define MOE_ROUTER_BUF_W_BIASES 11
+#define MOE_ROUTER_BUF_NORM_WEIGHT 12   /* the input norm's weight (H) */
+#define MOE_ROUTER_BUF_X_NORMED 13      /* out: the normalised input (T, H) the later stages read */
 
 /* Buffer indices of the expert kernels (moe_{gate_up,down}_{gemv,gemm}_<format>).
  * W0 is the gate matrix of gate/up kernels and the down matrix of down kernels; W1 the up
@@ -131,6 +133,8 @@ typedef struct moe_weight_desc {
 #define MOE_COMBINE_BUF_SHARED_OUT 2
 #define MOE_COMBINE_BUF_RESIDUAL 3
 #define MOE_COMBINE_BUF_OUTPUT 4
+#define MOE_COMBINE_BUF_NORM_WEIGHT 5   /* the next layer's norm weight (H) */
+#define MOE_COMBINE_BUF_NORMED 6        /* out: the output normalised (T, H) */
 
 /* moe_router: grid (ceil(tokens / tokens_per_group)), MOE_ROUTER_THREADS threads,
  * threadgroup(0): tokens_per_group * (logit_stride + 2 * experts) floats. */
@@ -152,6 +156,10 @@ typedef struct moe_router_params {
     moe_u32 logit_stride;         /* >= experts + 1 */
     moe_u32 _pad0;
     moe_weight_desc weight;       /* the router weight (E, H) */
+    moe_u32 has_input_norm;       /* normalise x into X_NORMED first, then route that */
+    float input_norm_eps;
+    float input_norm_offset;      /* scale by (offset + weight): 0, or 1 for Gemma */
+    moe_u32 _pad1;
 } moe_router_params;
 
 /* moe_bucket: one threadgroup of MOE_BUCKET_THREADS threads,
@@ -181,16 +189,17 @@ typedef struct moe_ffn_params {
     moe_weight_desc w1;           /* up (gate/up kernels) */
 } moe_ffn_params;
 
-/* moe_combine: grid (ceil(hidden / MOE_COMBINE_THREADS), tokens). */
+/* moe_combine: grid (ceil(hidden / MOE_COMBINE_THREADS), tokens); with has_next_norm
+ * (1, tokens): one threadgroup per token, which reduces the row's sum of squares. */
 typedef struct moe_combine_params {
     moe_u32 tokens;
     moe_u32 hidden;
     moe_u32 top_k;
     moe_u32 has_shared;
     moe_u32 has_residual;
-    moe_u32 _pad0;
-    moe_u32 _pad1;
-    moe_u32 _pad2;
+    moe_u32 has_next_norm;        /* also write NORMED = rmsnorm(out) * (offset + weight) */
+    float next_norm_eps;
+    float next_norm_offset;
 } moe_combine_params;
 
 /* PARAMS-END */

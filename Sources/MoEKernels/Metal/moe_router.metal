@@ -8,6 +8,9 @@
 #include "moe_formats.h"
 
 // Grid: ceil(tokens / tokens_per_group) threadgroups of MOE_ROUTER_THREADS threads.
+// Phase 0 (has_input_norm): simdgroup t normalises token t's row into x_normed, which
+//          phase 1 and every later kernel of the layer read instead of x (no dispatch
+//          of its own: the router reads the rows anyway).
 // Phase 1: each simdgroup takes router rows (experts, then the shared gate vector) and
 //          computes their dot products with all of the group's tokens, so the router
 //          weight is read once per group of tokens. The router weight is read in its
@@ -28,6 +31,8 @@ template <typename L>
                            device int* out_ids [[buffer(MOE_ROUTER_BUF_IDS)]],                        // (T, k)
                            device float* out_weights [[buffer(MOE_ROUTER_BUF_WEIGHTS)]],              // (T, k)
                            device float* out_shared_factor [[buffer(MOE_ROUTER_BUF_SHARED_FACTOR)]],  // (T)
+                           device const float* norm_weight [[buffer(MOE_ROUTER_BUF_NORM_WEIGHT)]],    // (H)
+                           device float* x_normed [[buffer(MOE_ROUTER_BUF_X_NORMED)]],                // (T, H)
                            threadgroup float* tg [[threadgroup(0)]],
                            uint group [[threadgroup_position_in_grid]],
                            uint sg [[simdgroup_index_in_threadgroup]],
@@ -42,6 +47,23 @@ template <typename L>
     threadgroup float* scores = tg;                  // [TB][stride]: logits, then scores
     threadgroup float* choice_all = tg + TB * stride; // [TB][E]: selection scores
     threadgroup float* aux_all = choice_all + TB * E;  // [TB][E]: group scores and flags
+
+    // Phase 0: the input norm. The whole threadgroup reaches the barrier (the condition
+    // is uniform), after which every simdgroup reads every token's normalised row.
+    if (p.has_input_norm != 0) {
+        for (uint t = sg; t < nt; t += MOE_ROUTER_SIMDGROUPS) {
+            device const float* v = x + (ulong)(t0 + t) * H;
+            device float* normed = x_normed + (ulong)(t0 + t) * H;
+            float sum = 0.0f;
+            for (uint h = lane; h < H; h += MOE_SIMD_WIDTH) sum += v[h] * v[h];
+            const float inverse = 1.0f / sqrt(simd_sum(sum) / float(H) + p.input_norm_eps);
+            for (uint h = lane; h < H; h += MOE_SIMD_WIDTH) {
+                normed[h] = v[h] * inverse * (p.input_norm_offset + norm_weight[h]);
+            }
+        }
+        threadgroup_barrier(mem_flags::mem_device);
+        x = x_normed;
+    }
 
     // Phase 1: logits.
     const uint rows = E + (p.has_shared_gate != 0 ? 1u : 0u);

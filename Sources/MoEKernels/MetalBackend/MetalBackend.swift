@@ -105,8 +105,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
                               shared: try shared.map { try Experts(context, gate: $0.gate, up: $0.up, down: $0.down) })
     }
 
-    func makePass(input: UnsafePointer<Float>, tokens: Int) throws -> any MoEPass {
-        try MetalPass(backend: self, input: input, tokens: tokens)
+    func makePass(input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws -> any MoEPass {
+        try MetalPass(backend: self, input: input, tokens: tokens, inputNorm: inputNorm)
     }
 
     /// A scratch set for `tokens` tokens from the pool (allocating only when none fits).
@@ -122,9 +122,10 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
 extension MetalBackend {
     /// `x_{i+1} = x_i + layer_i(x_i)` for every layer in one command buffer and one encoder,
     /// with one wait at the end. x lives in one device buffer, updated in place by each
-    /// layer's combine (its residual is x itself).
+    /// layer's combine (its residual is x itself). With `inputNorms`, each layer's router
+    /// normalises x into that layer's scratch first and its experts read that.
     static func runLayers(_ layers: [MetalBackend], _ input: UnsafePointer<Float>, tokens: Int,
-                          into output: UnsafeMutablePointer<Float>) throws {
+                          inputNorms: [RMSNorm]?, into output: UnsafeMutablePointer<Float>) throws {
         let context = layers[0].context
         var scratches: [MetalScratch] = []
         defer { for (layer, scratch) in zip(layers, scratches) { layer.pool.checkIn(scratch) } }
@@ -136,8 +137,12 @@ extension MetalBackend {
               let encoder = commandBuffer.makeComputeCommandEncoder() else {
             throw MoEError.internalError("the \(MetalContext.kind.name) backend could not create a command buffer")
         }
-        for (layer, scratch) in zip(layers, scratches) {
-            let stages = MetalLayerEncoder(backend: layer, encoder: encoder, scratch: scratch, tokens: tokens, x: x)
+        for (i, (layer, scratch)) in zip(layers, scratches).enumerated() {
+            var stages = MetalLayerEncoder(backend: layer, encoder: encoder, scratch: scratch, tokens: tokens, x: x)
+            if let norm = inputNorms?[i] {
+                MetalScratch.upload(norm, hidden: layer.configuration.hiddenSize, to: scratch.inputNormWeight)
+                stages.inputNorm = norm
+            }
             stages.route()
             stages.groupPairsByExpert()
             stages.gateUp()

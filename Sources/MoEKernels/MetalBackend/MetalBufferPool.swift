@@ -28,6 +28,12 @@ final class MetalScratch {
     /// Shared expert: (capacity, Is) activations and (capacity, H) gated outputs.
     let sharedAct: (any MTLBuffer)?
     let sharedOut: (any MTLBuffer)?
+    /// The norms of a decoder block: their weights (H), copied in per call, the normalised
+    /// input (capacity, H) that the stages read, and the next layer's normed rows (capacity, H).
+    let inputNormWeight: any MTLBuffer
+    let xNormed: any MTLBuffer
+    let nextNormWeight: any MTLBuffer
+    let normed: any MTLBuffer
 
     init(context: MetalContext, configuration c: MoEConfiguration, capacity: Int) throws {
         self.capacity = capacity
@@ -55,6 +61,15 @@ final class MetalScratch {
             sharedAct = nil
             sharedOut = nil
         }
+        inputNormWeight = try make(h, "the input norm's weight")
+        xNormed = try make(capacity * h, "normalised activations")
+        nextNormWeight = try make(h, "the next norm's weight")
+        normed = try make(capacity * h, "normed outputs")
+    }
+
+    /// Copies a norm's weight (H floats) into `buffer`.
+    static func upload(_ norm: RMSNorm, hidden: Int, to buffer: any MTLBuffer) {
+        buffer.contents().assumingMemoryBound(to: Float.self).update(from: norm.weight, count: hidden)
     }
 }
 

@@ -13,6 +13,8 @@ import CMoESwift
 ///   a shared expert adds its gate/up and down through the same kernels = +2;
 ///   the experts-only call (routing given, uploaded with the input) has no router and no
 ///   shared expert: 3 in decode, 4 in prefill.
+/// The norms of a decoder block cost no dispatch: the input norm runs in the router, the
+/// next layer's norm in the combine.
 struct MetalLayerEncoder {
     let backend: MetalBackend
     let encoder: any MTLComputeCommandEncoder
@@ -22,6 +24,12 @@ struct MetalLayerEncoder {
     let x: any MTLBuffer
     /// False for the experts-only call (routing given): no shared expert.
     var withShared = true
+    /// The input norm (its weight already in `scratch.inputNormWeight`): the router writes
+    /// the normalised rows to `scratch.xNormed`, which the expert stages then read.
+    var inputNorm: RMSNorm?
+
+    /// What the expert stages read.
+    var input: any MTLBuffer { inputNorm == nil ? x : scratch.xNormed }
 
     var context: MetalContext { backend.context }
     var configuration: MoEConfiguration { backend.configuration }
@@ -52,6 +60,11 @@ struct MetalLayerEncoder {
         p.tokens_per_group = UInt32(perGroup)
         p.logit_stride = UInt32(e + 1)
         p.weight = backend.router.desc
+        if let inputNorm {
+            p.has_input_norm = 1
+            p.input_norm_eps = inputNorm.eps
+            p.input_norm_offset = inputNorm.offset
+        }
         encoder.setComputePipelineState(backend.pipelines.router)
         setParams(&p)
         set(MOE_ROUTER_BUF_X, x)
@@ -63,6 +76,8 @@ struct MetalLayerEncoder {
         set(MOE_ROUTER_BUF_IDS, scratch.ids)
         set(MOE_ROUTER_BUF_WEIGHTS, scratch.weights)
         set(MOE_ROUTER_BUF_SHARED_FACTOR, scratch.sharedFactor)
+        set(MOE_ROUTER_BUF_NORM_WEIGHT, inputNorm == nil ? nil : scratch.inputNormWeight)
+        set(MOE_ROUTER_BUF_X_NORMED, inputNorm == nil ? nil : scratch.xNormed)
         dispatch(groups: ((tokens + perGroup - 1) / perGroup, 1), threads: MOE_ROUTER_THREADS,
                  threadgroupMemory: roundUp16(perGroup * (e + 1 + 2 * e) * 4))
     }
@@ -95,7 +110,7 @@ struct MetalLayerEncoder {
         let routed = backend.pipelines.routed
         encoder.setComputePipelineState(decode ? routed.gateUpGemv : routed.gateUpGemm)
         setParams(&p)
-        set(MOE_FFN_BUF_INPUT, x)
+        set(MOE_FFN_BUF_INPUT, input)
         set(backend.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
         set(backend.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
         set(MOE_FFN_BUF_BIAS, backend.gateUpBias)
@@ -160,7 +175,9 @@ struct MetalLayerEncoder {
     }
 
     /// `output = sum of slots + shared + residual`; `output` may be `residual` or `x`.
-    func combine(residual: (any MTLBuffer)?, output: any MTLBuffer) {
+    /// With `nextNorm` (its weight already in `scratch.nextNormWeight`), also
+    /// `scratch.normed = nextNorm(output)`, one threadgroup per token.
+    func combine(residual: (any MTLBuffer)?, output: any MTLBuffer, nextNorm: RMSNorm? = nil) {
         let c = configuration
         var p = moe_combine_params()
         p.tokens = UInt32(tokens)
@@ -168,14 +185,22 @@ struct MetalLayerEncoder {
         p.top_k = UInt32(c.topK)
         p.has_shared = withShared && scratch.sharedOut != nil ? 1 : 0
         p.has_residual = residual == nil ? 0 : 1
+        if let nextNorm {
+            p.has_next_norm = 1
+            p.next_norm_eps = nextNorm.eps
+            p.next_norm_offset = nextNorm.offset
+        }
         encoder.setComputePipelineState(context.combine)
         setParams(&p)
         set(MOE_COMBINE_BUF_PAIR_OUT, scratch.pairOut)
         set(MOE_COMBINE_BUF_SHARED_OUT, scratch.sharedOut)
         set(MOE_COMBINE_BUF_RESIDUAL, residual)
         set(MOE_COMBINE_BUF_OUTPUT, output)
+        set(MOE_COMBINE_BUF_NORM_WEIGHT, nextNorm == nil ? nil : scratch.nextNormWeight)
+        set(MOE_COMBINE_BUF_NORMED, nextNorm == nil ? nil : scratch.normed)
         let threads = Int(MOE_COMBINE_THREADS)
-        dispatch(groups: ((c.hiddenSize + threads - 1) / threads, tokens), threads: MOE_COMBINE_THREADS)
+        let columnGroups = nextNorm == nil ? (c.hiddenSize + threads - 1) / threads : 1
+        dispatch(groups: (columnGroups, tokens), threads: MOE_COMBINE_THREADS)
     }
 
     // MARK: Helpers

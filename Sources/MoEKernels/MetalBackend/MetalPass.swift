@@ -17,10 +17,12 @@ final class MetalPass: MoEPass {
     private let encoder: any MTLComputeCommandEncoder
     private var layer: MetalLayerEncoder
     private let tokens: Int
+    private let input: UnsafePointer<Float>
     private var output: UnsafeMutablePointer<Float>?
+    private var normedOutput: UnsafeMutablePointer<Float>?
     private var ended = false
 
-    init(backend: MetalBackend, input: UnsafePointer<Float>, tokens: Int) throws {
+    init(backend: MetalBackend, input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws {
         let scratch = try backend.checkOutScratch(tokens: tokens)
         guard let commandBuffer = backend.context.queue.makeCommandBuffer(),
               let encoder = commandBuffer.makeComputeCommandEncoder() else {
@@ -32,9 +34,14 @@ final class MetalPass: MoEPass {
         self.commandBuffer = commandBuffer
         self.encoder = encoder
         self.tokens = tokens
+        self.input = input
         let h = backend.configuration.hiddenSize
         scratch.x.contents().copyMemory(from: input, byteCount: tokens * h * MemoryLayout<Float>.stride)
         layer = MetalLayerEncoder(backend: backend, encoder: encoder, scratch: scratch, tokens: tokens, x: scratch.x)
+        if let inputNorm {
+            MetalScratch.upload(inputNorm, hidden: h, to: scratch.inputNormWeight)
+            layer.inputNorm = inputNorm
+        }
     }
 
     deinit {
@@ -56,14 +63,20 @@ final class MetalPass: MoEPass {
     func gateUp() { layer.gateUp() }
     func down() { layer.down() }
 
-    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>) {
-        if let residual {
-            let bytes = tokens * backend.configuration.hiddenSize * MemoryLayout<Float>.stride
-            scratch.residual.contents().copyMemory(from: residual, byteCount: bytes)
+    func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>, next: NextNorm?) {
+        let h = backend.configuration.hiddenSize
+        // The input as residual (a decoder block) is on the device already.
+        var residualBuffer: (any MTLBuffer)? = residual == input ? scratch.x : nil
+        if let residual, residual != input {
+            scratch.residual.contents().copyMemory(from: residual, byteCount: tokens * h * MemoryLayout<Float>.stride)
+            residualBuffer = scratch.residual
         }
-        // The output overwrites the input buffer: nothing reads x after the expert stages.
-        layer.combine(residual: residual == nil ? nil : scratch.residual, output: scratch.x)
+        if let next { MetalScratch.upload(next.norm, hidden: h, to: scratch.nextNormWeight) }
+        // The output overwrites the input buffer: nothing reads x after the expert stages
+        // (the combine reads each element as residual before it writes it).
+        layer.combine(residual: residualBuffer, output: scratch.x, nextNorm: next?.norm)
         self.output = output
+        normedOutput = next?.output
     }
 
     func finish() throws {
@@ -72,6 +85,10 @@ final class MetalPass: MoEPass {
         if let output {
             let count = tokens * backend.configuration.hiddenSize
             output.update(from: scratch.x.contents().assumingMemoryBound(to: Float.self), count: count)
+        }
+        if let normedOutput {
+            let count = tokens * backend.configuration.hiddenSize
+            normedOutput.update(from: scratch.normed.contents().assumingMemoryBound(to: Float.self), count: count)
         }
     }
 
