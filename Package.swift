@@ -59,7 +59,10 @@ let package = Package(
                 .embedInCode("Metal/moe_bucket.metal"),
                 .embedInCode("Metal/moe_experts.metal"),
                 .embedInCode("Metal/moe_combine.metal"),
-            ]
+            ],
+            // MTLCreateSystemDefaultDevice() in a process without an app (Python, swift test)
+            // finds the GPU only with CoreGraphics linked.
+            linkerSettings: [.linkedFramework("CoreGraphics", .when(platforms: [.macOS]))]
         ),
         .testTarget(
             name: "MoEKernelsTests",

@@ -6,7 +6,8 @@ import COpenBLAS
 #endif
 import CMoECPU
 
-enum BLAS {
+/// Not named `BLAS`: Accelerate (macOS 15 SDK) has a type of that name.
+enum MatrixProduct {
     /// The CPU backend parallelises over its own fixed work items with Dispatch, so BLAS
     /// must run each call on the calling thread: nested BLAS threads would oversubscribe
     /// the cores, and a thread-count-dependent split could change results.

@@ -15,7 +15,7 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
     let tiles = ScratchPool()
 
     init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
-        _ = BLAS.configured
+        _ = MatrixProduct.configured
         configuration = c
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
         router = try WeightMatrix(copying: w.router, rows: e, cols: h, what: "router_weight")

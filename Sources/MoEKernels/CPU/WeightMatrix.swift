@@ -66,7 +66,7 @@ final class WeightMatrix: @unchecked Sendable {
                   c: UnsafeMutablePointer<Float>, ldc: Int, tile: UnsafeMutablePointer<Float>?) {
         if m == 0 || n == 0 { return }
         if format == .float32 {
-            BLAS.gemmNT(m: m, n: n, k: cols, a: a, lda: lda, b: floatRows(row0), ldb: cols, c: c, ldc: ldc)
+            MatrixProduct.gemmNT(m: m, n: n, k: cols, a: a, lda: lda, b: floatRows(row0), ldb: cols, c: c, ldc: ldc)
             return
         }
         if m <= Self.registerRowLimit || tile == nil {
@@ -80,7 +80,7 @@ final class WeightMatrix: @unchecked Sendable {
             for j0 in stride(from: 0, to: n, by: tileRows) {
                 let count = Swift.min(tileRows, n - j0)
                 moe_cpu_dequantize_rows(w, Int64(row0 + j0), Int64(count), tile!)
-                BLAS.gemmNT(m: m, n: count, k: cols, a: a, lda: lda, b: tile!, ldb: cols, c: c + j0, ldc: ldc)
+                MatrixProduct.gemmNT(m: m, n: count, k: cols, a: a, lda: lda, b: tile!, ldb: cols, c: c + j0, ldc: ldc)
             }
         }
     }

@@ -54,13 +54,15 @@ public final class MoELayer: @unchecked Sendable {
     /// One forward through the backend's stages (statistics not reset).
     func runForward(_ input: UnsafePointer<Float>, tokens: Int, options: MoEForwardOptions,
                     into output: UnsafeMutablePointer<Float>) throws {
-        let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: options.inputNorm)
-        pass.route()
-        pass.groupPairsByExpert()
-        pass.gateUp()
-        pass.down()
-        pass.combine(residual: options.residualPointer(input: input), output: output, next: options.next)
-        try pass.finish()
+        try withAutoreleasePool {
+            let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: options.inputNorm)
+            pass.route()
+            pass.groupPairsByExpert()
+            pass.gateUp()
+            pass.down()
+            pass.combine(residual: options.residualPointer(input: input), output: output, next: options.next)
+            try pass.finish()
+        }
     }
 
     /// The routed experts with the routing given (no router, no shared expert):
@@ -77,13 +79,15 @@ public final class MoELayer: @unchecked Sendable {
                 "ids[\(n / k), \(n % k)] = \(ids[n]) is not an expert id (0..<\(e))")
         }
         if tokens == 0 { return }
-        let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
-        try pass.setRouting(ids: ids, weights: weights)
-        pass.groupPairsByExpert()
-        pass.gateUp()
-        pass.down()
-        pass.combine(residual: nil, output: output, next: nil)
-        try pass.finish()
+        try withAutoreleasePool {
+            let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
+            try pass.setRouting(ids: ids, weights: weights)
+            pass.groupPairsByExpert()
+            pass.gateUp()
+            pass.down()
+            pass.combine(residual: nil, output: output, next: nil)
+            try pass.finish()
+        }
     }
 
     /// The router alone: `ids` and `weights` receive (tokens, topK) values each.
@@ -92,10 +96,12 @@ public final class MoELayer: @unchecked Sendable {
         CallStats.begin(backend.kind, tokens: tokens)
         try checkTokens(tokens)
         if tokens == 0 { return }
-        let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
-        pass.route()
-        try pass.finish()
-        pass.readRouting(ids: ids, weights: weights)
+        try withAutoreleasePool {
+            let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
+            pass.route()
+            try pass.finish()
+            pass.readRouting(ids: ids, weights: weights)
+        }
     }
 
     // MARK: Array API

@@ -35,7 +35,9 @@ extension MoELayer {
         if tokens == 0 { return }
         #if canImport(Metal) || canImport(SoftMetal)
         if let backends = layers.map({ $0.backend as? MetalBackend }) as? [MetalBackend] {
-            try MetalBackend.runLayers(backends, input, tokens: tokens, inputNorms: inputNorms, into: output)
+            try withAutoreleasePool {
+                try MetalBackend.runLayers(backends, input, tokens: tokens, inputNorms: inputNorms, into: output)
+            }
             return
         }
         #endif

@@ -50,8 +50,22 @@ final class MetalContext: @unchecked Sendable {
 
     private init() throws {
         let name = Self.kind.name
-        guard let device = MTLCreateSystemDefaultDevice() else {
+        // A library loaded into a command-line process (Python, `swift test`) may get no
+        // default device where an app would; any device of the machine serves.
+        #if os(macOS) || !canImport(Metal)
+        let found = MTLCreateSystemDefaultDevice() ?? MTLCopyAllDevices().first
+        #else
+        let found = MTLCreateSystemDefaultDevice()
+        #endif
+        guard let device = found else {
             throw MoEError.unavailable("the \(name) backend found no Metal device")
+        }
+        // simdgroup matrices (the prefill GEMMs) and the simd reductions need Apple GPU
+        // family 7 (M1, A14) or later: on an Intel or AMD Mac say so here, not through a
+        // pipeline error.
+        guard device.supportsFamily(.apple7) else {
+            throw MoEError.unavailable("the \(name) backend needs an Apple silicon GPU (MTLGPUFamily.apple7: M1, A14 "
+                                       + "or later); \(device.name) is not one. Use backend=\"cpu\"")
         }
         guard let queue = device.makeCommandQueue(), let placeholder = device.makeBuffer(length: 16, options: .storageModeShared) else {
             throw MoEError.unavailable("the \(name) backend could not create a command queue")

@@ -140,6 +140,8 @@ public protocol MTLDevice: AnyObject, Sendable {
     var maxThreadsPerThreadgroup: MTLSize { get }
     /// documentation/metal/mtldevice/maxthreadgroupmemorylength
     var maxThreadgroupMemoryLength: Int { get }
+    /// documentation/metal/mtldevice/supportsfamily(_:): `func supportsFamily(_ gpuFamily: MTLGPUFamily) -> Bool`
+    func supportsFamily(_ gpuFamily: MTLGPUFamily) -> Bool
     /// documentation/metal/mtldevice/makecommandqueue(): `func makeCommandQueue() -> (any MTLCommandQueue)?`
     func makeCommandQueue() -> (any MTLCommandQueue)?
     /// documentation/metal/mtldevice/makebuffer(length:options:):
@@ -283,6 +285,18 @@ extension MTLDevice {
         makeBuffer(bytesNoCopy: pointer, length: length, options: options, deallocator: nil)
     }
 }
+
+/// documentation/metal/mtlgpufamily: `enum MTLGPUFamily` (raw values as in Metal's headers;
+/// the families this project's code asks about).
+public enum MTLGPUFamily: Int, Sendable {
+    case apple1 = 1001, apple2, apple3, apple4, apple5, apple6, apple7, apple8, apple9
+    case mac2 = 2002
+    case common1 = 3001, common2, common3
+    case metal3 = 5001
+}
+
+/// documentation/metal/mtlcopyalldevices(): `func MTLCopyAllDevices() -> [any MTLDevice]` (macOS)
+public func MTLCopyAllDevices() -> [any MTLDevice] { [SoftMetalDevice.shared] }
 
 /// documentation/metal/mtlcreatesystemdefaultdevice(): `func MTLCreateSystemDefaultDevice() -> (any MTLDevice)?`
 public func MTLCreateSystemDefaultDevice() -> (any MTLDevice)? { SoftMetalDevice.shared }

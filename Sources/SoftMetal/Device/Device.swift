@@ -10,6 +10,10 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     public let maxThreadsPerThreadgroup = MTLSize(width: 1024, height: 1024, depth: 1024)
     public let maxThreadgroupMemoryLength = 32768
 
+    /// SoftMetal stands in for an Apple silicon GPU of the M3/M4 generation (Apple 9, which
+    /// includes every earlier Apple family, Mac 2 and Metal 3).
+    public func supportsFamily(_ gpuFamily: MTLGPUFamily) -> Bool { true }
+
     public func makeCommandQueue() -> (any MTLCommandQueue)? { SoftMetalCommandQueue(device: self) }
 
     /// nil for a length of 0, as on Metal (code that works here must work there).
