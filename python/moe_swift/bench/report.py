@@ -220,10 +220,20 @@ def footnotes(rows) -> list[str]:
             if st in ("ok", "not selected"):
                 continue
             fmt = f" {r['format']}" if "format" in r else ""
-            seen.setdefault((n, st), []).append(f"{r['shape']}{fmt} T={r['T']}")
+            seen.setdefault((n, st), []).append((f"{r['shape']}{fmt}", r["T"]))
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["shape"] + (f" {r['format']}" if "format" in r else ""), set()).add(r["T"])
     out = []
     for (n, st), where in seen.items():
-        scope = "everywhere" if len(where) == len(rows) else ", ".join(where)
+        if len(where) == len(rows):
+            scope = "everywhere"
+        else:  # "shape format" once where every T of it is concerned, else with the T values
+            by = {}
+            for g, T in where:
+                by.setdefault(g, []).append(T)
+            scope = ", ".join(g + ("" if set(Ts) == groups[g] else " T=" + "/".join(map(str, Ts)))
+                              for g, Ts in by.items())
         out.append(f"  {n}: {st} [{scope}]")
     scaled = [r for r in rows if r["E"] != r["E_model"]]
     for r in {r["shape"]: r for r in scaled}.values():

@@ -179,7 +179,8 @@ def build(w, fw, selected, args, log):
         try:
             t, impls[n] = timed(ggml.GGMLLayer, w, gtype, impls["ours"].route,
                                 getattr(args, "ggml_threads", None) or peers.cores())
-            log(f"{tag}: ggml {gtype} built in {t:.1f} s (ggml_quantize_chunk of the float32 weights)")
+            log(f"{tag}: ggml {gtype} built in {t:.1f} s ("
+                + ("a copy" if gtype == "F32" else "ggml_quantize_chunk of the float32 weights") + ")")
         except Exception as exc:  # noqa: BLE001
             state[n] = f"failed to build: {exc.__class__.__name__}: {exc}"
     if "reference" in selected and peers.status("reference") is not None:
