@@ -137,3 +137,146 @@ def test_cli_tiny_run(tmp_path, monkeypatch, capsys):
         assert png.stat().st_size > 1000
     else:
         assert "plot skipped" in text
+
+
+# --- weight formats (--formats), the ggml peer, the read probe -------------------------------
+
+FORMAT_NAMES = ["f32", "bf16", "q8", "q4", "mxfp4"]
+
+
+def tiny_formats(name="qwen3-30b-a3b", H=128, I=64, E=8):
+    """A layer whose rows are multiples of the formats' group sizes (64)."""
+    s = SHAPES[name]
+    return replace(s, hidden=H, inter=I, experts=E, default_experts=E, top_k=min(s.top_k, 4),
+                   shared=128 if s.shared else 0)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v2-lite", "gpt-oss-20b"])
+def test_every_format_runs_and_checks(name):
+    """ours in every format against the float64 reference (on the format's exact values)
+    and NumPy on the dequantized weights; rows carry the format and its bytes."""
+    failures = []
+    rows = bench_shape(tiny_formats(name), 8, [1, 5], ["ours", "numpy", "reference"], args(), lambda m: None,
+                       failures, formats=FORMAT_NAMES)
+    assert failures == []
+    assert [(r["format"], r["T"]) for r in rows] == [(f, T) for f in FORMAT_NAMES for T in (1, 5)]
+    per_expert = {r["format"]: r["expert_bytes"] for r in rows}
+    assert per_expert["f32"] == 2 * per_expert["bf16"] - (0 if name != "gpt-oss-20b" else (2 * 64 + 128) * 4)
+    assert per_expert["q4"] < per_expert["q8"] < per_expert["bf16"]
+    assert per_expert["mxfp4"] < per_expert["q4"]
+    for r in rows:
+        for n in ("ours", "numpy", "reference"):
+            d = r["impl"][n]
+            assert d["status"] == "ok" and d["ms"] > 0, (r["format"], n, d)
+        assert r["impl"]["reference"]["check"]["max_diff"] <= r["impl"]["reference"]["check"]["tol"]
+        err = r["impl"]["ours"]["rel_rms_vs_f32"]
+        assert err < {"f32": 1e-5, "bf16": 1e-2, "q8": 3e-2, "q4": 0.3, "mxfp4": 0.35}[r["format"]], (r["format"], err)
+    roof = dict(GBps=10.0, GFLOPs=100.0, GEMV_GBps=10.0, stream_GBps=9.0)
+    report.add_fractions(rows, roof)
+    text = report.formats_tables(rows, ["ours", "numpy", "reference"], roof)
+    for f in FORMAT_NAMES:
+        assert f" {f} " in text
+
+
+def test_missing_peers_are_named_in_formats(monkeypatch):
+    for n in ("mlx", "ggml", "ggml-k"):
+        monkeypatch.setitem(peers._STATUS, n, f"not installed ({n} test)")
+    rows = bench_shape(tiny_formats(), 8, [1], ["ours", "mlx", "ggml", "ggml-k"], args(), lambda m: None, [],
+                       formats=["q4"])
+    roof = dict(GBps=10.0, GFLOPs=100.0)
+    report.add_fractions(rows, roof)
+    text = report.formats_tables(rows, ["ours", "mlx", "ggml", "ggml-k"], roof)
+    for n in ("mlx", "ggml", "ggml-k"):
+        assert rows[0]["impl"][n]["status"] == f"not installed ({n} test)"
+        assert f"{n}: not installed ({n} test)" in text
+
+
+def test_above_roof_is_flagged():
+    rows = bench_shape(tiny_formats(), 8, [1], ["ours", "numpy"], args(), lambda m: None, [], formats=["q8"])
+    roof = dict(GBps=1e-6, GFLOPs=100.0)
+    report.add_fractions(rows, roof)
+    assert rows[0]["impl"]["numpy"]["above_roof"]
+    assert "WARNING: above the bandwidth roof" in report.formats_tables(rows, ["ours", "numpy"], roof)
+
+
+GGML_TYPES = ["F32", "BF16", "Q8_0", "Q4_0", "Q4_K", "MXFP4"]
+
+
+@pytest.mark.parametrize("gtype", GGML_TYPES)
+def test_ggml_matches_reference(gtype):
+    """ggml's mul_mat_id graph on its own quantization of the float32 weights, with our
+    routing, against the float32 layer (loosely: ggml quantizes weights and activations)."""
+    if peers.status("ggml") is not None:
+        pytest.skip(f"ggml: {peers.status('ggml')}")
+    from moe_swift.bench import ggml
+    from moe_swift.bench.runner import GGML_REL_RMS, rel_rms
+    w = Weights(tiny_formats(H=256, I=256), 8)
+    x = np.random.default_rng(5).standard_normal((7, w.H), dtype=np.float32)
+    ours = peers.Ours(w)
+    layer = ggml.GGMLLayer(w, gtype, ours.route, 2)
+    try:
+        ids, wts = ours.route(x)
+        y_ref = grouped.moe_grouped(x, w, ids, wts)
+        y = layer(x)
+        y1 = layer(x[:1])  # a second graph (other T) on the same weights
+    finally:
+        layer.close()
+        ours.close()
+    keep = np.ones(len(x), bool)
+    assert rel_rms(y, y_ref, keep) <= GGML_REL_RMS[gtype]
+    assert rel_rms(y1, y_ref[:1], keep[:1]) <= GGML_REL_RMS[gtype]
+    if gtype == "F32":
+        assert np.max(np.abs(y - y_ref)) <= tolerance(y_ref)
+    else:  # a wrong layout would be as far off as the output is large
+        assert rel_rms(y, y_ref, keep) > 1e-6
+
+
+def test_ggml_not_applicable():
+    if peers.status("ggml") is not None:
+        pytest.skip(f"ggml: {peers.status('ggml')}")
+    from moe_swift.bench import ggml
+    assert "n/a" in ggml.supports(Weights(tiny_formats("gpt-oss-20b"), 8), "Q4_0")
+    assert "multiples of 256" in ggml.supports(Weights(tiny_formats(), 8), "Q4_K")
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4", "mxfp4"])
+def test_mlx_quantized_agrees_with_ours(fmt):
+    if peers.status("mlx") is not None:
+        pytest.skip(f"mlx: {peers.status('mlx')}")
+    from moe_swift.bench.weightformats import FormatWeights
+    w = Weights(tiny_formats(), 8)
+    fw = FormatWeights(w, fmt)
+    x = np.random.default_rng(6).standard_normal((9, w.H), dtype=np.float32)
+    ours = peers.Ours(w, fw)
+    try:
+        y, y_ours = peers.MLXLayer(w, fw)(x), ours(x)
+    finally:
+        ours.close()
+    assert np.max(np.abs(y - y_ours)) <= tolerance(y_ours)
+
+
+def test_stream_read_probe():
+    r = roofline.stream_read(np.ones(1 << 22, np.float32), runs=2, settle=0.0)
+    assert r["best"] > 0 and "threads" in r["method"]
+    c = roofline.combine(dict(gemv_GBps_best=5.0, stream_GBps_best=7.0, gemm_GFLOPs_best=1.0),
+                         dict(gemv_GBps_best=6.0, stream_GBps_best=6.5, gemm_GFLOPs_best=2.0))
+    assert c == dict(GBps=7.0, GEMV_GBps=6.0, stream_GBps=7.0, GFLOPs=2.0)
+
+
+def test_cli_formats(tmp_path, monkeypatch, capsys):
+    import moe_swift.bench.__main__ as cli
+    monkeypatch.setitem(cli.SHAPES, "tiny-qwen", replace(tiny_formats(), name="tiny-qwen"))
+    monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
+        gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, stream_GBps_best=12.0,
+        stream_GBps_median=11.0, stream_method="test", gemm_n=64, gemm_GFLOPs_best=100.0,
+        gemm_GFLOPs_median=90.0, gemv_GBps_all=[10.0], gemm_GFLOPs_all=[100.0]))
+    out = tmp_path / "f.json"
+    rc = main(["--shapes", "tiny-qwen", "--tokens", "1", "--formats", "f32,q4", "--peers", "ours,numpy",
+               "--json", str(out), "--repeats", "1", "--budget", "0.02", "--settle", "0", "--rounds", "1",
+               "--quiet", "--no-plot"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "% roof" in text and "read probe" in text
+    data = json.loads(out.read_text())
+    assert [r["format"] for r in data["rows"]] == ["f32", "q4"]
+    assert data["settings"]["formats"] == ["f32", "q4"] and data["roofline"]["used"]["GBps"] == 12.0

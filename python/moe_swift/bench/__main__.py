@@ -5,6 +5,7 @@
     python -m moe_swift.bench --quick              # 2 shapes, 16 experts, T in {1, 64} (~1 min)
     python -m moe_swift.bench --shapes qwen3-30b-a3b --tokens 1,512 --peers ours,numpy,torch-grouped
     python -m moe_swift.bench --experts mixtral-8x7b=8 --json /tmp/b.json --plot /tmp/b.png
+    python -m moe_swift.bench --formats f32,bf16,q8,q4,mxfp4 --shapes qwen3-30b-a3b --tokens 1,8,512
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import peers, plot, report, roofline
+from . import peers, plot, report, roofline, weightformats
 from .runner import Progress, bench_shape, loadavg, peak_rss_gb
 from .shapes import DEFAULT_SHAPES, QUICK_EXPERTS, QUICK_SHAPES, SHAPES
+
+QUICK_FORMAT_SHAPES = ["qwen3-30b-a3b"]
 
 DEFAULT_TOKENS = [1, 8, 64, 512]
 QUICK_TOKENS = [1, 64]
@@ -43,6 +46,12 @@ def parse_args(argv):
     p.add_argument("--tokens", help="comma list of T (default 1,8,64,512; --quick: 1,64)")
     p.add_argument("--peers", help=f"comma list of implementations (default: all: {','.join(peers.PEERS)}); "
                                    "ours always runs (it is what the others are checked against)")
+    p.add_argument("--formats", help="comma list of expert weight formats, each benchmarked in turn: "
+                                     + ", ".join(f"{k} ({v.describe})" for k, v in weightformats.FORMATS.items())
+                                     + "; default: float32 only, the plain table (--quick with --formats: "
+                                     + ",".join(QUICK_FORMAT_SHAPES) + " only)")
+    p.add_argument("--ggml-threads", type=int, default=None,
+                   help="threads of the ggml peer (default: all cores, as llama.cpp's -t)")
     p.add_argument("--experts", action="append", default=[], metavar="SHAPE=N",
                    help="benchmark N experts of SHAPE (repeatable), or N for every shape")
     p.add_argument("--quick", action="store_true",
@@ -73,11 +82,22 @@ def parse_args(argv):
 
     q = args.quick
     args.repeats = args.repeats or (3 if q else 7)
-    args.budget = args.budget if args.budget is not None else (0.5 if q else 2.5)
+    # --quick --formats: five layers in turn, so shorter blocks (about a minute on an idle machine)
+    args.budget = args.budget if args.budget is not None else ((0.25 if args.formats else 0.5) if q else 2.5)
     args.rounds = args.rounds or (2 if q else 3)
     args.settle = args.settle if args.settle is not None else (0.1 if q else 0.3)
     args.ref_tokens = args.ref_tokens or (2 if q else 8)
-    shapes = (args.shapes or ",".join(QUICK_SHAPES if q else DEFAULT_SHAPES)).split(",")
+    formats = None
+    if args.formats:
+        formats = args.formats.split(",")
+        for f in formats:
+            if f not in weightformats.FORMATS:
+                p.error(f"unknown format {f!r}; known: {', '.join(weightformats.FORMATS)}")
+            if weightformats.status(f):
+                p.error(f"format {f}: {weightformats.status(f)}")
+    args.formats = formats
+    quick_shapes = QUICK_FORMAT_SHAPES if formats else QUICK_SHAPES
+    shapes = (args.shapes or ",".join(quick_shapes if q else DEFAULT_SHAPES)).split(",")
     for s in shapes:
         if s not in SHAPES:
             p.error(f"unknown shape {s!r}; known: {', '.join(SHAPES)}")
@@ -110,7 +130,8 @@ def parse_args(argv):
             p.error(f"{s}: needs at least top_k = {SHAPES[s].top_k} experts, got {E}")
         experts[s] = E
     args.shapes, args.tokens, args.selected, args.experts = shapes, sorted(set(tokens)), selected, experts
-    default_json = results_dir() / ("bench_quick.json" if q else "bench.json")
+    stem = "bench_formats" if formats else "bench"
+    default_json = results_dir() / (f"{stem}_quick.json" if q else f"{stem}.json")
     args.json = Path(args.json) if args.json else default_json
     args.plot = None if args.no_plot else (Path(args.plot) if args.plot else args.json.with_suffix(".png"))
     return args
@@ -143,9 +164,13 @@ def main(argv=None) -> int:
     out("  checks before timing: every implementation vs ours, |y - ours| <= 1e-4 max|ours| + 1e-5; ours vs "
         "the float64 reference on a few tokens (spec tolerance)")
 
-    log("measuring the roofline (GEMV bandwidth, SGEMM peak) ...")
+    if args.formats:
+        out("  formats: " + "; ".join(f"{f} = {weightformats.FORMATS[f].describe}" for f in args.formats)
+            + " (router, biases, shared expert float32)")
+    log("measuring the roofline (read probe, GEMV bandwidth, SGEMM peak) ...")
     roof_start = roofline.measure(quick=args.quick)
-    log(f"roofline: {roof_start['gemv_GBps_best']:.1f} GB/s, {roof_start['gemm_GFLOPs_best']:.0f} GFLOP/s")
+    log(f"roofline: read probe {roof_start.get('stream_GBps_best', 0):.1f} GB/s, GEMV {roof_start['gemv_GBps_best']:.1f} GB/s, "
+        f"{roof_start['gemm_GFLOPs_best']:.0f} GFLOP/s")
 
     rows, failures = [], []
     for s in args.shapes:
@@ -154,7 +179,7 @@ def main(argv=None) -> int:
         log(f"=== {s}: H={shape.hidden} I={shape.inter} E={E}"
             + (f" (of {shape.experts})" if E != shape.experts else "") + f" k={shape.top_k}"
             + (f" shared={shape.shared}" if shape.shared else "") + f", T in {args.tokens}")
-        rows += bench_shape(shape, E, args.tokens, args.selected, args, log, failures)
+        rows += bench_shape(shape, E, args.tokens, args.selected, args, log, failures, formats=args.formats)
         log(f"{s}: done, peak RSS so far {peak_rss_gb():.1f} GB")
 
     log("measuring the roofline again ...")
@@ -163,10 +188,17 @@ def main(argv=None) -> int:
     report.add_fractions(rows, roof)
 
     out("")
-    out(report.tables(rows, args.selected, roof))
-    out("")
-    out(report.LEGEND)
+    if args.formats:
+        out(report.formats_tables(rows, args.selected, roof))
+        out("")
+        out(report.FORMATS_LEGEND)
+    else:
+        out(report.tables(rows, args.selected, roof))
+        out("")
+        out(report.LEGEND)
     out(f"Roofline measured with NumPy on {peers.cores()} cores (best of the start and end of the run): "
+        f"read probe ({roof_start.get('stream_method', '?')}) {roof_start.get('stream_GBps_best', 0):.1f} / "
+        f"{roof_end.get('stream_GBps_best', 0):.1f} GB/s, "
         f"GEMV over a {roof_start['gemv_matrix_bytes'] / 2**30:.2f} GiB float32 matrix "
         f"{roof_start['gemv_GBps_best']:.1f} / {roof_end['gemv_GBps_best']:.1f} GB/s (start / end), "
         f"SGEMM {roof_start['gemm_n']}^3 {roof_start['gemm_GFLOPs_best']:.0f} / {roof_end['gemm_GFLOPs_best']:.0f} GFLOP/s")
@@ -185,7 +217,12 @@ def main(argv=None) -> int:
         settings=dict(shapes=args.shapes, tokens=args.tokens, experts=args.experts, peers=args.selected,
                       repeats=args.repeats, budget_s=args.budget, max_call_s=args.max_call, rounds=args.rounds,
                       settle_s=args.settle, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
-                      seed=args.seed, decode_max_T=roofline.DECODE_MAX_T),
+                      seed=args.seed, decode_max_T=roofline.DECODE_MAX_T, formats=args.formats,
+                      ggml_threads=args.ggml_threads or peers.cores()),
+        formats=None if not args.formats else {f: dict(describe=weightformats.FORMATS[f].describe,
+                                                       bits_per_weight=weightformats.FORMATS[f].bits_per_weight,
+                                                       ggml=[t for t in weightformats.FORMATS[f].ggml if t])
+                                               for f in args.formats},
         roofline=dict(used=roof, start=roof_start, end=roof_end),
         loadavg_end=loadavg(), total_seconds=total, peak_rss_gb=peak_rss_gb(),
         failures=failures, rows=rows)

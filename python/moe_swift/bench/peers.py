@@ -8,9 +8,13 @@
                    (a Python loop over the chosen experts)
     torch-grouped  the same block and weights with experts_implementation "grouped_mm"
                    (tokens sorted by expert, torch.nn.functional.grouped_mm)
-    mlx            MLX on its CPU device: mlx-lm's SwitchGLU (three mx.gather_mm) when mlx-lm
-                   is installed, else the same written here; router and weighted sum as in
+    mlx            MLX on its CPU device: mlx-lm's SwitchGLU (three mx.gather_mm, or
+                   mx.gather_qmm on the same quantized weights as ours) when mlx-lm is
+                   installed, else the same written here; router and weighted sum as in
                    mlx-lm's model files
+    ggml, ggml-k   llama.cpp's CPU kernels: ggml's mul_mat_id MoE graph (bench/ggml.py) on
+                   ggml's own quantization of the float32 weights in the type matching the
+                   format's bits per weight (ggml-k: the K-quant alternative, Q4_K for q4)
 
 Every peer is optional: `status(name)` says why one cannot run ("not installed: ...").
 A peer object is called with x (T, H) float32 NumPy and returns y (T, H) float32 NumPy
@@ -27,7 +31,9 @@ import numpy as np
 
 from . import grouped
 
-PEERS = ["ours", "numpy", "reference", "torch-eager", "torch-grouped", "mlx"]
+PEERS = ["ours", "numpy", "reference", "torch-eager", "torch-grouped", "mlx", "ggml", "ggml-k"]
+# Peers that run the float32 layer only (skipped in the other formats).
+F32_ONLY = {"torch-eager", "torch-grouped"}
 
 TORCH_BLOCKS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeSparseMoeBlock"),
@@ -128,6 +134,12 @@ def _probe(name: str) -> str | None:
             desc += f"; BLAS: {blas}"
         _INFO[name] = desc
         return None
+    if name in ("ggml", "ggml-k"):
+        from . import ggml
+        why = ggml.status()
+        if why is None:
+            _INFO[name] = ggml.info()
+        return why
     return f"unknown peer {name!r}"
 
 
@@ -151,9 +163,11 @@ def _mlx_blas() -> str:
 class Ours:
     name = "ours"
 
-    def __init__(self, w):
+    def __init__(self, w, fw=None):
+        """`fw`: a weightformats.FormatWeights (the experts in that format), else float32."""
         import moe_swift
-        self.layer = moe_swift.MoELayer(**w.layer_kwargs(), backend="cpu")
+        kw = (fw or w).layer_kwargs()
+        self.layer = moe_swift.MoELayer(**kw, backend="cpu")
 
     def __call__(self, x):
         return self.layer(x)
@@ -299,6 +313,10 @@ def _torch_tensors(w, torch):
 # --- MLX ------------------------------------------------------------------------------
 
 
+class Unsupported(Exception):
+    """A peer that cannot run this format (its message is the table's reason)."""
+
+
 class MLXLayer:
     """The layer in MLX on the CPU device, as mlx-lm's model files write it: router
     (softmax, argpartition top-k, take), SwitchGLU (gather_mm for gate, up and down;
@@ -306,7 +324,10 @@ class MLXLayer:
 
     name = "mlx"
 
-    def __init__(self, w):
+    def __init__(self, w, fw=None):
+        """`fw`: a weightformats.FormatWeights: bf16 weights run with bfloat16 activations
+        (as mlx-lm runs a bf16 model), quantized ones through mx.gather_qmm (mlx-lm's
+        QuantizedSwitchLinear) on the same arrays as ours, with float32 activations."""
         import mlx.core as mx
         mx.set_default_device(mx.cpu)
         self.mx = mx
@@ -315,9 +336,31 @@ class MLXLayer:
         act = SwigluOAI() if shape.activation == "swiglu_oai" else SwiGLU()
         sw = SwitchGLU(w.H, w.I, w.E, activation=act, bias=w.gate_up_bias is not None)
         # The constructor's random weights are lazy: replaced before anything evaluates them.
-        sw.gate_proj.weight = _mx(mx, w.gate())
-        sw.up_proj.weight = _mx(mx, w.up())
-        sw.down_proj.weight = _mx(mx, w.down)
+        self.act_dtype = None
+        fmt = None if fw is None else fw.fmt
+        if fmt is None or fmt.dense == "float32":
+            sw.gate_proj.weight = _mx(mx, w.gate())
+            sw.up_proj.weight = _mx(mx, w.up())
+            sw.down_proj.weight = _mx(mx, w.down)
+        elif fmt.dense == "bfloat16":
+            for lin, a in ((sw.gate_proj, fw.gate), (sw.up_proj, fw.up), (sw.down_proj, fw.down)):
+                lin.weight = mx.array(np.asarray(a).view(np.uint16)).view(mx.bfloat16)
+            self.act_dtype = mx.bfloat16
+            try:  # MLX 0.32's CPU GatherMM is float32 only: say so instead of failing at the first call
+                mx.eval(sw(mx.zeros((1, w.H), dtype=mx.bfloat16), mx.zeros((1, w.k), dtype=mx.uint32)))
+            except Exception as exc:  # noqa: BLE001
+                raise Unsupported(f"unsupported by MLX {mx.__version__} on the CPU ({exc})") from None
+        else:
+            QLinear = _mlx_qlinear()
+            dims = {"gate_proj": (w.H, w.I, fw.gate), "up_proj": (w.H, w.I, fw.up), "down_proj": (w.I, w.H, fw.down)}
+            for pname, (din, dout, q) in dims.items():
+                lin = QLinear(din, dout, w.E, bias=w.gate_up_bias is not None, group_size=q.group_size,
+                              bits=q.bits, mode=q.mode)
+                lin.weight = mx.array(q.weight)
+                lin.scales = mx.array(q.scales)
+                if q.biases is not None:
+                    lin.biases = mx.array(q.biases)
+                setattr(sw, pname, lin)
         if w.gate_up_bias is not None:
             sw.gate_proj.bias = _mx(mx, w.gate_bias())
             sw.up_proj.bias = _mx(mx, w.up_bias())
@@ -348,8 +391,8 @@ class MLXLayer:
             scores = mx.take_along_axis(gates, inds, axis=-1)
             if self.norm:
                 scores = scores / mx.sum(scores, axis=-1, keepdims=True)
-        y = self.sw(x, inds)
-        y = (y * scores[..., None]).sum(axis=-2)
+        y = self.sw(x if self.act_dtype is None else x.astype(self.act_dtype), inds)
+        y = (y.astype(mx.float32) * scores[..., None]).sum(axis=-2)
         if self.shared is not None:
             s = self.shared
             g, u = x @ s["gate_proj"].T, x @ s["up_proj"].T
@@ -380,6 +423,37 @@ def _mlx_classes():
         return SwitchGLU, SwiGLU, SwigluOAI
     except Exception:  # noqa: BLE001
         return _own_mlx_classes()
+
+
+def _mlx_qlinear():
+    try:
+        from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+        return QuantizedSwitchLinear
+    except Exception:  # noqa: BLE001
+        return _own_mlx_qlinear()
+
+
+def _own_mlx_qlinear():
+    """mlx-lm's QuantizedSwitchLinear idea: mx.gather_qmm on MLX-layout quantized experts."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class QuantizedSwitchLinear(nn.Module):
+        def __init__(self, din, dout, E, bias=False, group_size=64, bits=4, mode="affine"):
+            super().__init__()
+            self.group_size, self.bits, self.mode = group_size, bits, mode
+            if bias:
+                self.bias = mx.zeros((E, dout))
+
+        def __call__(self, x, idx, sorted_indices=False):
+            x = mx.gather_qmm(x, self["weight"], self["scales"], self.get("biases"), rhs_indices=idx,
+                              transpose=True, group_size=self.group_size, bits=self.bits, mode=self.mode,
+                              sorted_indices=sorted_indices)
+            if "bias" in self:
+                x = x + mx.expand_dims(self["bias"][idx], -2)
+            return x
+
+    return QuantizedSwitchLinear
 
 
 def _own_mlx_classes():

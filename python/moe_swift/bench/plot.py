@@ -18,7 +18,14 @@ STYLE = {
     "torch-eager": dict(color="#ff7f0e", marker="v"),
     "torch-grouped": dict(color="#2ca02c", marker="^"),
     "mlx": dict(color="#9467bd", marker="D"),
+    "ggml": dict(color="#8c564b", marker="P"),
+    "ggml-k": dict(color="#e377c2", marker="*", ls="--"),
 }
+
+
+def _key(r):
+    """One panel per shape, and per weight format with --formats."""
+    return r["shape"] + (f" [{r['format']}]" if "format" in r else "")
 
 
 def plot(rows, peer_names, roof, path: Path, title: str) -> str | None:
@@ -29,7 +36,7 @@ def plot(rows, peer_names, roof, path: Path, title: str) -> str | None:
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
         return f"matplotlib not installed ({exc.__class__.__name__}); pip install -e '.[bench]'"
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    shapes = list(dict.fromkeys(_key(r) for r in rows))
     if not shapes:
         return "no rows"
     ncol = min(3, len(shapes))
@@ -37,7 +44,7 @@ def plot(rows, peer_names, roof, path: Path, title: str) -> str | None:
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 4.3 * nrow), squeeze=False)
     handles = {}
     for ax, s in zip(axes.flat, shapes):
-        rs = sorted((r for r in rows if r["shape"] == s), key=lambda r: r["T"])
+        rs = sorted((r for r in rows if _key(r) == s), key=lambda r: r["T"])
         Ts = [r["T"] for r in rs]
         roof_tps = [roofline.roofline_tokens_per_s(r["T"], r["bytes_read"], r["flops"], roof) for r in rs]
         (h,) = ax.plot(Ts, roof_tps, color="black", ls="--", lw=1.4, label="roofline (min of bandwidth, GEMM peak)")
@@ -48,6 +55,10 @@ def plot(rows, peer_names, roof, path: Path, title: str) -> str | None:
             if not pts:
                 continue
             label = n + (" (~scaled)" if n == "reference" else "")
+            if n.startswith("ggml"):
+                label = n + " (" + "/".join(dict.fromkeys(r["impl"][n].get("ggml_type", "?") for r in rs
+                                                          if "tokens_per_s" in r["impl"].get(n, {}))) + ")"
+                label = label if len(shapes) == 1 else n
             (h,) = ax.plot(*zip(*pts), label=label, ms=5, **{"lw": 1.5, **STYLE.get(n, {})})
             handles[label] = h
         r0 = rs[0]

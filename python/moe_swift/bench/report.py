@@ -8,7 +8,7 @@ from pathlib import Path
 from . import roofline
 
 SHORT = {"ours": "ours", "numpy": "numpy", "reference": "reference", "torch-eager": "torch-eager",
-         "torch-grouped": "torch-grouped", "mlx": "mlx"}
+         "torch-grouped": "torch-grouped", "mlx": "mlx", "ggml": "ggml", "ggml-k": "ggml-k"}
 
 LEGEND = """\
 Columns:
@@ -35,6 +35,9 @@ def _shape_label(r):
 def _status_word(status: str) -> str:
     if status.startswith("not installed"):
         return "not installed"
+    for word in ("n/a", "unsupported"):
+        if status.startswith(word):
+            return word
     for word in ("skipped", "WRONG", "failed", "not selected"):
         if status.startswith(word):
             return word
@@ -48,10 +51,13 @@ def add_fractions(rows, roof):
         r["roofline_ms"] = r["T"] / roofline.roofline_tokens_per_s(r["T"], r["bytes_read"], r["flops"], roof) * 1e3
         for d in r["impl"].values():
             if "ms" in d:
+                b = d.get("bytes_read", r["bytes_read"])  # ggml: the bytes of its own type
                 d["tokens_per_s"] = r["T"] / (d["ms"] * 1e-3)
-                d["roofline_fraction"] = roofline.fraction(r["T"], d["ms"], r["bytes_read"], r["flops"], roof)
-                d["GBps"] = r["bytes_read"] / (d["ms"] * 1e-3) / 1e9
+                d["roofline_fraction"] = roofline.fraction(r["T"], d["ms"], b, r["flops"], roof)
+                d["GBps"] = b / (d["ms"] * 1e-3) / 1e9
                 d["GFLOPs"] = r["flops"] / (d["ms"] * 1e-3) / 1e9
+                d["bw_fraction"] = d["GBps"] / roof["GBps"]
+                d["above_roof"] = d["bw_fraction"] > 1.0
 
 
 def _cell(r, name):
@@ -95,7 +101,7 @@ def tables(rows, peer_names, roof) -> str:
     out = [_fmt_table(head, lines)]
 
     out.append("")
-    out.append(f"Roofline: {roof['GBps']:.1f} GB/s (GEMV read bandwidth), {roof['GFLOPs']:.0f} GFLOP/s (SGEMM); "
+    out.append(f"Roofline: {roof['GBps']:.1f} GB/s (read bandwidth: best of the read probe and GEMV), {roof['GFLOPs']:.0f} GFLOP/s (SGEMM); "
                "fraction of it reached by each implementation (T <= 8: bandwidth, T > 8: GEMM peak)")
     head = ["shape", "T", "bound", "work/call", "roof ms"] + [SHORT[n] for n in peer_names]
     lines = []
@@ -117,6 +123,94 @@ def tables(rows, peer_names, roof) -> str:
     return "\n".join(out)
 
 
+FORMATS_LEGEND = """\
+Columns (--formats):
+  format        the experts' weight format (router, biases and shared expert stay float32):
+                f32, bf16, q8 = MLX affine 8-bit group 64 float16 scales+biases (8.5 bits/weight),
+                q4 = MLX affine 4-bit group 64 float16 scales+biases (4.5), mxfp4 (4.25)
+  ours ms       median wall time of one call of ours with the experts in that format
+  GB/s          effective read bandwidth of ours: bytes of the experts actually read per call (distinct
+                experts chosen x (codes + scales + biases) of gate, up and down) + the float32 router,
+                divided by the time
+  % roof        GB/s / the bandwidth roof (best of the STREAM-like read probe and NumPy's GEMV, all cores);
+                at T > 8 the layer is compute-bound and this only says how far from the bandwidth limit it is
+  numpy, mlx    peer ms / ours ms (>1: ours is faster). numpy: grouped NumPy float32 on the dequantized
+                weights; mlx: MLX CPU, mx.gather_qmm on the same quantized arrays (gather_mm for f32)
+  ggml, ggml-k  peer ms / ours ms, ggml's mul_mat_id graph on ggml's own quantization of the float32
+                weights with matching bits per weight: f32 F32, bf16 BF16, q8 Q8_0, q4 Q4_0 (ggml) and
+                Q4_K (ggml-k), mxfp4 MXFP4
+  err           relative RMS error of the output against the float32 layer (same routing): ours in the
+                format / ggml in its type (ggml also quantizes the activations to 8 bits)
+  !             a peer whose effective bandwidth (its own bytes) is above the roof (the roof is not a ceiling)
+"""
+
+
+def _ratio(r, name):
+    d = r["impl"].get(name)
+    if d is None:
+        return "-"
+    if "ms" not in d:
+        return _status_word(d["status"])
+    ours = r["impl"]["ours"].get("ms")
+    flag = "!" if d.get("above_roof") else ""
+    return f"{d['ms'] / ours:.2f}x{flag}" if ours else f"{d['ms']:.2f} ms{flag}"
+
+
+def formats_tables(rows, peer_names, roof) -> str:
+    """The per-format table (rows with a "format"), the effective bandwidth of every
+    implementation, and the footnotes."""
+    names = [n for n in peer_names if n not in ("ours", "reference")]
+    head = ["shape", "format", "T", "ours ms", "GB/s", "% roof"]
+    for n in names:
+        head.append(SHORT[n])
+    head.append("err ours/ggml")
+    lines = []
+    for r in rows:
+        o = r["impl"]["ours"]
+        ms = o.get("ms")
+        g = r["impl"].get("ggml", {})
+        gtype = g.get("ggml_type")
+        err_o = o.get("rel_rms_vs_f32")
+        err_g = g.get("check", {}).get("rel_rms")
+        err = ("-" if err_o is None else f"{err_o:.1e}") + " / " + ("-" if err_g is None else f"{err_g:.1e}")
+        cells = []
+        for n in names:
+            c = _ratio(r, n)
+            if n.startswith("ggml") and "ms" in r["impl"].get(n, {}):
+                c = f"{c} {r['impl'][n]['ggml_type']}"
+            cells.append(c)
+        lines.append([_shape_label(r), r.get("format", "f32"), r["T"],
+                      "-" if ms is None else (f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"),
+                      f"{o['GBps']:.1f}" if "GBps" in o else "-",
+                      f"{o['bw_fraction'] * 100:.0f}%" if "bw_fraction" in o else "-"] + cells + [err])
+    out = [_fmt_table(head, lines)]
+    out.append("")
+    out.append(f"Effective read bandwidth (GB/s, each implementation's own bytes) against the roof "
+               f"{roof['GBps']:.1f} GB/s (read probe {roof.get('stream_GBps', float('nan')):.1f}, "
+               f"NumPy GEMV {roof.get('GEMV_GBps', float('nan')):.1f}); ! = above the roof")
+    names = [n for n in peer_names if n != "reference"]
+    head = ["shape", "format", "T", "MB/call"] + [SHORT[n] for n in names]
+    lines = []
+    for r in rows:
+        cells = []
+        for n in names:
+            d = r["impl"].get(n, {})
+            cells.append(f"{d['GBps']:.1f}{'!' if d.get('above_roof') else ''}" if "GBps" in d else "-")
+        lines.append([_shape_label(r), r.get("format", "f32"), r["T"], f"{r['bytes_read'] / 1e6:.1f}"] + cells)
+    out.append(_fmt_table(head, lines))
+    flagged = [f"{r['shape']} {r.get('format', 'f32')} T={r['T']} {n}" for r in rows
+               for n, d in r["impl"].items() if d.get("above_roof")]
+    if flagged:
+        out.append("")
+        out.append("WARNING: above the bandwidth roof (the roof is not a ceiling there, or the bytes are "
+                   "over-counted): " + ", ".join(flagged))
+    notes = footnotes(rows)
+    if notes:
+        out.append("")
+        out.extend(notes)
+    return "\n".join(out)
+
+
 def footnotes(rows) -> list[str]:
     """Every implementation that did not run somewhere, with the reason, once per reason."""
     seen = {}
@@ -125,10 +219,21 @@ def footnotes(rows) -> list[str]:
             st = d.get("status", "ok")
             if st in ("ok", "not selected"):
                 continue
-            seen.setdefault((n, st), []).append(f"{r['shape']} T={r['T']}")
+            fmt = f" {r['format']}" if "format" in r else ""
+            seen.setdefault((n, st), []).append((f"{r['shape']}{fmt}", r["T"]))
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["shape"] + (f" {r['format']}" if "format" in r else ""), set()).add(r["T"])
     out = []
     for (n, st), where in seen.items():
-        scope = "everywhere" if len(where) == len(rows) else ", ".join(where)
+        if len(where) == len(rows):
+            scope = "everywhere"
+        else:  # "shape format" once where every T of it is concerned, else with the T values
+            by = {}
+            for g, T in where:
+                by.setdefault(g, []).append(T)
+            scope = ", ".join(g + ("" if set(Ts) == groups[g] else " T=" + "/".join(map(str, Ts)))
+                              for g, Ts in by.items())
         out.append(f"  {n}: {st} [{scope}]")
     scaled = [r for r in rows if r["E"] != r["E_model"]]
     for r in {r["shape"]: r for r in scaled}.values():
