@@ -67,3 +67,16 @@ def test_bfloat16_parameters_stay_bfloat16():
         ours = model(ids).logits
     assert ours.dtype == torch.bfloat16
     np.testing.assert_allclose(ours.float().numpy(), eager.numpy(), rtol=0.05, atol=0.05)
+
+
+def test_one_line_of_glue(tmp_path):
+    """The README's recipe: importing the module is all it takes before from_pretrained."""
+    import moe_swift.integrations.transformers  # noqa: F401  (registers "moe_swift")
+
+    tiny_model("mixtral").save_pretrained(tmp_path)
+    ids = torch.randint(0, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    eager = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="eager").eval()
+    ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="moe_swift").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(ids).logits.numpy(), eager(ids).logits.numpy(), rtol=1e-4, atol=1e-4)
+    assert any(m.__dict__.get("_moe_swift_layer") is not None for m in ours.modules())

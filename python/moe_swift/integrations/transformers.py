@@ -1,7 +1,6 @@
 """moe_swift as a transformers experts backend.
 
-    import moe_swift.integrations.transformers as moe_tf
-    moe_tf.register()
+    import moe_swift.integrations.transformers   # registers "moe_swift" (backend "auto")
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moe_swift")
 
 transformers 5 routes every experts module decorated with `use_experts_implementation`
@@ -103,3 +102,8 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
         E, H = down.shape[0], down.shape[1]
         router = torch.zeros((E, H), dtype=torch.float32)
         return MoELayer(router, down_proj=down, top_k=top_k, backend=backend, **kwargs)
+
+
+# Importing this module is the one line of glue: "moe_swift" is then a valid
+# experts_implementation. register() again to pick a backend or another name.
+register()
