@@ -1,9 +1,10 @@
-"""libMoESwift under valgrind: a small C program (tests/c/forward_under_valgrind.c) creates
+"""Memory checkers. libMoESwift under valgrind: a small C program (tests/c/forward_under_valgrind.c) creates
 float32 and 4-bit layers through the C header, runs forward, route and the experts-only
 call, provokes errors and destroys them: no invalid access, no definite leak. Skipped
 where valgrind is not installed (scripts/install.sh installs it with the test extras).
 The library is copied without its debug info, which valgrind 3.19 cannot read (DWARF 5).
-SoftMetal is not run under valgrind: its fibers switch stacks by hand."""
+SoftMetal is not run under valgrind: its fibers switch stacks by hand. And the CPU
+format kernels under AddressSanitizer (built from source with cc)."""
 
 import pathlib
 import shutil
@@ -14,11 +15,9 @@ import pytest
 
 from moe_swift import _native
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("valgrind") is None
-                                or shutil.which("strip") is None or shutil.which("cc") is None,
-                                reason="needs valgrind, strip and cc (Linux)")
-
-
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("valgrind") is None
+                    or shutil.which("strip") is None or shutil.which("cc") is None,
+                    reason="needs valgrind, strip and cc (Linux)")
 def test_forward_under_valgrind(tmp_path):
     library = _native.library_path()
     lib = tmp_path / "lib"
@@ -37,3 +36,21 @@ def test_forward_under_valgrind(tmp_path):
     assert result.returncode == 0, report[-4000:]
     assert "0 failures" in report and "ERROR SUMMARY: 0 errors" in report, report[-4000:]
     assert "definitely lost: 0 bytes" in report or "no leaks are possible" in report, report[-4000:]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
+def test_format_kernels_under_address_sanitizer(tmp_path):
+    """tests/c/format_kernels_check.c: every format and bit width on exact-size buffers with
+    ASan and UBSan, each product against a double-precision dot, rows independent of the
+    other rows of a call."""
+    root = pathlib.Path(__file__).parents[2]
+    program = tmp_path / "check"
+    build = subprocess.run(["cc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                            f"-I{root / 'Sources' / 'CMoECPU' / 'include'}", str(root / "tests" / "c" / "format_kernels_check.c"),
+                            str(root / "Sources" / "CMoECPU" / "formats.c"), "-lm", "-o", str(program)],
+                           capture_output=True, text=True)
+    if build.returncode != 0 and "asan" in build.stderr.lower():
+        pytest.skip("no AddressSanitizer runtime: " + build.stderr[-200:])
+    assert build.returncode == 0, build.stderr[-2000:]
+    result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "0 of" in result.stdout, (result.stdout + result.stderr)[-3000:]
