@@ -2,6 +2,9 @@
 tiny random models of each family give the same logits and the same greedy tokens with
 experts_implementation="moe_swift" as with "eager"."""
 
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,21 +13,11 @@ transformers = pytest.importorskip("transformers")
 
 from moe_swift.integrations import transformers as moe_tf  # noqa: E402
 
-COMMON = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=64)
-CONFIGS = {
-    "qwen3_moe": dict(intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
-                      norm_topk_prob=True, head_dim=16),
-    "qwen2_moe": dict(intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
-                      shared_expert_intermediate_size=48),
-    "mixtral": dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
-    "olmoe": dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
-    "gpt_oss": dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, head_dim=16,
-                    layer_types=["sliding_attention", "full_attention"], sliding_window=8),
-    "deepseek_v3": dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
-                        n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
-                        kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
-}
+# The tiny configurations of the committed reference checkpoints, one place for both.
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "fixtures"))
+from make_reference_checkpoints import COMMON, TRANSFORMERS as CONFIGS  # noqa: E402
+
+VOCAB = COMMON["vocab_size"]
 
 
 def tiny_model(family):
@@ -42,7 +35,7 @@ def tiny_model(family):
 def test_experts_backend_matches_eager(family):
     name = moe_tf.register(backend="cpu")
     model = tiny_model(family)
-    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         model.set_experts_implementation("eager")
         eager = model(ids).logits
@@ -59,7 +52,7 @@ def test_experts_backend_matches_eager(family):
 def test_bfloat16_parameters_stay_bfloat16():
     name = moe_tf.register(backend="cpu")
     model = tiny_model("qwen3_moe").to(torch.bfloat16)
-    ids = torch.randint(0, 97, (1, 7), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         model.set_experts_implementation("eager")
         eager = model(ids).logits.float()
@@ -74,7 +67,7 @@ def test_one_line_of_glue(tmp_path):
     import moe_swift.integrations.transformers  # noqa: F401  (registers "moe_swift")
 
     tiny_model("mixtral").save_pretrained(tmp_path)
-    ids = torch.randint(0, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
     eager = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="eager").eval()
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="moe_swift").eval()
     with torch.no_grad():
