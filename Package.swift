@@ -47,19 +47,12 @@ let package = Package(
                 .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
             ],
             path: "Sources/MoEKernels",
-            exclude: ["Metal/README.md"],
-            // The Metal backend's MSL, compiled at run time with makeLibrary(source:) (never
-            // Bundle.module, which fails when the library is loaded from Python). The header
-            // is also imported into Swift through CMoESwift's module map.
-            resources: [
-                .embedInCode("Metal/moe_kernel_params.h"),
-                .embedInCode("Metal/moe_common.h"),
-                .embedInCode("Metal/moe_formats.h"),
-                .embedInCode("Metal/moe_router.metal"),
-                .embedInCode("Metal/moe_bucket.metal"),
-                .embedInCode("Metal/moe_experts.metal"),
-                .embedInCode("Metal/moe_combine.metal"),
-            ],
+            // The MSL files are compiled into the binary as Swift string literals
+            // (MetalBackend/MetalSources.generated.swift, from scripts/embed_msl.py), not as
+            // resources: Xcode does not implement embedInCode, and must not compile them
+            // into a metallib either. The kernel parameter header is also imported into
+            // Swift through CMoESwift's module map.
+            exclude: ["Metal"],
             // MTLCreateSystemDefaultDevice() in a process without an app (Python, swift test)
             // finds the GPU only with CoreGraphics linked.
             linkerSettings: [.linkedFramework("CoreGraphics", .when(platforms: [.macOS]))]

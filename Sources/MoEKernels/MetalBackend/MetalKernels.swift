@@ -1,28 +1,18 @@
 import CMoESwift
 
-/// The MSL source of the Metal backend, embedded in the binary (SwiftPM `embedInCode`)
-/// and assembled here: each `#include "x.h"` of our own headers is replaced by the file
+/// The MSL source of the Metal backend, compiled into the binary as string literals
+/// (MetalSources.generated.swift, written by scripts/embed_msl.py) and assembled here: each `#include "x.h"` of our own headers is replaced by the file
 /// (recursively: headers include headers; their include guards drop repeats), because
 /// Apple's `makeLibrary(source:options:)` cannot resolve includes.
 /// tests/python/metal_kernels.py assembles the same source for the kernel tests.
 enum MetalKernels {
-    static let headers: [String: [UInt8]] = [
-        "moe_kernel_params.h": PackageResources.moe_kernel_params_h,
-        "moe_common.h": PackageResources.moe_common_h,
-        "moe_formats.h": PackageResources.moe_formats_h,
-    ]
+    static let headers: [String: String] = MetalSources.files.filter { $0.key.hasSuffix(".h") }
 
     /// In this order (helpers of later files may come from earlier ones).
-    static let files: [(name: String, bytes: [UInt8])] = [
-        ("moe_router.metal", PackageResources.moe_router_metal),
-        ("moe_bucket.metal", PackageResources.moe_bucket_metal),
-        ("moe_experts.metal", PackageResources.moe_experts_metal),
-        ("moe_combine.metal", PackageResources.moe_combine_metal),
-    ]
+    static let files: [String] = MetalSources.names.filter { $0.hasSuffix(".metal") }
 
     /// The whole library source.
-    static let source: String = files.map { expand(String(decoding: $0.bytes, as: UTF8.self)) }
-        .joined(separator: "\n")
+    static let source: String = files.map { expand(MetalSources.files[$0]!) }.joined(separator: "\n")
 
     private static func expand(_ text: String) -> String {
         var out: [Substring] = []
@@ -31,7 +21,7 @@ enum MetalKernels {
             if trimmed.hasPrefix("#include \""), let end = trimmed.dropFirst(10).firstIndex(of: "\"") {
                 let name = String(trimmed[trimmed.index(trimmed.startIndex, offsetBy: 10)..<end])
                 if let header = headers[name] {
-                    out.append(Substring(expand(String(decoding: header, as: UTF8.self))))
+                    out.append(Substring(expand(header)))
                     continue
                 }
             }
