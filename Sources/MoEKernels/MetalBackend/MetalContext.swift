@@ -72,7 +72,16 @@ final class MetalContext: @unchecked Sendable {
         }
         let options = MTLCompileOptions()
         // IEEE float math: the router's NaN rules and the spec tolerance assume it.
-        options.fastMathEnabled = false
+        // Set explicitly, never left to a default that changes with the OS: mathMode on
+        // macOS 15 (where fastMathEnabled is deprecated), MSL 3.1 for bfloat.
+        if #available(macOS 15.0, iOS 18.0, *) {
+            options.mathMode = .safe
+        } else {
+            options.fastMathEnabled = false
+        }
+        if #available(macOS 14.0, iOS 17.0, *) {
+            options.languageVersion = .version3_1
+        }
         let library: any MTLLibrary
         do {
             library = try device.makeLibrary(source: MetalKernels.source, options: options)

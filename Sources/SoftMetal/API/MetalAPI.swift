@@ -52,12 +52,21 @@ public enum MTLLanguageVersion: UInt {
     case version3_0 = 196608, version3_1 = 196609, version3_2 = 196610
 }
 
+/// documentation/metal/mtlmathmode: `enum MTLMathMode: Int` (macOS 15, the successor of
+/// fastMathEnabled).
+public enum MTLMathMode: Int {
+    case safe = 0, relaxed = 1, fast = 2
+}
+
 /// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset). Include
 /// directories, which Apple's API has no option for, are on `SoftMetalCompileOptions`.
 open class MTLCompileOptions {
     /// documentation/metal/mtlcompileoptions/fastmathenabled. SoftMetal always compiles
     /// without fast-math (IEEE float results; see the README).
     open var fastMathEnabled: Bool = true
+    /// documentation/metal/mtlcompileoptions/mathmode: `var mathMode: MTLMathMode`. SoftMetal
+    /// computes IEEE results in every mode.
+    open var mathMode: MTLMathMode = .fast
     /// documentation/metal/mtlcompileoptions/languageversion: `var languageVersion: MTLLanguageVersion`.
     /// Sets `__METAL_VERSION__` (310 for 3.1). SoftMetal's default is 3.1 (bfloat exists).
     open var languageVersion: MTLLanguageVersion = .version3_1

@@ -53,7 +53,7 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
             return commands
         }
         guard let work else { return }
-        let run = { [self] in
+        let run: @Sendable () -> Void = { [self] in
             lock.withLock { _status = .scheduled }
             var failure: (any Error)?
             for command in work {
