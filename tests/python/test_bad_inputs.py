@@ -119,6 +119,9 @@ def test_bad_call_arguments(args):
             layer(np.float32(1.0))
         with pytest.raises(ValueError, match=r"residual must have x's shape \(3, 16\), got \(3, 1\)"):
             layer(f32(3, H), residual=f32(3, 1))
+        # Same size, other shape: a transposed residual is a mistake, not a reshape.
+        with pytest.raises(ValueError, match=r"residual must have x's shape \(3, 16\), got \(16, 3\)"):
+            layer(f32(3, H), residual=f32(H, 3))
         with pytest.raises(TypeError, match="x must be an array of real numbers"):
             layer(np.array(["a"] * H))
         with pytest.raises(TypeError, match="residual must be an array of real numbers"):

@@ -296,3 +296,21 @@ def test_bad_layer_arguments_with_formats():
         moe_swift.MoELayer(**{**args, "router_bias": quantize(np.ones((4, 64), np.float32))})
     with pytest.raises(ValueError, match="down_proj must have shape"):
         moe_swift.MoELayer(**{**args, "down_proj": args["down_proj"].astype(np.float16)[:, :, :32]})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mxfp4_scale_255_is_nan(backend):
+    """E8M0 255 is NaN (docs/formats.md): an expert whose down_proj has one such group
+    gives NaN in those outputs, and only there; 254 is a finite 2^127."""
+    rng = np.random.default_rng(19)
+    args = make_layer_args("mixtral", H=64, I=64, E=2, k=1, seed=19)
+    down = quantize(args["down_proj"], mode="mxfp4")
+    scales = down.scales.copy()
+    scales[:, 5, 0] = 255          # output row 5 of every expert, its first group
+    args["down_proj"] = Quantized(down.weight, scales, mode="mxfp4")
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend=backend) as layer:
+        y = layer(x)
+    assert np.isnan(y[:, 5]).all()
+    assert np.isfinite(np.delete(y, 5, axis=1)).all()
+    np.testing.assert_array_equal(np.isnan(reference.moe_forward(x, **args)), np.isnan(y))

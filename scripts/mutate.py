@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Mutation testing: plausible one-line bugs planted one at a time in a scratch copy of the
+repository, rebuilt, and run against both test suites. A mutant is killed when a suite
+fails; a surviving mutant is a promise no test holds. Not run in CI (minutes per mutant);
+run it before resolving an issue that touches the core.
+
+    python3 scripts/mutate.py --check            # every mutant's code is where the catalogue says
+    python3 scripts/mutate.py                    # run them all (about 3 minutes each)
+    python3 scripts/mutate.py --only combine-shared-first,router-nan-wins
+    python3 scripts/mutate.py --report           # the table and the score of the last runs
+
+Results go to scripts/mutation_results.json (one entry per mutant, the latest run).
+The scratch copy is $MOE_MUTATE_DIR (default /tmp/moe-mutate), a clone of this
+checkout's HEAD, kept between runs so that builds are incremental.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "scripts" / "mutation_results.json"
+SCRATCH = pathlib.Path(os.environ.get("MOE_MUTATE_DIR", "/tmp/moe-mutate"))
+
+# (id, area, file, code, mutated code): `code` must occur exactly once in `file`.
+CATALOGUE = [
+    # routing
+    ("router-nan-wins", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     "b.isNaN ? !a.isNaN : a > b", "a.isNaN ? true : (b.isNaN ? true : a > b)"),
+    ("router-ties-higher-index", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     "b.isNaN ? !a.isNaN : a > b", "b.isNaN ? !a.isNaN : a >= b"),
+    ("router-no-renormalisation", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     "if normTopKProb { weights[j] /= sum + 1e-20 }", "if normTopKProb && false { weights[j] /= sum + 1e-20 }"),
+    ("router-scale-ignored", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     "weights[j] *= routedScalingFactor", "weights[j] *= 1"),
+    ("router-per-expert-scale-ignored", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     "if let perExpert = perExpertScale { weights[j] *= perExpert[Int(ids[j])] }", ""),
+    ("router-group-score-one-member", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     ": choice[first] + choice[best(choice, in: range, excluding: first)]", ": choice[first]"),
+    ("metal-router-nan", "metal kernels", "Sources/MoEKernels/Metal/moe_router.metal",
+     "if (v > m) m = v;", "if (!(v <= m)) m = v;"),
+    # activations
+    ("silu-without-gate", "activations", "Sources/MoEKernels/CPU/Activation.swift",
+     "return g / (1 + expf(-g)) * u", "return g * u"),
+    ("gelu-constant", "activations", "Sources/MoEKernels/CPU/Activation.swift",
+     "0.7978845608 * (g + 0.044715 * g * g * g)", "0.7978845608 * (g + 0.0447 * g * g * g)"),
+    ("swiglu-oai-no-plus-one", "activations", "Sources/MoEKernels/CPU/Activation.swift",
+     "return gc / (1 + expf(-alpha * gc)) * (uc + 1)", "return gc / (1 + expf(-alpha * gc)) * uc"),
+    ("metal-gelu-constant", "metal kernels", "Sources/MoEKernels/Metal/moe_common.h",
+     "0.7978845608f * (g + 0.044715f * g * g * g)", "0.7978845608f * (g + 0.04f * g * g * g)"),
+    ("metal-swiglu-oai-no-plus-one", "metal kernels", "Sources/MoEKernels/Metal/moe_common.h",
+     "return gc / (1.0f + exp(-alpha * gc)) * (uc + 1.0f);", "return gc / (1.0f + exp(-alpha * gc)) * uc;"),
+    # combine
+    ("combine-shared-dropped", "combine", "Sources/MoEKernels/CPU/CPUPass.swift",
+     "                        if let sharedOut {\n", "                        if let sharedOut, false {\n"),
+    ("combine-residual-dropped", "combine", "Sources/MoEKernels/CPU/CPUPass.swift",
+     "                        if let residual {\n                            let r = residual + t * h + h0",
+     "                        if let residual, false {\n                            let r = residual + t * h + h0"),
+    ("combine-last-slot-dropped", "combine", "Sources/MoEKernels/CPU/CPUPass.swift",
+     "for j in 1..<k {", "for j in 1..<Swift.max(1, k - 1) {"),
+    ("metal-combine-residual-dropped", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
+     "if (p.has_residual != 0) acc += residual[i];", ""),
+    ("metal-combine-shared-dropped", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
+     "if (p.has_shared != 0) acc += shared_out[i];", ""),
+    # formats
+    ("format-bf16-shift", "formats", "Sources/CMoECPU/formats.c",
+     "return from_bits((uint32_t)b << 16);", "return from_bits((uint32_t)b << 15);"),
+    ("format-e8m0-nan", "formats", "Sources/CMoECPU/formats.c",
+     "if (s == 255) return NAN;", "if (s == 254) return NAN;"),
+    ("format-bit-stream-shift", "formats", "Sources/CMoECPU/formats.c",
+     "return (v >> (bit & 7)) & ((1u << bits) - 1u);", "return (v >> (bit & 3)) & ((1u << bits) - 1u);"),
+    ("format-split-nibble-order", "formats", "Sources/CMoECPU/formats.c",
+     "const uint8_t byte = row[(i >> 5) * 16 + (i & 15)];", "const uint8_t byte = row[(i >> 5) * 16 + (15 - (i & 15))];"),
+    ("format-q4-table-bias", "formats", "Sources/CMoECPU/formats.c",
+     "table = _mm512_fmadd_ps(iota, scale, _mm512_set1_ps(p->b[g]));",
+     "table = _mm512_mul_ps(iota, scale);"),
+    # C ABI
+    ("abi-forward-y-null-unchecked", "C ABI", "Sources/MoEKernels/CABI/Exports.swift",
+     '        guard let y else { throw MoEError.invalidArgument("y is NULL") }\n        try layer.forward(',
+     '        let y = y ?? UnsafeMutablePointer<Float>(bitPattern: 64)!\n        try layer.forward('),
+    ("abi-struct-size-unchecked", "C ABI", "Sources/MoEKernels/CABI/LayerDescriptor.swift",
+     "guard size >= minimumSize else {", "guard size >= 0 else {"),
+    ("experts-ids-unchecked", "Swift API", "Sources/MoEKernels/Layer/MoELayer.swift",
+     "where ids[n] < 0 || ids[n] >= e {", "where ids[n] < 0 {"),
+    # Python facade
+    ("py-residual-by-size", "Python facade", "python/moe_swift/layer.py",
+     "if residual.shape != x.shape:", "if residual.size != x.size:"),
+    ("py-shared-zero-rows", "Python facade", "python/moe_swift/layer.py",
+     "            if shared_size == 0:\n", "            if shared_size < 0:\n"),
+    ("py-n-group-divisibility", "Python facade", "python/moe_swift/layer.py",
+     "        if E % n_group:\n", "        if False:\n"),
+    ("py-norm-topk-prob-ignored", "Python facade", "python/moe_swift/layer.py",
+     'desc.norm_topk_prob = 1 if _flag("norm_topk_prob", norm_topk_prob) else 0',
+     'desc.norm_topk_prob = 1 if (_flag("norm_topk_prob", norm_topk_prob) or True) else 0'),
+    ("py-bf16-as-integers", "Python facade", "python/moe_swift/formats.py",
+     'return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)',
+     'return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 15).view(np.float32)'),
+]
+
+
+def check_catalogue():
+    problems = []
+    ids = [m[0] for m in CATALOGUE]
+    if len(set(ids)) != len(ids):
+        problems.append("duplicate mutant ids")
+    for mid, _, path, old, new in CATALOGUE:
+        text = (ROOT / path).read_text()
+        n = text.count(old)
+        if n != 1:
+            problems.append(f"{mid}: the code occurs {n} times in {path} (must be once)")
+        if old == new:
+            problems.append(f"{mid}: the mutation changes nothing")
+    return problems
+
+
+def run(cmd, cwd, env=None, timeout=1800):
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, time.time() - t0, (p.stdout + p.stderr)[-3000:]
+
+
+def prepare_scratch():
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    if not (SCRATCH / ".git").exists():
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(SCRATCH)], check=True)
+    subprocess.run(["git", "fetch", "--quiet", str(ROOT), head], cwd=SCRATCH, check=True)
+    subprocess.run(["git", "checkout", "--quiet", "--force", head], cwd=SCRATCH, check=True)
+    native = SCRATCH / "python" / "moe_swift" / "_native"
+    native.mkdir(parents=True, exist_ok=True)
+    installed = ROOT / "python" / "moe_swift" / "_native"
+    for so in installed.glob("*.so*"):  # the Swift runtime beside the library
+        if not (native / so.name).exists():
+            shutil.copy2(so, native / so.name)
+    return head
+
+
+def build_and_test(suites):
+    """(status, details): 'killed' if a suite fails, 'survived' if all pass,
+    'stillborn' if the mutant does not build."""
+    build = ["swift", "build", "-c", "release", "--product", "MoESwift", "--scratch-path", ".build/python"]
+    if sys.platform.startswith("linux"):
+        build += ["-Xswiftc", "-no-toolchain-stdlib-rpath"]
+    code, secs, out = run(build, SCRATCH)
+    if code != 0:
+        return "stillborn", f"build failed ({secs:.0f} s): {out[-500:]}"
+    native = SCRATCH / "python" / "moe_swift" / "_native"
+    shutil.copy2(SCRATCH / ".build" / "python" / "release" / ("libMoESwift.dylib" if sys.platform == "darwin" else "libMoESwift.so"), native)
+    shutil.copy2(SCRATCH / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native)
+    killed_by = []
+    if "swift" in suites:
+        code, secs, out = run(["swift", "test"], SCRATCH)
+        if code != 0:
+            killed_by.append(f"swift test ({secs:.0f} s)")
+    if "python" in suites:
+        env = dict(os.environ, PYTHONPATH=str(SCRATCH / "python"))
+        code, secs, out = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                               "tests/python"], SCRATCH, env=env)
+        if code != 0:
+            killed_by.append(f"pytest ({secs:.0f} s)")
+    return ("killed", ", ".join(killed_by)) if killed_by else ("survived", "every test passed")
+
+
+def load_results():
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def report():
+    results = load_results()
+    rows = [(m[0], m[1], results.get(m[0], {}).get("status", "not run"), results.get(m[0], {}).get("details", ""))
+            for m in CATALOGUE]
+    width = max(len(r[0]) for r in rows)
+    for mid, area, status, details in rows:
+        print(f"{mid:<{width}}  {area:<14}  {status:<9}  {details[:80]}")
+    ran = [r for r in rows if r[2] in ("killed", "survived")]
+    killed = sum(r[2] == "killed" for r in ran)
+    if ran:
+        print(f"\nscore: {killed}/{len(ran)} killed ({100 * killed / len(ran):.0f}%), "
+              f"{len(CATALOGUE) - len(ran)} of {len(CATALOGUE)} not run or stillborn")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="only check that every mutant's code is in place")
+    p.add_argument("--report", action="store_true", help="print the table of the last results")
+    p.add_argument("--only", help="comma-separated mutant ids")
+    p.add_argument("--suites", default="swift,python", help="swift,python (default both)")
+    args = p.parse_args(argv)
+    problems = check_catalogue()
+    if problems or args.check:
+        print("\n".join(problems) or f"{len(CATALOGUE)} mutants, each in place")
+        return 1 if problems else 0
+    if args.report:
+        report()
+        return 0
+    chosen = [m for m in CATALOGUE if not args.only or m[0] in args.only.split(",")]
+    head = prepare_scratch()
+    results = load_results()
+    for mid, area, path, old, new in chosen:
+        target = SCRATCH / path
+        original = target.read_text()
+        target.write_text(original.replace(old, new, 1))
+        t0 = time.time()
+        try:
+            status, details = build_and_test(args.suites.split(","))
+        finally:
+            target.write_text(original)
+        results[mid] = {"status": status, "details": details, "commit": head, "seconds": round(time.time() - t0)}
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        print(f"{mid}: {status} ({details})", flush=True)
+    report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
