@@ -110,6 +110,26 @@ final class FormatTests: XCTestCase {
         }
     }
 
+    /// E8M0 scales at the ends of their range: 0 is 2^-127 (a float32 subnormal), 254 is
+    /// 2^127, 255 is NaN; e2m1 code 1 is 0.5, code 9 is -0.5.
+    func testMXFP4ScaleExtremes() {
+        let scales: [UInt8] = [0, 127, 254, 255]
+        var words = [UInt32](repeating: 0, count: 16)   // 4 groups of 32 codes
+        for g in 0..<4 { for n in 0..<4 { words[g * 4 + n] = 0x9191_9191 } }   // codes 1, 9, 1, 9, ...
+        let values = words.withUnsafeBytes { w in
+            scales.withUnsafeBytes { s in
+                WeightData.quantized(QuantizedWeightData(.mxfp4, weight: w, scales: s)).floats()
+            }
+        }
+        XCTAssertEqual(values.count, 128)
+        let expected: [Float] = [0x1p-128, 0.5, 0x1p126]   // 0.5 * 2^(s - 127)
+        for g in 0..<3 {
+            XCTAssertEqual(values[g * 32], expected[g], "group \(g)")
+            XCTAssertEqual(values[g * 32 + 1], -expected[g], "group \(g)")
+        }
+        XCTAssertTrue(values[96..<128].allSatisfy(\.isNaN), "scale 255 is NaN")
+    }
+
     func testBFloat16AndMXFP4ThroughTheABI() throws {
         var d = LayerData.random(config, seed: 50)
         let (bf, bfValues) = bfloat16(d.gate)
