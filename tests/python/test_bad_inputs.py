@@ -79,6 +79,8 @@ CASES = {
     "shared unknown key": expect(ValueError, r"unknown keys \['bias'\]",
                                  shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H),
                                                     down_proj=f32(H, 5), bias=f32(H))),
+    "shared with zero rows": expect(ValueError, r"shared_expert\['gate_proj'\] must have at least one row",
+                                    shared_expert=dict(gate_proj=f32(0, H), up_proj=f32(0, H), down_proj=f32(H, 0))),
     "shared down shape": expect(ValueError, r"shared_expert\['down_proj'\] must have shape \(16, 5\)",
                                 shared_expert=dict(gate_proj=f32(5, H), up_proj=f32(5, H), down_proj=f32(5, H))),
     "shared gate shape": expect(ValueError, r"shared_expert\['sigmoid_gate'\] must have shape \(16\)",
