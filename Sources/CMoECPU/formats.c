@@ -527,8 +527,6 @@ INLINE T256 void store_chunk_avx2(const int kind, const moe_cpu_matrix* w, const
 
 DEFINE_DRIVERS(avx2, T256)
 
-typedef void (*matmul_fn)(int64_t, int64_t, const float*, int64_t, const moe_cpu_matrix*, int64_t, float*, int64_t);
-typedef void (*dequantize_fn)(const moe_cpu_matrix*, int64_t, int64_t, float*);
 
 static int isa_level(void) {
     // Benign race: every thread computes the same value.

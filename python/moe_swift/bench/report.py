@@ -60,12 +60,19 @@ def add_fractions(rows, roof):
                 d["above_roof"] = d["bw_fraction"] > 1.0
 
 
-def _cell(r, name):
-    d = r["impl"].get(name)
+def _untimed(d):
+    """The cell of a peer with no time ("-" when absent, else its status word), or None."""
     if d is None:
         return "-"
     if "ms" not in d:
         return _status_word(d["status"])
+    return None
+
+
+def _cell(r, name):
+    d = r["impl"].get(name)
+    if (untimed := _untimed(d)) is not None:
+        return untimed
     ours = r["impl"]["ours"].get("ms")
     pre = "~" if d.get("scale", 1.0) > 1.0 else ""
     post = "*" if d.get("note", "").startswith("1 run") else ""
@@ -147,10 +154,8 @@ Columns (--formats):
 
 def _ratio(r, name):
     d = r["impl"].get(name)
-    if d is None:
-        return "-"
-    if "ms" not in d:
-        return _status_word(d["status"])
+    if (untimed := _untimed(d)) is not None:
+        return untimed
     ours = r["impl"]["ours"].get("ms")
     flag = "!" if d.get("above_roof") else ""
     return f"{d['ms'] / ours:.2f}x{flag}" if ours else f"{d['ms']:.2f} ms{flag}"
