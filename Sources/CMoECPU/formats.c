@@ -7,6 +7,7 @@
 // left in an inner loop. Formats without a vector unpacker (affine 2, 3, 5, 6 bits) go
 // through the portable unpacker, still one chunk at a time.
 #include "moe_cpu_formats.h"
+#include "moe_cpu_kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -528,39 +529,21 @@ INLINE T256 void store_chunk_avx2(const int kind, const moe_cpu_matrix* w, const
 DEFINE_DRIVERS(avx2, T256)
 
 
-static int isa_level(void) {
-    // Benign race: every thread computes the same value.
-    static int level = -1;
-    int l = __atomic_load_n(&level, __ATOMIC_RELAXED);
-    if (l < 0) {
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl"))
-            l = 2;
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-            l = 1;
-        else
-            l = 0;
-        __atomic_store_n(&level, l, __ATOMIC_RELAXED);
-    }
-    return l;
-}
-
 void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                               int64_t row0, float* c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
-    switch (isa_level()) {
-    case 2: matmul_avx512(m, n, a, lda, w, row0, c, ldc); break;
-    case 1: matmul_avx2(m, n, a, lda, w, row0, c, ldc); break;
+    switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512: matmul_avx512(m, n, a, lda, w, row0, c, ldc); break;
+    case MOE_CPU_ISA_AVX2: matmul_avx2(m, n, a, lda, w, row0, c, ldc); break;
     default: matmul_portable(m, n, a, lda, w, row0, c, ldc); break;
     }
 }
 
 void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
     if (rows <= 0) return;
-    switch (isa_level()) {
-    case 2: dequantize_avx512(w, row0, rows, out); break;
-    case 1: dequantize_avx2(w, row0, rows, out); break;
+    switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512: dequantize_avx512(w, row0, rows, out); break;
+    case MOE_CPU_ISA_AVX2: dequantize_avx2(w, row0, rows, out); break;
     default: dequantize_rows_portable(w, row0, rows, out); break;
     }
 }

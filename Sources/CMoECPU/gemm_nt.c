@@ -109,10 +109,11 @@ static void gemm_nt_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_
 typedef void (*gemm_fn)(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t);
 
 static gemm_fn select_kernel(void) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return gemm_nt_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return gemm_nt_avx2;
-    return 0;
+    switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512: return gemm_nt_avx512;
+    case MOE_CPU_ISA_AVX2: return gemm_nt_avx2;
+    default: return 0;
+    }
 }
 
 static gemm_fn kernel(void) {

@@ -17,7 +17,7 @@ Metal device (Linux).
 from . import formats, reference, softmetal
 from .formats import Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
-from .layer import MoELayer, available_backends, last_stats, run_layers
+from .layer import MoELayer, available_backends, cpu_instruction_set, last_stats, run_layers
 from .checkpoint import from_pretrained
 
 __version__ = "0.1.0"
@@ -28,6 +28,7 @@ __all__ = [
     "Quantized",
     "formats",
     "available_backends",
+    "cpu_instruction_set",
     "run_layers",
     "last_stats",
     "reference",

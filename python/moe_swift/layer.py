@@ -23,6 +23,13 @@ def available_backends() -> list[str]:
     return [name for name in ("metal", "cpu", "softmetal") if lib.moe_backend_available(BACKENDS[name])]
 
 
+def cpu_instruction_set() -> str:
+    """The instruction set of the cpu backend's kernels: "avx512", "avx2" or "portable" —
+    the best this CPU has, or lower if MOE_CPU_ISA names it (read once per process)."""
+    ffi, lib, _ = _native.load()
+    return ffi.string(lib.moe_cpu_instruction_set()).decode()
+
+
 _STATS_FIELDS = ("tokens", "layers", "dispatches", "command_buffers", "cpu_waits", "allocations", "allocated_bytes")
 
 

@@ -13,6 +13,13 @@
 
 #include <stdint.h>
 
+/* The instruction set level of the CPU kernels (isa.c): the best the CPU supports, capped
+ * by the environment variable MOE_CPU_ISA=portable|avx2|avx512, read once per process. */
+#define MOE_CPU_ISA_PORTABLE 0
+#define MOE_CPU_ISA_AVX2 1
+#define MOE_CPU_ISA_AVX512 2
+__attribute__((visibility("hidden"))) int moe_cpu_isa_level(void);
+
 /* 1 if moe_cpu_gemm_nt has a vector implementation on this CPU, else 0 (then callers
  * use BLAS). */
 /* Hidden: internal to libMoESwift, not part of its exported ABI. */

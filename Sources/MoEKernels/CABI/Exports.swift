@@ -64,6 +64,11 @@ public func moe_backend_available(_ backend: Int32) -> Int32 {
     return kind == .auto || MoELayer.availableBackends.contains(kind) ? 1 : 0
 }
 
+@_cdecl("moe_cpu_instruction_set")
+public func moe_cpu_instruction_set() -> UnsafePointer<CChar> {
+    UnsafeRawPointer(MoELayer.cpuInstructionSet.utf8Start).assumingMemoryBound(to: CChar.self)
+}
+
 @_cdecl("moe_layer_desc_init")
 public func moe_layer_desc_init(_ desc: UnsafeMutablePointer<moe_layer_desc>?) {
     desc?.pointee = LayerDescriptor.defaults
