@@ -222,7 +222,7 @@ static __thread thread_state* current_thread;
 static pthread_key_t thread_key;
 static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
 
-#define TG_STATIC_CAPACITY (64 * 1024)
+#define TG_STATIC_CAPACITY SM_THREADGROUP_ARENA_CAPACITY
 #define SCRATCH_SIZE (2u << 20)
 
 static void thread_state_free(void* p) {

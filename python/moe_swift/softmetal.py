@@ -3,7 +3,7 @@
     lib = moe_swift.softmetal.compile(msl_source, include_dirs=(), defines=None)
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
-               threadgroup_memory={0: nbytes}, check_races=False)
+               threadgroup_memory={0: nbytes}, check_races=False, check_memory=False)
 
 NumPy arrays are copied into guarded Metal buffers and their contents copied back after
 the dispatch (in place; arrays must be C-contiguous and writeable). Anything else that
@@ -13,12 +13,19 @@ input only. `buffers` may also be a dict {index: array}. `grid=(x, y, z)` instea
 `indirect=(array, byte_offset)` reads the threadgroup counts from an
 MTLDispatchThreadgroupsIndirectArguments buffer.
 
+`check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1) runs the kernel's instrumented build:
+every load and store is checked against the buffer or threadgroup variable it must fall
+in (however far out), races are found on shadow memory whatever the output, and reading
+threadgroup memory no thread wrote is an error; the message names both MSL lines.
+
 Errors raise a SoftMetalError subclass whose message says which: CompileError,
-OutOfBoundsError, BarrierDivergenceError, RaceError, InvalidUsageError.
+OutOfBoundsError, BarrierDivergenceError, RaceError, UninitializedReadError,
+InvalidUsageError.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import numbers
@@ -36,6 +43,7 @@ __all__ = [
     "OutOfBoundsError",
     "BarrierDivergenceError",
     "RaceError",
+    "UninitializedReadError",
     "InvalidUsageError",
     "available",
 ]
@@ -61,6 +69,10 @@ class RaceError(SoftMetalError):
     """The result changed when the dispatch ran again in another thread order."""
 
 
+class UninitializedReadError(SoftMetalError):
+    """check_memory: a read of threadgroup memory that no thread of the threadgroup wrote."""
+
+
 class InvalidUsageError(SoftMetalError, ValueError):
     """A bad launch: unbound buffer, bad sizes, unknown kernel."""
 
@@ -76,6 +88,7 @@ _KINDS = {
     4: (RaceError, "race"),
     5: (InvalidUsageError, "invalid usage"),
     6: (RuntimeFailure, "runtime error"),
+    7: (UninitializedReadError, "uninitialized read"),
 }
 
 
@@ -186,7 +199,7 @@ class Library:
 
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
                threadgroup_memory=None, check_races=False, grid=None, indirect=None,
-               poison_threadgroup_memory=True) -> float:
+               poison_threadgroup_memory=True, check_memory=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -244,6 +257,9 @@ class Library:
             desc.indirect_offset = int(offset)
         desc.threads_per_threadgroup = _triple("threads_per_threadgroup", threads_per_threadgroup)
         desc.check_races = 1 if check_races else 0
+        if check_memory is None:
+            check_memory = os.environ.get("SOFTMETAL_CHECK_MEMORY") == "1"
+        desc.check_memory = 1 if check_memory else 0
         desc.poison_threadgroup_memory = 1 if poison_threadgroup_memory else 0
         kind = ffi.new("int32_t *")
         status = lib.moe_softmetal_launch(self._handle, desc, kind)

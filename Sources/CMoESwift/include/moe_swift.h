@@ -317,11 +317,12 @@ void moe_checkpoint_close(moe_checkpoint* checkpoint);
 typedef enum moe_softmetal_error {
     MOE_SOFTMETAL_OK = 0,
     MOE_SOFTMETAL_COMPILE = 1,             /* translation or clang++ error */
-    MOE_SOFTMETAL_OUT_OF_BOUNDS = 2,       /* a guard page was touched */
+    MOE_SOFTMETAL_OUT_OF_BOUNDS = 2,       /* a guard page was touched, or check_memory saw an access outside */
     MOE_SOFTMETAL_BARRIER_DIVERGENCE = 3,  /* barrier / simd divergence or deadlock */
-    MOE_SOFTMETAL_RACE = 4,                /* results depend on execution order */
+    MOE_SOFTMETAL_RACE = 4,                /* results depend on execution order, or unordered accesses */
     MOE_SOFTMETAL_INVALID_USAGE = 5,       /* unbound buffer, bad sizes, unknown kernel */
-    MOE_SOFTMETAL_RUNTIME = 6              /* another failure while running */
+    MOE_SOFTMETAL_RUNTIME = 6,             /* another failure while running */
+    MOE_SOFTMETAL_UNINITIALIZED_READ = 7   /* check_memory: threadgroup memory read before any write */
 } moe_softmetal_error;
 
 typedef struct moe_softmetal_library moe_softmetal_library;  /* opaque */
@@ -347,6 +348,8 @@ typedef struct moe_softmetal_launch_desc {
     int32_t check_races;                   /* run twice in different orders, compare */
     int32_t poison_threadgroup_memory;     /* fill threadgroup memory with 0xFF first */
     double seconds;                        /* out: time from commit to completion */
+    int32_t check_memory;                  /* every access checked: bounds, races on shadow memory,
+                                              reads of unwritten threadgroup memory */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define SM_ABI_VERSION 3
+#define SM_ABI_VERSION 4
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 
@@ -35,6 +35,7 @@ extern "C" {
 #define SM_ERROR_STACK_OVERFLOW 4 /* fault in the guard page of a fiber stack */
 #define SM_ERROR_TIMEOUT 5        /* the watchdog stopped a chunk that ran too long */
 #define SM_ERROR_TRAP 6           /* SIGFPE, SIGILL or SIGTRAP in kernel code (see csm_fault_signal) */
+#define SM_ERROR_CHECK 7          /* the memory check found something (see sm_check) */
 
 /* One dispatch (or one worker's part of it). Filled by the host; the launcher reads it
  * and writes error_kind / error. Positions: the threadgroups at linear positions
@@ -65,7 +66,51 @@ typedef struct sm_dispatch {
     char* error;                                /* out: message, NUL-terminated */
     uint32_t error_capacity;
     uint32_t max_threads;                       /* threads per threadgroup the runtime supports */
+    struct sm_check* check;                     /* the memory check, or NULL */
 } sm_dispatch;
+
+/* The memory check (a library compiled with SM_CHECK_MEMORY: every load and store of the
+ * kernel calls the runtime). Filled by the host, which runs checked dispatches one at a
+ * time on one OS thread; the runtime writes the first finding. */
+#define SM_CHECK_NONE 0
+#define SM_CHECK_BOUNDS 1         /* an access outside every bound buffer, threadgroup allocation and the thread's own memory */
+#define SM_CHECK_RACE 2           /* two threads, one writing, touched a byte with nothing ordering them */
+#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote */
+#define SM_REGION_NONE (-1000)
+#define SM_REGION_ARENA (-100)    /* threadgroup variables declared in the kernel */
+/* The last writer and last reader of one byte (device memory: within the dispatch;
+ * threadgroup memory: within the threadgroup). group: linear threadgroup number + 1
+ * (0: none); thread: index in the threadgroup (SM_SHADOW_ATOMIC: by an atomic); epoch:
+ * threadgroup barriers the threadgroup had passed; sg_epoch: simd operations the
+ * thread's simdgroup had completed; pc: code offset in the library. */
+#define SM_SHADOW_ATOMIC 0xFFFFu
+#define SM_SHADOW_MANY 0x8000u    /* r_thread: another thread read too (same group, epoch) */
+#define SM_SHADOW_MIXED 0x4000u   /* r_thread: ... from another simdgroup or simd epoch */
+typedef struct sm_shadow {
+    uint32_t w_group; uint16_t w_thread, w_sg_epoch; uint32_t w_epoch, w_pc;
+    uint32_t r_group; uint16_t r_thread, r_sg_epoch; uint32_t r_epoch, r_pc;
+} sm_shadow;
+typedef struct sm_check {
+    sm_shadow* buffer_shadow[SM_MAX_BUFFERS];  /* one cell per byte of buffers[i] (NULL: no race tracking) */
+    sm_shadow* tg_shadow[SM_MAX_THREADGROUP_MEMORY];
+    sm_shadow* arena_shadow;                   /* tg_static_capacity cells */
+    uint32_t races;                            /* report races (else the shadow only tracks initialisation) */
+    uint32_t uninitialized;                    /* report reads of unwritten threadgroup memory */
+    uintptr_t image_start, image_end;          /* out: the library's own image (constants) */
+    /* out: the first finding */
+    uint32_t kind;
+    uint32_t size;                             /* bytes of the access */
+    uint32_t is_write, other_is_write;
+    int32_t region;                            /* buffer index, -(i + 1) for threadgroup(i), SM_REGION_* */
+    uint64_t offset;                           /* in the region (buffer: from the bound pointer; arena: in the variable) */
+    uint64_t region_length;                    /* bytes of the region (bound bytes, the variable's size) */
+    uint32_t outside;                          /* in no region: `region` is the nearest buffer */
+    uintptr_t address;
+    uint32_t pc, other_pc;
+    uint32_t group, other_group;               /* linear threadgroup number + 1 */
+    uint32_t thread, other_thread;
+    uint32_t epoch, other_epoch;
+} sm_check;
 
 typedef int32_t (*sm_launcher)(sm_dispatch*);
 
@@ -74,6 +119,10 @@ static inline void csm_set_buffer(sm_dispatch* d, int32_t i, void* p, uint64_t l
     d->buffers[i] = p;
     d->buffer_lengths[i] = length;
 }
+/* Bytes of the per-thread arena for `threadgroup` variables declared in kernels. */
+#define SM_THREADGROUP_ARENA_CAPACITY (64 * 1024)
+static inline void csm_check_set_buffer_shadow(sm_check* c, int32_t i, sm_shadow* shadow) { c->buffer_shadow[i] = shadow; }
+static inline void csm_check_set_threadgroup_shadow(sm_check* c, int32_t i, sm_shadow* shadow) { c->tg_shadow[i] = shadow; }
 static inline void csm_set_threadgroup_length(sm_dispatch* d, int32_t i, uint64_t length) {
     d->tg_mem_lengths[i] = length;
 }

@@ -51,6 +51,7 @@ private func softMetalStatus(_ kind: UnsafeMutablePointer<Int32>?, _ body: () th
         case .outOfBounds: k = MOE_SOFTMETAL_OUT_OF_BOUNDS
         case .barrierDivergence: k = MOE_SOFTMETAL_BARRIER_DIVERGENCE
         case .race: k = MOE_SOFTMETAL_RACE
+        case .uninitializedRead: k = MOE_SOFTMETAL_UNINITIALIZED_READ
         case .invalidUsage: k = MOE_SOFTMETAL_INVALID_USAGE
         case .runtime: k = MOE_SOFTMETAL_RUNTIME
         }
@@ -196,6 +197,7 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
         if let e = encoder as? SoftMetalComputeCommandEncoder {
             e.softMetalCheckRaces = d.check_races != 0
             e.softMetalPoisonThreadgroupMemory = d.poison_threadgroup_memory != 0
+            e.softMetalCheckMemory = d.check_memory != 0
         }
         encoder.setComputePipelineState(pipeline)
         for b in buffers { encoder.setBuffer(b.buffer, offset: 0, index: b.index) }

@@ -12,8 +12,12 @@ public enum SoftMetalError: Error, CustomStringConvertible, Equatable {
     /// by the threads of a simdgroup at different places (or never by some).
     case barrierDivergence(String)
     /// The race check ran the dispatch twice in different thread orders and got different
-    /// results.
+    /// results, or the memory check saw two threads touch a byte (one writing) with no
+    /// barrier ordering them.
     case race(String)
+    /// The memory check saw a read of threadgroup memory that no thread of the threadgroup
+    /// had written.
+    case uninitializedRead(String)
     /// An API misuse Metal's validation layer would report (unbound buffer, bad sizes).
     case invalidUsage(String)
     /// Another failure while running a kernel (stack overflow, ...).
@@ -22,7 +26,7 @@ public enum SoftMetalError: Error, CustomStringConvertible, Equatable {
     public var message: String {
         switch self {
         case .compile(let m), .outOfBounds(let m), .barrierDivergence(let m), .race(let m),
-             .invalidUsage(let m), .runtime(let m):
+             .uninitializedRead(let m), .invalidUsage(let m), .runtime(let m):
             return m
         }
     }
@@ -33,6 +37,7 @@ public enum SoftMetalError: Error, CustomStringConvertible, Equatable {
         case .outOfBounds(let m): return "SoftMetal out-of-bounds access: \(m)"
         case .barrierDivergence(let m): return "SoftMetal barrier divergence: \(m)"
         case .race(let m): return "SoftMetal race: \(m)"
+        case .uninitializedRead(let m): return "SoftMetal uninitialized read: \(m)"
         case .invalidUsage(let m): return "SoftMetal invalid usage: \(m)"
         case .runtime(let m): return "SoftMetal runtime error: \(m)"
         }

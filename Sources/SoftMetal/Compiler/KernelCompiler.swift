@@ -22,8 +22,17 @@ final class KernelCompiler: @unchecked Sendable {
         "-Wno-unused-function", "-fstack-clash-protection", "-ferror-limit=20", "-fno-color-diagnostics", "-fno-caret-diagnostics",
     ]
 
+    /// Added for the memory check's build of a library: every load and store calls the
+    /// runtime (sanitizer coverage's trace-loads/stores); no vectorizing and no builtins, so
+    /// that no access is merged into a wider one or becomes a memset/memcpy call the
+    /// instrumentation cannot see; line tables to name the MSL lines in reports.
+    static let checkedFlags = [
+        "-DSM_CHECK_MEMORY=1", "-fsanitize-coverage=func,trace-loads,trace-stores", "-fno-vectorize",
+        "-fno-slp-vectorize", "-fno-builtin", "-gline-tables-only",
+    ]
+
     private let lock = SMLock()
-    private var loaded: [String: UnsafeMutableRawPointer] = [:]
+    private var loaded: [String: (handle: UnsafeMutableRawPointer, path: String)] = [:]
     private(set) var compilations = 0
     private(set) var cacheHits = 0
 
@@ -57,29 +66,31 @@ final class KernelCompiler: @unchecked Sendable {
     /// (the handles stay open). For tests.
     func forgetLoadedLibraries() { lock.withLock { loaded = [:] } }
 
-    /// Returns the dlopen handle of the compiled source.
-    func load(translated: String) throws -> UnsafeMutableRawPointer {
+    /// Returns the dlopen handle of the compiled source and the shared object's path;
+    /// `checked`: the memory check's instrumented build.
+    func load(translated: String, checked: Bool = false) throws -> (handle: UnsafeMutableRawPointer, path: String) {
         let compiler = try KernelCompiler.findCompiler()
-        let key = Hash128.of([translated, KernelCompiler.flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
-        if let handle = lock.withLock({ loaded[key] }) { return handle }
+        let flags = KernelCompiler.flags + (checked ? KernelCompiler.checkedFlags : [])
+        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
+        if let known = lock.withLock({ loaded[key] }) { return known }
         let dir = KernelCompiler.cacheDirectory
         try SMFile.makeDirectories(dir)
         let so = "\(dir)/\(key).so"
         if access(so, R_OK) == 0 {
             lock.withLock { cacheHits += 1 }
         } else {
-            try compile(translated, key: key, dir: dir, compiler: compiler, output: so)
+            try compile(translated, key: key, dir: dir, compiler: compiler, flags: flags, output: so)
             lock.withLock { compilations += 1 }
         }
         guard let handle = dlopen(so, RTLD_NOW | RTLD_LOCAL) else {
             let message = dlerror().map { String(cString: $0) } ?? "unknown error"
             throw SoftMetalError.compile("cannot load the compiled kernels \(so): \(message)")
         }
-        lock.withLock { loaded[key] = handle }
-        return handle
+        lock.withLock { loaded[key] = (handle, so) }
+        return (handle, so)
     }
 
-    private func compile(_ translated: String, key: String, dir: String, compiler: String, output: String) throws {
+    private func compile(_ translated: String, key: String, dir: String, compiler: String, flags: [String], output: String) throws {
         let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
         let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
         if access(header, R_OK) != 0 {
@@ -94,7 +105,7 @@ final class KernelCompiler: @unchecked Sendable {
         }
         let temporary = "\(output).\(unique).tmp"
         let log = "\(dir)/\(key).\(unique).log"
-        let argv = [compiler] + KernelCompiler.flags + ["-I", dir, source, "-o", temporary]
+        let argv = [compiler] + flags + ["-I", dir, source, "-o", temporary]
         let status = SMFile.spawn(argv, output: log)
         let messages = (try? SMFile.read(log)) ?? ""
         unlink(log)

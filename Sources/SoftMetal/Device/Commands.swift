@@ -116,6 +116,7 @@ struct DispatchCommand {
     var threadsPerThreadgroup: MTLSize
     var checkRaces: Bool
     var poison: Bool
+    var checkMemory = false
 }
 
 public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @unchecked Sendable {
@@ -137,6 +138,13 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// SoftMetal only: fill threadgroup memory with 0xFF before each threadgroup.
     /// Default: SoftMetalOptions.poisonThreadgroupMemory.
     public var softMetalPoisonThreadgroupMemory = SoftMetalOptions.poisonThreadgroupMemory
+    /// SoftMetal only: run this encoder's dispatches with the memory check — every load and
+    /// store of the kernel checked against the buffer or threadgroup allocation it must
+    /// fall in, races found on shadow memory, reads of unwritten threadgroup memory
+    /// reported (SoftMetalError.outOfBounds, .race, .uninitializedRead). The library is
+    /// compiled once more, instrumented; the dispatch runs on one core.
+    /// Default: SoftMetalOptions.checkMemory.
+    public var softMetalCheckMemory = SoftMetalOptions.checkMemory
 
     init(commandBuffer: SoftMetalCommandBuffer) { self.commandBuffer = commandBuffer }
 
@@ -183,7 +191,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         commandBuffer.append(DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
-            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory))
+            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory, checkMemory: softMetalCheckMemory))
     }
 
     public func dispatchThreadgroups(_ threadgroupsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize) {

@@ -106,9 +106,13 @@ final class CompiledKernel: @unchecked Sendable {
     let launcher: sm_launcher
     let params: [Param]
     let maxTotalThreads: Int
+    private let symbol: String
+    private let build: CheckedBuild
 
-    init(name: String, launcher: sm_launcher, info: UnsafePointer<sm_kernel_info>) {
+    init(name: String, symbol: String, launcher: sm_launcher, info: UnsafePointer<sm_kernel_info>, build: CheckedBuild) {
         self.name = name
+        self.symbol = symbol
+        self.build = build
         cName = strdup(name)
         self.launcher = launcher
         var params: [Param] = []
@@ -126,6 +130,34 @@ final class CompiledKernel: @unchecked Sendable {
     }
 
     deinit { free(cName) }
+
+    /// The launcher of the memory check's instrumented build, and its shared object.
+    func checkedLauncher() throws -> (launcher: sm_launcher, path: String) {
+        let (handle, path) = try build.load()
+        guard let launch = dlsym(handle, "__sm_launch_\(symbol)") else {
+            throw SoftMetalError.compile("kernel \(name): launcher missing from the checked build")
+        }
+        return (unsafeBitCast(launch, to: sm_launcher.self), path)
+    }
+}
+
+/// The memory check's build of one library (or one set of function-constant values):
+/// compiled the first time a checked dispatch needs it.
+final class CheckedBuild: @unchecked Sendable {
+    private let text: String
+    private let lock = SMLock()
+    private var built: (handle: UnsafeMutableRawPointer, path: String)?
+
+    init(text: String) { self.text = text }
+
+    func load() throws -> (handle: UnsafeMutableRawPointer, path: String) {
+        try lock.withLock {
+            if let built { return built }
+            let b = try KernelCompiler.shared.load(translated: text, checked: true)
+            built = b
+            return b
+        }
+    }
 }
 
 public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
@@ -160,8 +192,10 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], source: String) throws
         -> (UnsafeMutableRawPointer, [String: CompiledKernel]) {
         let handle: UnsafeMutableRawPointer
+        let text = constantsPrefix(translated.functionConstants, constants) + translated.source
+        let checked = CheckedBuild(text: text)
         do {
-            handle = try KernelCompiler.shared.load(translated: constantsPrefix(translated.functionConstants, constants) + translated.source)
+            handle = try KernelCompiler.shared.load(translated: text).handle
         } catch let SoftMetalError.compile(message) {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
         }
@@ -176,7 +210,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             guard limit >= 0, limit <= 1024 else {
                 throw SoftMetalError.compile("kernel \(k.name): [[max_total_threads_per_threadgroup]] is \(limit); the limit is 1...1024")
             }
-            kernels[k.name] = CompiledKernel(name: k.name, launcher: unsafeBitCast(launch, to: sm_launcher.self), info: table)
+            kernels[k.name] = CompiledKernel(name: k.name, symbol: k.symbol, launcher: unsafeBitCast(launch, to: sm_launcher.self),
+                                             info: table, build: checked)
         }
         return (handle, kernels)
     }

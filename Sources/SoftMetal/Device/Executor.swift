@@ -15,13 +15,14 @@ enum Executor {
     nonisolated(unsafe) private static var _stats = SoftMetalOptions.Statistics()
     static var stats: SoftMetalOptions.Statistics { statsLock.withLock { _stats } }
 
-    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool) {
+    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool, memoryChecked: Bool) {
         statsLock.withLock {
             _stats.dispatches += 1
             _stats.threadgroups += groups
             _stats.threads += threads
             _stats.seconds += seconds
             if raceChecked { _stats.raceCheckedDispatches += 1 }
+            if memoryChecked { _stats.memoryCheckedDispatches += 1 }
         }
     }
 
@@ -42,7 +43,8 @@ enum Executor {
         defer {
             if let counted {
                 record(groups: counted.groups, threads: counted.threads,
-                       seconds: Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, raceChecked: c.checkRaces)
+                       seconds: Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, raceChecked: c.checkRaces,
+                       memoryChecked: c.checkMemory)
             }
         }
         if let failure = c.failure { throw failure }
@@ -124,8 +126,9 @@ enum Executor {
         base.order_mul = 1
         base.max_threads = UInt32(perGroup)
 
+        let checked = c.checkMemory ? c.threadgroupLengths : nil
         if !c.checkRaces {
-            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil)
+            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: checked)
             return
         }
         // Race check: the same dispatch in order, then from the same inputs with threads and
@@ -135,7 +138,7 @@ enum Executor {
             distinct.append(binding.buffer)
         }
         let before = distinct.map { snapshot($0) }
-        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil)
+        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: checked)
         let first = distinct.map { snapshot($0) }
         for (b, saved) in zip(distinct, before) { restore(b, saved) }
         let seed = UInt64.random(in: 1..<UInt64.max)
@@ -167,10 +170,30 @@ enum Executor {
     }
 
     /// Runs all threadgroups; `permutation` (a seed) changes the order of threadgroups
-    /// (and of chunks) and of the lanes inside each threadgroup.
+    /// (and of chunks) and of the lanes inside each threadgroup. `checked` (the
+    /// threadgroup memory lengths): with the memory check, on one thread, one dispatch at a time.
     private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
-                                bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?) throws {
-        let chunks = min(total, cores * 4)
+                                bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?,
+                                checked: [Int]? = nil) throws {
+        if let lengths = checked {
+            let (launcher, path) = try kernel.checkedLauncher()
+            try MemoryCheck.lock.withLock {
+                let check = MemoryCheck(bindings: bindings, threadgroupLengths: lengths)
+                defer { check.release() }
+                var d = base
+                d.check = check.state
+                try execute(kernel, launcher, d, total: total, lanes: lanes, bindings: bindings, permutation: permutation,
+                            chunks: 1, check: (check, path))
+            }
+            return
+        }
+        try execute(kernel, kernel.launcher, base, total: total, lanes: lanes, bindings: bindings, permutation: permutation,
+                    chunks: min(total, cores * 4), check: nil)
+    }
+
+    private static func execute(_ kernel: CompiledKernel, _ launcher: sm_launcher, _ base: sm_dispatch, total: Int, lanes: Int,
+                                bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?, chunks: Int,
+                                check: (MemoryCheck, String)?) throws {
         var template = base
         if let seed = permutation {
             var mul = Int(seed % UInt64(max(total, 1))) | 1
@@ -196,9 +219,13 @@ enum Executor {
             defer { message.deallocate() }
             d.error = message
             d.error_capacity = UInt32(errorCapacity)
-            let kind = csm_run(kernel.launcher, &d, UInt32(lanes))
+            let kind = csm_run(launcher, &d, UInt32(lanes))
             guard kind != SM_OK else { return }
             var text = String(cString: message)
+            if kind == SM_ERROR_CHECK, let (memory, path) = check {
+                results[chunk] = ChunkResult(kind: kind, message: memory.message(kernel, bindings, library: path, groups: base.threadgroups))
+                return
+            }
             if kind == SM_ERROR_OUT_OF_BOUNDS {
                 text = outOfBoundsMessage(kernel, bindings)
             } else if kind == SM_ERROR_STACK_OVERFLOW {
@@ -213,6 +240,7 @@ enum Executor {
         if chunks == 1 { work(0) } else { DispatchQueue.concurrentPerform(iterations: chunks, execute: work) }
         guard let failed = results.first(where: { $0.kind != SM_OK }) else { return }
         switch failed.kind {
+        case SM_ERROR_CHECK: throw check!.0.error(failed.message)
         case SM_ERROR_OUT_OF_BOUNDS: throw SoftMetalError.outOfBounds(failed.message)
         case SM_ERROR_DIVERGENCE: throw SoftMetalError.barrierDivergence(failed.message)
         default: throw SoftMetalError.runtime(failed.message)

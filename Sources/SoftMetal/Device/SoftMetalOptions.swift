@@ -7,6 +7,7 @@ public enum SoftMetalOptions {
     private static let lock = SMLock()
     nonisolated(unsafe) private static var _checkRaces = SMEnv.get("SOFTMETAL_CHECK_RACES") == "1"
     nonisolated(unsafe) private static var _poison = SMEnv.get("SOFTMETAL_POISON") != "0"
+    nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1"
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalCheckRaces for new encoders
     /// (initially: $SOFTMETAL_CHECK_RACES == 1). Costs about twice the dispatch time
@@ -14,6 +15,13 @@ public enum SoftMetalOptions {
     public static var checkRaces: Bool {
         get { lock.withLock { _checkRaces } }
         set { lock.withLock { _checkRaces = newValue } }
+    }
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalCheckMemory for new encoders
+    /// (initially: $SOFTMETAL_CHECK_MEMORY == 1).
+    public static var checkMemory: Bool {
+        get { lock.withLock { _checkMemory } }
+        set { lock.withLock { _checkMemory = newValue } }
     }
 
     /// Default of softMetalPoisonThreadgroupMemory for new encoders (initially on, unless
@@ -30,6 +38,7 @@ public enum SoftMetalOptions {
     public struct Statistics {
         public var dispatches = 0
         public var raceCheckedDispatches = 0
+        public var memoryCheckedDispatches = 0
         public var threadgroups = 0
         /// GPU threads (partial edge threadgroups counted whole).
         public var threads = 0

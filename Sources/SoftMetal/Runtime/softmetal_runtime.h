@@ -59,7 +59,7 @@
 
 // ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
 extern "C" {
-#define SM_ABI_VERSION 3
+#define SM_ABI_VERSION 4
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 #define SM_FLAG_POISON 1u
@@ -67,6 +67,7 @@ extern "C" {
 #define SM_ERROR_OUT_OF_BOUNDS 1
 #define SM_ERROR_DIVERGENCE 2
 #define SM_ERROR_RUNTIME 3
+#define SM_ERROR_CHECK 7
 typedef struct sm_dispatch {
     uint32_t abi_version;
     uint32_t flags;
@@ -92,7 +93,50 @@ typedef struct sm_dispatch {
     char* error;
     uint32_t error_capacity;
     uint32_t max_threads;
+    struct sm_check* check;
 } sm_dispatch;
+/* The memory check (a library compiled with SM_CHECK_MEMORY: every load and store of the
+ * kernel calls the runtime). Filled by the host, which runs checked dispatches one at a
+ * time on one OS thread; the runtime writes the first finding. */
+#define SM_CHECK_NONE 0
+#define SM_CHECK_BOUNDS 1         /* an access outside every bound buffer, threadgroup allocation and the thread's own memory */
+#define SM_CHECK_RACE 2           /* two threads, one writing, touched a byte with nothing ordering them */
+#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote */
+#define SM_REGION_NONE (-1000)
+#define SM_REGION_ARENA (-100)    /* threadgroup variables declared in the kernel */
+/* The last writer and last reader of one byte (device memory: within the dispatch;
+ * threadgroup memory: within the threadgroup). group: linear threadgroup number + 1
+ * (0: none); thread: index in the threadgroup (SM_SHADOW_ATOMIC: by an atomic); epoch:
+ * threadgroup barriers the threadgroup had passed; sg_epoch: simd operations the
+ * thread's simdgroup had completed; pc: code offset in the library. */
+#define SM_SHADOW_ATOMIC 0xFFFFu
+#define SM_SHADOW_MANY 0x8000u    /* r_thread: another thread read too (same group, epoch) */
+#define SM_SHADOW_MIXED 0x4000u   /* r_thread: ... from another simdgroup or simd epoch */
+typedef struct sm_shadow {
+    uint32_t w_group; uint16_t w_thread, w_sg_epoch; uint32_t w_epoch, w_pc;
+    uint32_t r_group; uint16_t r_thread, r_sg_epoch; uint32_t r_epoch, r_pc;
+} sm_shadow;
+typedef struct sm_check {
+    sm_shadow* buffer_shadow[SM_MAX_BUFFERS];  /* one cell per byte of buffers[i] (NULL: no race tracking) */
+    sm_shadow* tg_shadow[SM_MAX_THREADGROUP_MEMORY];
+    sm_shadow* arena_shadow;                   /* tg_static_capacity cells */
+    uint32_t races;                            /* report races (else the shadow only tracks initialisation) */
+    uint32_t uninitialized;                    /* report reads of unwritten threadgroup memory */
+    uintptr_t image_start, image_end;          /* out: the library's own image (constants) */
+    /* out: the first finding */
+    uint32_t kind;
+    uint32_t size;                             /* bytes of the access */
+    uint32_t is_write, other_is_write;
+    int32_t region;                            /* buffer index, -(i + 1) for threadgroup(i), SM_REGION_* */
+    uint64_t offset;                           /* in the region (buffer: from the bound pointer; arena: in the variable) */
+    uint64_t region_length;                    /* bytes of the region (bound bytes, the variable's size) */
+    uint32_t outside;                          /* in no region: `region` is the nearest buffer */
+    uintptr_t address;
+    uint32_t pc, other_pc;
+    uint32_t group, other_group;               /* linear threadgroup number + 1 */
+    uint32_t thread, other_thread;
+    uint32_t epoch, other_epoch;
+} sm_check;
 #define SM_PARAM_BUFFER 1
 #define SM_PARAM_THREADGROUP 2
 #define SM_PARAM_BUILTIN 3
@@ -688,9 +732,20 @@ typedef _atomic<bool> atomic_bool;
 typedef _atomic<float> atomic_float;
 typedef _atomic<ulong> atomic_ulong;
 typedef _atomic<long_t> atomic_long;
+// Under the memory check an atomic is bounds-checked and marks its bytes written, but
+// its own loads are not traced (atomics never race).
+#ifdef SM_CHECK_MEMORY
+#define SM_ATOMIC_FN __attribute__((noinline, no_sanitize("coverage")))
+namespace __sm { static void check_atomic(const void* p, uint32_t size); }
+#define SM_ATOMIC_CHECK(a) ::metal::__sm::check_atomic((const void*)(a), sizeof(T))
+#else
+#define SM_ATOMIC_FN inline
+#define SM_ATOMIC_CHECK(a) ((void)0)
+#endif
 namespace __sm {
 template <class T> inline T* ap(volatile _atomic<T>* a) { return const_cast<T*>(&a->__v); }
-template <class T, class F> inline T cas_loop(volatile _atomic<T>* a, F f) {
+template <class T, class F> SM_ATOMIC_FN T cas_loop(volatile _atomic<T>* a, F f) {
+    SM_ATOMIC_CHECK(a);
     T* p = ap(a);
     T old;
     __atomic_load(p, &old, __ATOMIC_RELAXED);
@@ -699,21 +754,25 @@ template <class T, class F> inline T cas_loop(volatile _atomic<T>* a, F f) {
     return old;
 }
 }  // namespace __sm
-template <class T> inline void atomic_store_explicit(volatile _atomic<T>* a, typename __sm::identity<T>::type v, memory_order o) {
+template <class T> SM_ATOMIC_FN void atomic_store_explicit(volatile _atomic<T>* a, typename __sm::identity<T>::type v, memory_order o) {
+    SM_ATOMIC_CHECK(a);
     __atomic_store(__sm::ap(a), &v, o == memory_order_relaxed ? __ATOMIC_RELAXED : __ATOMIC_SEQ_CST);
 }
-template <class T> inline T atomic_load_explicit(volatile _atomic<T>* a, memory_order o) {
+template <class T> SM_ATOMIC_FN T atomic_load_explicit(volatile _atomic<T>* a, memory_order o) {
+    SM_ATOMIC_CHECK(a);
     T v;
     __atomic_load(__sm::ap(a), &v, o == memory_order_relaxed ? __ATOMIC_RELAXED : __ATOMIC_SEQ_CST);
     return v;
 }
-template <class T> inline T atomic_exchange_explicit(volatile _atomic<T>* a, typename __sm::identity<T>::type v, memory_order) {
+template <class T> SM_ATOMIC_FN T atomic_exchange_explicit(volatile _atomic<T>* a, typename __sm::identity<T>::type v, memory_order) {
+    SM_ATOMIC_CHECK(a);
     T old;
     __atomic_exchange(__sm::ap(a), &v, &old, __ATOMIC_SEQ_CST);
     return old;
 }
-template <class T> inline bool atomic_compare_exchange_weak_explicit(volatile _atomic<T>* a, T* expected,
+template <class T> SM_ATOMIC_FN bool atomic_compare_exchange_weak_explicit(volatile _atomic<T>* a, T* expected,
         typename __sm::identity<T>::type desired, memory_order, memory_order) {
+    SM_ATOMIC_CHECK(a);
     return __atomic_compare_exchange(__sm::ap(a), expected, &desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 template <class T> inline bool atomic_compare_exchange_strong_explicit(volatile _atomic<T>* a, T* expected,
@@ -773,6 +832,13 @@ struct Group {
     uint32_t size[3], gpos[3];
     uint32_t sg_live[32];
     uint64_t arena_used, dynamic_tg;
+    // For the memory check: which threadgroup (linear number + 1), the barriers it passed,
+    // the simd operations each simdgroup completed, the threadgroup variables' extents and
+    // their size without the check's red zones (for Apple's 32 KiB).
+    uint32_t id, epoch;
+    uint16_t sg_epoch[32];
+    uint64_t slot_size[TG_SLOTS];
+    uint64_t arena_apple;
     Lane* lanes[MAX_LANES];
     uint32_t order[MAX_LANES];
     void* slot_ptr[TG_SLOTS];
@@ -780,7 +846,7 @@ struct Group {
 };
 static uintptr_t stack_size_;
 
-static inline Lane* cur() {
+__attribute__((always_inline)) static inline Lane* cur() {
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
     return (Lane*)((sp & ~(stack_size_ - 1)) + stack_size_ - LANE_RESERVE);
 }
@@ -953,6 +1019,218 @@ template <class P> static inline void append_lanes(Group* g, P pred) {
     fail(g, SM_ERROR_RUNTIME);
 }
 
+// ---- the memory check (libraries compiled with SM_CHECK_MEMORY) ----
+// clang's -fsanitize-coverage=trace-loads,trace-stores makes every load and store of the
+// kernel call __sanitizer_cov_load<N>/store<N> (below) with its address. An access from a
+// GPU thread must fall in a bound buffer, threadgroup memory (a declared threadgroup
+// variable, not the red zone before it), the thread's own stack, or the library's
+// constants; anything else is an out-of-bounds access, however far it lands. Buffer and
+// threadgroup bytes have shadow cells (sm_shadow: last writer, last reader) that find
+// races by what orders two accesses, not by their outcome: threads of one threadgroup
+// are ordered by a threadgroup barrier between them (or, in one simdgroup, by a simd
+// operation), threads of different threadgroups never (atomics aside).
+#ifdef SM_CHECK_MEMORY
+constexpr uint64_t ARENA_RED_ZONE = 64;
+// The checker's own code is not traced (it would call itself).
+#define SM_UNTRACED __attribute__((no_sanitize("coverage")))
+extern "C" char __ehdr_start __attribute__((visibility("hidden")));
+extern "C" char _end __attribute__((visibility("hidden")));
+// The dispatch being checked: the host runs checked dispatches one at a time.
+static sm_dispatch* checked_;
+
+SM_UNTRACED static inline bool check_begin(sm_dispatch* d) {
+    sm_check* c = d->check;
+    if (!c) {
+        if (d->error) snprintf(d->error, d->error_capacity, "kernel %s: a checked library launched without a check", d->kernel_name);
+        d->error_kind = SM_ERROR_RUNTIME;
+        return false;
+    }
+    c->image_start = (uintptr_t)&__ehdr_start;
+    c->image_end = (uintptr_t)&_end;
+    c->kind = SM_CHECK_NONE;
+    checked_ = d;
+    return true;
+}
+SM_UNTRACED static inline void check_threadgroup_begin(sm_dispatch* d) {
+    for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++)
+        if (d->check->tg_shadow[i]) memset(d->check->tg_shadow[i], 0, d->tg_mem_lengths[i] * sizeof(sm_shadow));
+}
+SM_UNTRACED static inline void check_arena_allocated(Group* g, uint64_t off, uint64_t size) {
+    if (g->d->check->arena_shadow) memset(g->d->check->arena_shadow + off, 0, size * sizeof(sm_shadow));
+}
+
+[[noreturn]] SM_UNTRACED static inline void check_report(Group* g, Lane* L, uint32_t kind, int32_t region, uint64_t offset,
+                                             uintptr_t a, uint32_t size, bool write, uintptr_t pc) {
+    sm_check* c = g->d->check;
+    c->kind = kind;
+    c->region = region;
+    c->offset = offset;
+    const sm_dispatch* d = g->d;
+    if (region >= 0) c->region_length = d->buffer_lengths[region];
+    else if (region != SM_REGION_ARENA && region != SM_REGION_NONE) c->region_length = d->tg_mem_lengths[-region - 1];
+    c->address = a;
+    c->size = size;
+    c->is_write = write;
+    c->pc = (uint32_t)(pc - c->image_start);
+    c->group = g->id;
+    c->thread = L->tid;
+    c->epoch = g->epoch;
+    fail(g, SM_ERROR_CHECK);
+}
+
+// Whether an earlier access (group, thread, epoch, sg_epoch) is unordered with the
+// running thread's access now.
+SM_UNTRACED static inline bool unordered(Group* g, Lane* L, bool device, uint32_t group, uint32_t thread, uint32_t epoch, uint16_t sg_epoch) {
+    if (thread == SM_SHADOW_ATOMIC) return false;
+    if (group != g->id) return device;
+    if (thread == L->tid || epoch != g->epoch) return false;
+    if (thread / 32 == L->sg && sg_epoch != g->sg_epoch[L->sg]) return false;
+    return true;
+}
+
+SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool device, int32_t region, uint64_t offset,
+                         uintptr_t a, uint32_t size, bool write, uintptr_t pc) {
+    sm_check* c = g->d->check;
+    const uint16_t sge = g->sg_epoch[L->sg];
+    for (uint32_t b = 0; b < size; b++) {
+        sm_shadow* x = cells + b;
+        if (x->w_group == 0) {
+            if (!write && !device && c->uninitialized)
+                check_report(g, L, SM_CHECK_UNINITIALIZED, region, offset + b, a + b, size, write, pc);
+        } else if (c->races && unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
+            c->other_is_write = 1;
+            c->other_pc = x->w_pc;
+            c->other_group = x->w_group;
+            c->other_thread = x->w_thread;
+            c->other_epoch = x->w_epoch;
+            check_report(g, L, SM_CHECK_RACE, region, offset + b, a + b, size, write, pc);
+        }
+        const uint32_t pc32 = (uint32_t)(pc - c->image_start);
+        if (write) {
+            if (c->races && x->r_group) {
+                const uint32_t reader = x->r_thread & 0x3FFFu;
+                bool race;
+                if (!(x->r_thread & SM_SHADOW_MANY)) race = unordered(g, L, device, x->r_group, reader, x->r_epoch, x->r_sg_epoch);
+                else if (x->r_group != g->id) race = device;
+                else if (x->r_epoch != g->epoch) race = false;
+                else if (x->r_thread & SM_SHADOW_MIXED) race = true;  // readers in several simdgroups: one is not this one
+                else race = !(reader / 32 == L->sg && x->r_sg_epoch != sge);
+                if (race) {
+                    c->other_is_write = 0;
+                    c->other_pc = x->r_pc;
+                    c->other_group = x->r_group;
+                    c->other_thread = reader;
+                    c->other_epoch = x->r_epoch;
+                    check_report(g, L, SM_CHECK_RACE, region, offset + b, a + b, size, write, pc);
+                }
+            }
+            x->w_group = g->id;
+            x->w_thread = (uint16_t)L->tid;
+            x->w_epoch = g->epoch;
+            x->w_sg_epoch = sge;
+            x->w_pc = pc32;
+            x->r_group = 0;
+        } else if (x->r_group == g->id && x->r_epoch == g->epoch && (x->r_thread & 0x3FFFu) != L->tid) {
+            uint16_t flags = (uint16_t)(x->r_thread & (SM_SHADOW_MANY | SM_SHADOW_MIXED)) | SM_SHADOW_MANY;
+            if ((x->r_thread & 0x3FFFu) / 32 != L->sg || x->r_sg_epoch != sge) flags |= SM_SHADOW_MIXED;
+            x->r_thread = (uint16_t)(L->tid | flags);
+            x->r_sg_epoch = sge;
+            x->r_pc = pc32;
+        } else {
+            x->r_group = g->id;
+            x->r_thread = (uint16_t)L->tid;
+            x->r_epoch = g->epoch;
+            x->r_sg_epoch = sge;
+            x->r_pc = pc32;
+        }
+    }
+}
+
+SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool write, uintptr_t pc, bool atomic = false) {
+    sm_dispatch* d = checked_;
+    if (!d) return;
+    const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+    const uintptr_t stacks = (uintptr_t)d->stacks;
+    if (sp < stacks || sp >= stacks + d->stack_size * d->stack_count) return;  // the runtime, not a GPU thread
+    sm_check* c = d->check;
+    if (c->kind) return;  // reporting already
+    Lane* L = cur();
+    Group* g = L->g;
+    const uintptr_t end = a + size;
+    // Thread memory: this thread's stack, and other threads' (the runtime's lane states and
+    // simd collectives' operands live there; an overflow of a thread array hits a guard page).
+    if (a >= stacks && end <= stacks + d->stack_size * d->stack_count) return;
+    if (a >= (uintptr_t)d->scratch && end <= (uintptr_t)d->scratch + d->scratch_size) return;
+    if (a >= c->image_start && end <= c->image_end) return;
+    if (a >= (uintptr_t)d && end <= (uintptr_t)(d + 1)) return;
+    if (a >= (uintptr_t)c && end <= (uintptr_t)(c + 1)) return;
+    if (d->error && a >= (uintptr_t)d->error && end <= (uintptr_t)d->error + d->error_capacity) return;
+    if (atomic) write = true;
+    for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++) {
+        const uintptr_t base = (uintptr_t)d->tg_mem[i];
+        if (!base || a < base || a >= base + d->tg_mem_lengths[i]) continue;
+        if (end > base + d->tg_mem_lengths[i]) check_report(g, L, SM_CHECK_BOUNDS, -(i + 1), a - base, a, size, write, pc);
+        if (c->tg_shadow[i]) {
+            if (atomic) { c->tg_shadow[i][a - base].w_group = g->id; c->tg_shadow[i][a - base].w_thread = SM_SHADOW_ATOMIC; return; }
+            track(g, L, c->tg_shadow[i] + (a - base), false, -(i + 1), a - base, a, size, write, pc);
+        }
+        return;
+    }
+    const uintptr_t arena = (uintptr_t)d->tg_static;
+    if (arena && a >= arena - ARENA_RED_ZONE && a < arena + d->tg_static_capacity) {
+        for (uint32_t s = 0; s < TG_SLOTS; s++) {
+            const uintptr_t p = (uintptr_t)g->slot_ptr[s];
+            if (!p || a < p || end > p + g->slot_size[s]) continue;
+            if (c->arena_shadow) {
+                sm_shadow* cells = c->arena_shadow + (a - arena);
+                if (atomic) { for (uint32_t b = 0; b < size; b++) { cells[b].w_group = g->id; cells[b].w_thread = SM_SHADOW_ATOMIC; } return; }
+                c->region_length = g->slot_size[s];
+                track(g, L, cells, false, SM_REGION_ARENA, a - p, a, size, write, pc);
+            }
+            return;
+        }
+        // Named by the variable before it (the usual overflow), else the first one.
+        uintptr_t before = 0, first = ~(uintptr_t)0;
+        uint64_t before_size = 0, first_size = 0;
+        for (uint32_t s = 0; s < TG_SLOTS; s++) {
+            const uintptr_t p = (uintptr_t)g->slot_ptr[s];
+            if (!p) continue;
+            if (p <= a && p > before) { before = p; before_size = g->slot_size[s]; }
+            if (p < first) { first = p; first_size = g->slot_size[s]; }
+        }
+        if (!before) { before = first == ~(uintptr_t)0 ? arena : first; before_size = first_size; }
+        c->region_length = before_size;
+        check_report(g, L, SM_CHECK_BOUNDS, SM_REGION_ARENA, a - before, a, size, write, pc);
+    }
+    int32_t partly = -1;
+    for (int i = 0; i < SM_MAX_BUFFERS; i++) {
+        const uintptr_t base = (uintptr_t)d->buffers[i];
+        if (!base || a < base || a >= base + d->buffer_lengths[i]) continue;
+        if (end > base + d->buffer_lengths[i]) { partly = i; continue; }
+        if (c->buffer_shadow[i]) {
+            if (atomic) { for (uint32_t b = 0; b < size; b++) { c->buffer_shadow[i][a - base + b].w_group = g->id; c->buffer_shadow[i][a - base + b].w_thread = SM_SHADOW_ATOMIC; } return; }
+            track(g, L, c->buffer_shadow[i] + (a - base), true, i, a - base, a, size, write, pc);
+        }
+        return;
+    }
+    if (partly >= 0) check_report(g, L, SM_CHECK_BOUNDS, partly, a - (uintptr_t)d->buffers[partly], a, size, write, pc);
+    // Nowhere: named by the nearest bound buffer.
+    int32_t nearest = SM_REGION_NONE;
+    uint64_t best = ~0ull;
+    for (int i = 0; i < SM_MAX_BUFFERS; i++) {
+        const uintptr_t base = (uintptr_t)d->buffers[i];
+        if (!base) continue;
+        const uint64_t dist = a < base ? base - a : a - base;
+        if (dist < best) { best = dist; nearest = i; }
+    }
+    c->outside = 1;
+    check_report(g, L, SM_CHECK_BOUNDS, nearest, nearest >= 0 ? a - (uintptr_t)d->buffers[nearest] : 0, a, size, write, pc);
+}
+SM_UNTRACED static void check_atomic(const void* p, uint32_t size) {
+    check_access((uintptr_t)p, size, true, (uintptr_t)__builtin_return_address(0), true);
+}
+#endif
+
 // ---- scheduling ----
 // Switches from `self` (blocked or finished) to the next runnable lane in run order, or
 // back to the dispatch loop when none is runnable (all finished, or a deadlock).
@@ -1018,6 +1296,7 @@ static inline void barrier_release(Group* g) {
     for (uint32_t t = 0; t < g->n; t++)
         if (g->lanes[t]->state == AT_BARRIER) g->lanes[t]->state = RUNNABLE;
     g->bar_arrived = 0;
+    g->epoch++;
 }
 
 static inline void barrier(uint32_t line, const char* op) {
@@ -1052,6 +1331,7 @@ static inline void simd_complete(Group* g, uint32_t sg) {
         fail(g, SM_ERROR_DIVERGENCE);
     }
     s.complete(g, sg);
+    g->sg_epoch[sg]++;
     for (uint32_t l = 0; l < 32; l++)
         if (s.mask & (1u << l)) g->lanes[sg * 32 + l]->state = RUNNABLE;
     s.arrived = 0;
@@ -1115,6 +1395,9 @@ static inline int32_t launch(sm_dispatch* d, void (*body)(Lane*)) {
     }
     stack_size_ = (uintptr_t)d->stack_size;
     Group* g = (Group*)d->scratch;
+#ifdef SM_CHECK_MEMORY
+    if (!check_begin(d)) return d->error_kind;
+#endif
     g->d = d;
     g->body = body;
     const uint32_t tx = d->threadgroups[0], ty = d->threadgroups[1], tz = d->threadgroups[2];
@@ -1145,16 +1428,23 @@ static inline int32_t launch(sm_dispatch* d, void (*body)(Lane*)) {
         g->bar_arrived = 0;
         g->error = 0;
         g->arena_used = 0;
+        g->arena_apple = 0;
+        g->id = (uint32_t)linear + 1;
+        g->epoch = 0;
         for (uint32_t s = 0; s < g->nsg; s++) {
             g->sg_live[s] = (s + 1) * 32 <= n ? 32 : n - s * 32;
             g->simd[s].arrived = 0;
             g->simd[s].mask = 0;
+            g->sg_epoch[s] = 0;
         }
         for (uint32_t i = 0; i < TG_SLOTS; i++) g->slot_ptr[i] = nullptr;
         // Threadgroup memory starts poisoned (0xFF: NaN as float, -1 as int), or zeroed
         // when poisoning is off, never with what the previous threadgroup left.
         for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++)
             if (d->tg_mem[i]) memset(d->tg_mem[i], (d->flags & SM_FLAG_POISON) ? 0xff : 0, d->tg_mem_lengths[i]);
+#ifdef SM_CHECK_MEMORY
+        check_threadgroup_begin(d);
+#endif
         for (uint32_t t = 0; t < n; t++) {
             char* block = (char*)d->stacks + (uint64_t)t * d->stack_size;
             char* top = block + d->stack_size - LANE_RESERVE;
@@ -1207,18 +1497,27 @@ static inline void* tg_var(uint32_t slot, uint64_t size, uint64_t align) {
     if (slot >= TG_SLOTS) runtime_error("too many threadgroup variables");
     if (!g->slot_ptr[slot]) {
         if (align < 16) align = 16;
-        uint64_t off = (g->arena_used + align - 1) / align * align;
-        if (off + size > g->d->tg_static_capacity) runtime_error("threadgroup variables larger than the arena");
-        if (off + size + g->dynamic_tg > APPLE_TG_MEMORY) {
+        const uint64_t apple = (g->arena_apple + align - 1) / align * align + size;
+        if (apple + g->dynamic_tg > APPLE_TG_MEMORY) {
             begin_message(g, "threadgroup memory");
             append_num(g, ": %llu bytes of threadgroup variables plus %llu bytes set by setThreadgroupMemoryLength exceed the 32768 bytes of Apple GPUs",
-                       off + size, g->dynamic_tg);
+                       apple, g->dynamic_tg);
             fail(g, SM_ERROR_RUNTIME);
         }
+        g->arena_apple = apple;
+        uint64_t off = (g->arena_used + align - 1) / align * align;
+#ifdef SM_CHECK_MEMORY
+        off = (g->arena_used + ARENA_RED_ZONE + align - 1) / align * align;  // a red zone before each
+#endif
+        if (off + size > g->d->tg_static_capacity) runtime_error("threadgroup variables larger than the arena");
         g->arena_used = off + size;
         char* p = (char*)g->d->tg_static + off;
         memset(p, (g->d->flags & SM_FLAG_POISON) ? 0xff : 0, size);
         g->slot_ptr[slot] = p;
+        g->slot_size[slot] = size;
+#ifdef SM_CHECK_MEMORY
+        check_arena_allocated(g, off, size);
+#endif
     }
     return g->slot_ptr[slot];
 }
@@ -1263,6 +1562,23 @@ template <class T> inline T bi(uint32_t x, uint32_t y, uint32_t z) {
     }
 }
 }  // namespace __sm
+
+#ifdef SM_CHECK_MEMORY
+// The instrumentation's entry points (see "the memory check" above).
+#define SM_TRACE(N, T)                                                                                 \
+    extern "C" __attribute__((visibility("hidden"), no_sanitize("coverage"))) void __sanitizer_cov_load##N(T* p) {  \
+        ::metal::__sm::check_access((uintptr_t)p, N, false, (uintptr_t)__builtin_return_address(0));    \
+    }                                                                                                   \
+    extern "C" __attribute__((visibility("hidden"), no_sanitize("coverage"))) void __sanitizer_cov_store##N(T* p) { \
+        ::metal::__sm::check_access((uintptr_t)p, N, true, (uintptr_t)__builtin_return_address(0));     \
+    }
+SM_TRACE(1, uint8_t)
+SM_TRACE(2, uint16_t)
+SM_TRACE(4, uint32_t)
+SM_TRACE(8, uint64_t)
+SM_TRACE(16, __int128)
+#undef SM_TRACE
+#endif
 
 // ---- barriers and simd operations ----
 inline void threadgroup_barrier(mem_flags, uint __line = __builtin_LINE()) { __sm::barrier(__line, "threadgroup_barrier"); }
