@@ -3,7 +3,25 @@ both `moe_swift.MoELayer` and `moe_swift.reference.moe_forward` accept."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+def required_backends() -> list[str]:
+    """The backends named by MOE_TEST_BACKENDS (comma-separated), [] when it is unset."""
+    return [b.strip() for b in os.environ.get("MOE_TEST_BACKENDS", "").split(",") if b.strip()]
+
+
+def selected_backends(candidates=("cpu", "softmetal", "metal")) -> list[str]:
+    """The backends a test runs on: those of `candidates` that are available here, or,
+    with MOE_TEST_BACKENDS set, those of `candidates` it names (conftest.py has checked
+    that each of them is available)."""
+    import moe_swift
+    required = required_backends()
+    if required:
+        return [b for b in candidates if b in required]
+    return [b for b in candidates if b in moe_swift.available_backends()]
+
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "gemma4"]
 

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import moe_swift
 from moe_swift import _native, reference
 from moe_swift.formats import quantize
-from families import FAMILIES, family_options, spec_tolerance
+from families import FAMILIES, family_options, selected_backends, spec_tolerance
 
 EXAMPLES = int(os.environ.get("MOE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 EXPECTED = (ValueError, TypeError, MemoryError, moe_swift.BackendUnavailableError)
-BACKENDS = [b for b in ("cpu", "softmetal") if b in moe_swift.available_backends()]
+BACKENDS = selected_backends()
 FORMATS = ["f32", "f16", "q8", "q4", "mxfp4"]
 
 

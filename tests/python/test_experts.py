@@ -8,11 +8,11 @@ import pytest
 import moe_swift
 from moe_swift import reference
 from moe_swift.formats import quantize
-from families import FAMILIES, make_layer_args, spec_tolerance
+from families import FAMILIES, make_layer_args, selected_backends, spec_tolerance
 
 EXPERT_KEYS = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate_up_bias", "gate_bias",
                "up_bias", "down_bias", "activation", "swiglu_alpha", "swiglu_limit"}
-BACKENDS = [b for b in ("cpu", "softmetal", "metal") if b in moe_swift.available_backends()]
+BACKENDS = selected_backends()
 
 
 def routing(T, k, E, seed):

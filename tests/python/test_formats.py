@@ -11,9 +11,9 @@ import pytest
 import moe_swift
 from moe_swift import formats, reference
 from moe_swift.formats import Quantized, quantize, dequantize
-from families import FAMILIES, make_layer_args, spec_tolerance
+from families import FAMILIES, make_layer_args, selected_backends, spec_tolerance
 
-BACKENDS = [b for b in ("cpu", "softmetal", "metal") if b in moe_swift.available_backends()]
+BACKENDS = selected_backends()
 MATRICES = ("router_weight", "gate_proj", "up_proj", "gate_up_proj", "down_proj")
 
 # name -> how a float32 matrix is turned into that format

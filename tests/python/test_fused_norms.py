@@ -8,9 +8,9 @@ import pytest
 
 import moe_swift
 from moe_swift import reference
-from families import FAMILIES, make_layer_args, spec_tolerance
+from families import FAMILIES, make_layer_args, selected_backends, spec_tolerance
 
-BACKENDS = [b for b in ("cpu", "softmetal", "metal") if b in moe_swift.available_backends()]
+BACKENDS = selected_backends()
 H = 48
 TOKENS = (0, 1, 5, 300)
 

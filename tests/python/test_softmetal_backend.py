@@ -9,12 +9,12 @@ import pytest
 
 import moe_swift
 from moe_swift import reference
-from families import FAMILIES, make_layer_args, spec_tolerance
+from families import FAMILIES, make_layer_args, selected_backends, spec_tolerance
 import test_bad_inputs
 
-AVAILABLE = moe_swift.available_backends()
-BACKEND = "metal" if "metal" in AVAILABLE else "softmetal"
-pytestmark = pytest.mark.skipif(BACKEND not in AVAILABLE,
+METAL = selected_backends(("metal", "softmetal"))  # "metal" first; MOE_TEST_BACKENDS may name one
+BACKEND = METAL[0] if METAL else "softmetal"
+pytestmark = pytest.mark.skipif(not METAL,
                                 reason="needs an Apple GPU (metal) or Linux and clang++ (softmetal)")
 
 

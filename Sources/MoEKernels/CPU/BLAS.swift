@@ -10,12 +10,30 @@ import CMoECPU
 enum MatrixProduct {
     /// The CPU backend parallelises over its own fixed work items with Dispatch, so BLAS
     /// must run each call on the calling thread: nested BLAS threads would oversubscribe
-    /// the cores, and a thread-count-dependent split could change results.
+    /// the cores, and a thread-count-dependent split could change results. OpenBLAS's
+    /// thread count is process-wide: set once, when the first CPU layer is made.
+    /// Accelerate's is per thread: `singleThreadedOnThisThread()` before each call.
     static let configured: Void = {
         #if !canImport(Accelerate)
         openblas_set_num_threads(1)
         #endif
     }()
+
+    /// Accelerate's threading model is a thread-local setting (Apple's documentation of
+    /// `BLASSetThreading(_:)`: "This setting is per thread"), and products run on Dispatch's
+    /// worker threads, so it is set on the calling thread before each BLAS call: a
+    /// thread-local store, nothing beside a product. The function exists from the macOS 15 /
+    /// iOS 18 SDKs, which come with the Swift 6 compilers (Xcode 16); earlier SDKs and systems
+    /// keep Accelerate's own choice. The thinnest adapter on purpose: no Apple machine has
+    /// compiled this yet. Elsewhere (OpenBLAS) nothing to do.
+    @inline(__always)
+    static func singleThreadedOnThisThread() {
+        #if canImport(Accelerate) && compiler(>=6.0)
+        if #available(macOS 15, iOS 18, tvOS 18, watchOS 11, visionOS 2, *) {
+            _ = BLASSetThreading(BLAS_THREADING_SINGLE_THREADED)
+        }
+        #endif
+    }
 
     /// Below this many rows `moe_cpu_gemm_nt` beats BLAS, which packs the whole weight
     /// block for every call (CMoECPU/include/moe_cpu_kernels.h has the measurements).
@@ -29,7 +47,10 @@ enum MatrixProduct {
                        c: UnsafeMutablePointer<Float>, ldc: Int) {
         if m < smallRowLimit {
             moe_cpu_gemm_nt(Int64(m), Int64(n), Int64(k), a, Int64(lda), b, Int64(ldb), c, Int64(ldc))
-        } else if m == 1 {
+            return
+        }
+        singleThreadedOnThisThread()
+        if m == 1 {
             // A single row is a matrix-vector product; gemv streams `b` once.
             cblas_sgemv(CblasRowMajor, CblasNoTrans, Int32(n), Int32(k), 1, b, Int32(ldb), a, 1, 0, c, 1)
         } else {

@@ -318,18 +318,19 @@ class Unsupported(Exception):
 
 
 class MLXLayer:
-    """The layer in MLX on the CPU device, as mlx-lm's model files write it: router
-    (softmax, argpartition top-k, take), SwitchGLU (gather_mm for gate, up and down;
-    pairs sorted by expert from 64 of them on), weighted sum, shared expert."""
+    """The layer in MLX on its CPU device (or the GPU: `device`), as mlx-lm's model files
+    write it: router (softmax, argpartition top-k, take), SwitchGLU (gather_mm for gate, up
+    and down; pairs sorted by expert from 64 of them on), weighted sum, shared expert."""
 
     name = "mlx"
 
-    def __init__(self, w, fw=None):
+    def __init__(self, w, fw=None, device="cpu"):
         """`fw`: a weightformats.FormatWeights: bf16 weights run with bfloat16 activations
         (as mlx-lm runs a bf16 model), quantized ones through mx.gather_qmm (mlx-lm's
-        QuantizedSwitchLinear) on the same arrays as ours, with float32 activations."""
+        QuantizedSwitchLinear) on the same arrays as ours, with float32 activations.
+        `device`: "cpu" (this benchmark's peer) or "gpu" (benchmarks/bench_metal.py on a Mac)."""
         import mlx.core as mx
-        mx.set_default_device(mx.cpu)
+        mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
         self.mx = mx
         shape = w.shape
         SwitchGLU, SwiGLU, SwigluOAI = _mlx_classes()
@@ -349,7 +350,7 @@ class MLXLayer:
             try:  # MLX 0.32's CPU GatherMM is float32 only: say so instead of failing at the first call
                 mx.eval(sw(mx.zeros((1, w.H), dtype=mx.bfloat16), mx.zeros((1, w.k), dtype=mx.uint32)))
             except Exception as exc:  # noqa: BLE001
-                raise Unsupported(f"unsupported by MLX {mx.__version__} on the CPU ({exc})") from None
+                raise Unsupported(f"unsupported by MLX {mx.__version__} on the {device.upper()} ({exc})") from None
         else:
             QLinear = _mlx_qlinear()
             dims = {"gate_proj": (w.H, w.I, fw.gate), "up_proj": (w.H, w.I, fw.up), "down_proj": (w.I, w.H, fw.down)}

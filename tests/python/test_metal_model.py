@@ -1,0 +1,96 @@
+"""The Metal speed model (moe_swift.bench.metal_model, `bench_metal.py --model`): its byte
+and FLOP accounting against sizes computed independently, and its dispatch plan against
+the budgets of the Metal README."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_swift import formats
+from moe_swift.bench import metal_model as mm
+
+H, I, E, K = 2048, 768, 128, 8
+
+
+def quantized_nbytes(rows, cols, **quant):
+    """Bytes of a (rows, cols) matrix as moe_swift.formats.quantize stores it."""
+    q = formats.quantize(np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32), **quant)
+    return sum(a.nbytes for a in (q.weight, q.scales, q.biases) if a is not None)
+
+
+def test_q4_decode_reads_eight_experts_and_the_router():
+    # One expert of the Qwen3-30B-A3B shape in mlx-lm's 4-bit format: gate and up (I, H), down (H, I).
+    q4 = dict(bits=4, group_size=64, scale_dtype="float16")
+    expert = 2 * quantized_nbytes(I, H, **q4) + quantized_nbytes(H, I, **q4)
+    router = E * H * 4  # float32
+    ds = mm.dispatches(mm.QWEN3, 1, "q4")
+    assert sum(d.weight_bytes for d in ds) == pytest.approx(8 * expert + router, rel=1e-12)
+    # Everything else a decode step moves is activations: a small fraction.
+    dram = sum(d.dram_bytes for d in ds)
+    assert 8 * expert + router < dram < 1.02 * (8 * expert + router)
+
+
+@pytest.mark.parametrize("fmt,bits_per_weight", [("f32", 32), ("bf16", 16), ("q8", 8.5), ("q4", 4.5), ("mxfp4", 4.25)])
+def test_format_sizes(fmt, bits_per_weight):
+    assert mm.FORMATS[fmt].matrix_bytes(I, H) * 8 == I * H * bits_per_weight
+    if fmt == "mxfp4":
+        assert mm.FORMATS[fmt].matrix_bytes(I, H) == quantized_nbytes(I, H, mode="mxfp4")
+
+
+def test_dispatch_plan_matches_the_budgets():
+    decode = [d.kernel for d in mm.dispatches(mm.QWEN3, 1, "f32")]
+    prefill = [d.kernel for d in mm.dispatches(mm.QWEN3, 512, "f32")]
+    assert decode == ["router", "gate_up_gemv", "down_gemv", "combine"]
+    assert prefill == ["router", "bucket", "gate_up_gemm", "down_gemm", "combine"]
+    assert [d.kernel for d in mm.dispatches(mm.QWEN3, 4, "q4")] == decode  # MOE_DECODE_MAX_TOKENS
+    # The decode router is one threadgroup; in prefill one per 8 tokens.
+    assert mm.dispatches(mm.QWEN3, 1, "q4")[0].threadgroups == 1
+    assert mm.dispatches(mm.QWEN3, 512, "q4")[0].threadgroups == 64
+
+
+def test_prefill_flops_and_weights():
+    ds = mm.dispatches(mm.QWEN3, 512, "f32")
+    useful = 2.0 * 512 * (E * H + K * 3 * I * H)
+    flops = sum(d.flops for d in ds)
+    # Executed FLOPs include the zero rows of partial 32-row tiles: more than useful, not double.
+    assert useful < flops < 2 * useful
+    # At T = 512 every expert is chosen (P(an expert unused) = (15/16)^512 ~ 5e-15).
+    assert sum(d.weight_bytes for d in ds) == pytest.approx(E * 3 * I * H * 4 + E * H * 4, rel=1e-9)
+
+
+def test_routing_expectations():
+    assert mm.expected_distinct(1, E, K) == pytest.approx(8)
+    assert mm.expected_distinct(2, E, K) == pytest.approx(8 + 8 * 120 / 128)
+    # Tiles: at least one per used expert and the pairs over 32; here by simulation.
+    rng = np.random.default_rng(0)
+    sims = []
+    for _ in range(200):
+        ids = np.argsort(rng.random((512, E)), axis=1)[:, :K]
+        counts = np.bincount(ids.ravel(), minlength=E)
+        sims.append(sum(math.ceil(c / 32) for c in counts))
+    assert mm.expected_tiles(512, E, K) == pytest.approx(np.mean(sims), rel=0.02)
+
+
+def test_times_follow_bandwidth():
+    m = mm.model(formats=("q4",), tokens=(1,))
+    case = m["cases"][0]
+    by = {c["name"]: c for c in m["chips"]}
+    lo = {name: v["forward_us"][0] for name, v in case["chips"].items()}
+    assert by["M3 Max 30c"]["bandwidth_gbs"] < by["M3 Max 40c"]["bandwidth_gbs"] < by["M4 Max 40c"]["bandwidth_gbs"]
+    assert lo["M3 Max 30c"] > lo["M3 Max 40c"] > lo["M4 Max 40c"] > 0
+    assert m["mlx"]["per_layer_us"] == pytest.approx(1e6 / 113 / 48)
+
+
+def test_bench_metal_model_writes_json(tmp_path):
+    out = tmp_path / "model.json"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_metal.py"
+    r = subprocess.run([sys.executable, str(script), "--model", "--json", str(out)], capture_output=True, text=True,
+                       check=True)
+    assert "router" in r.stdout and "M3 Max 40c" in r.stdout and "Assumptions" in r.stdout
+    data = json.loads(out.read_text())
+    assert {(c["format"], c["tokens"]) for c in data["cases"]} == {(f, t) for f in mm.FORMATS for t in (1, 512)}
