@@ -22,11 +22,14 @@ def lib():
 
 def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, routed_scaling_factor=1.0,
                router_bias=None, selection_bias=None, n_group=1, topk_group=1, per_expert_scale=None,
-               shared_gate=None, tokens_per_group=None, fmt="f32", input_norm=None):
+               shared_gate=None, tokens_per_group=None, fmt="f32", input_norm=None, gemv=False, check_memory=False):
+    """moe_router (or with gemv=True the decode router moe_router_gemv, T <= 4) on SoftMetal
+    with the race check on; returns ids, weights, shared-expert factors (and x_normed)."""
     T, H = x.shape
     E = wr.shape[0]
     W = KernelWeight(wr, fmt)
-    tb = tokens_per_group or max(1, min(CONST["MOE_ROUTER_MAX_TOKENS"], T))
+    limit = CONST["MOE_ROUTER_GEMV_SIMDGROUPS"] if gemv else CONST["MOE_ROUTER_MAX_TOKENS"]
+    tb = tokens_per_group or max(1, min(limit, T, 6144 // (3 * E + 1)))
     stride = E + 1
     ids = np.full((T, top_k), -7, np.int32)
     w = np.full((T, top_k), np.nan, np.float32)
@@ -53,9 +56,20 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
                "EXPERT_SCALE": opt(per_expert_scale), "SHARED_GATE": opt(shared_gate), "IDS": ids, "WEIGHTS": w,
                "SHARED_FACTOR": factor, "NORM_WEIGHT": dummy() if input_norm is None else input_norm[0],
                "X_NORMED": opt(x_normed)}
-    lib.launch("moe_router_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
-               threadgroups=(-(-T // tb),), threads_per_threadgroup=(CONST["MOE_ROUTER_THREADS"],),
-               threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True)
+    if gemv:
+        assert 1 <= T <= CONST["MOE_DECODE_MAX_TOKENS"]
+        rows = E + int(shared_gate is not None)
+        counter = np.zeros(4, np.uint32)
+        buffers.update(LOGITS=np.full((T, stride), np.nan, np.float32), COUNTER=counter)
+        lib.launch("moe_router_gemv_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
+                   threadgroups=(-(-rows // CONST["MOE_ROUTER_GEMV_SIMDGROUPS"]),),
+                   threads_per_threadgroup=(CONST["MOE_ROUTER_GEMV_THREADS"],),
+                   threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True, check_memory=check_memory)
+        assert counter[0] == 0  # reset by the last threadgroup for the next dispatch
+    else:
+        lib.launch("moe_router_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
+                   threadgroups=(-(-T // tb),), threads_per_threadgroup=(CONST["MOE_ROUTER_THREADS"],),
+                   threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True, check_memory=check_memory)
     if input_norm is not None:
         return ids, w, factor, x_normed
     return ids, w, factor
@@ -76,13 +90,11 @@ ROUTER_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(ROUTER_CASES))
-@pytest.mark.parametrize("T,tb", [(1, 1), (11, 8), (5, 2)])
-def test_router_matches_reference(lib, case, T, tb):
+def router_case(case, T, H, seed):
+    """x (T, H), the router weight, k and the router options of ROUTER_CASES[case]."""
     c = dict(ROUTER_CASES[case])
     E, k = c.pop("E"), c.pop("k")
-    H = 24
-    rng = np.random.default_rng(E * 100 + T)
+    rng = np.random.default_rng(seed(E))
     x = f32(T, H, rng=rng)
     wr = f32(E, H, rng=rng, scale=0.5)
     opts = {}
@@ -90,6 +102,13 @@ def test_router_matches_reference(lib, case, T, tb):
         if c.pop(name, False):
             opts[name] = (f32(H if name == "shared_gate" else E, rng=rng, scale=0.3) + (1.0 if name == "per_expert_scale" else 0.0)).astype(np.float32)
     opts.update(c)
+    return x, wr, k, opts
+
+
+@pytest.mark.parametrize("case", sorted(ROUTER_CASES))
+@pytest.mark.parametrize("T,tb", [(1, 1), (11, 8), (5, 2)])
+def test_router_matches_reference(lib, case, T, tb):
+    x, wr, k, opts = router_case(case, T, 24, lambda E: E * 100 + T)
     ids, w, factor = run_router(lib, x, wr, top_k=k, tokens_per_group=tb, **opts)
     ref_opts = {name: v for name, v in opts.items() if name != "shared_gate"}
     ref_ids, ref_w = reference.route(x, wr, top_k=k, **ref_opts)
@@ -123,6 +142,98 @@ def test_router_ties_and_nan(lib):
     wr_tied = np.zeros((E, H), np.float32)
     ids, _, _ = run_router(lib, x[:1], wr_tied, top_k=k, scoring="sigmoid", selection_bias=bias)
     np.testing.assert_array_equal(ids[0], [0, 1, 2, 4, 5])
+
+
+# The decode router (moe_router_gemv, T <= 4): logits over ceil(rows / 4) threadgroups of
+# one row per simdgroup, top-k in the last threadgroup to finish (an atomic counter),
+# under the race check and SoftMetal's memory check (the counter hand-off must be ordered).
+
+
+@pytest.mark.parametrize("case", sorted(ROUTER_CASES))
+@pytest.mark.parametrize("T", [1, 2, 3, 4])
+def test_router_gemv_matches_reference_and_moe_router(lib, case, T):
+    # H = 21 at T = 3: the single-element tail of rows that are not a multiple of 8.
+    x, wr, k, opts = router_case(case, T, 24 if T != 3 else 21, lambda E: E * 10 + T)
+    ids, w, factor = run_router(lib, x, wr, top_k=k, gemv=True, check_memory=T in (1, 3), **opts)
+    ref_ids, ref_w = reference.route(x, wr, top_k=k, **{n: v for n, v in opts.items() if n != "shared_gate"})
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)
+    # Bit for bit what the batched router gives (same lane order, same routing code).
+    ids1, w1, factor1 = run_router(lib, x, wr, top_k=k, **opts)
+    np.testing.assert_array_equal(ids, ids1)
+    assert w.tobytes() == w1.tobytes() and factor.tobytes() == factor1.tobytes()
+
+
+def test_router_gemv_ties_nan_and_groups(lib):
+    """T = 1 ... 4 on E = 37 (not a multiple of the 4 rows per threadgroup): ties go to
+    the lower index, a NaN logit makes a softmax token's scores NaN (ids 0 ... k-1), a NaN
+    selection bias entry loses, groups are kept by the sum of their two best members."""
+    H, E, k = 16, 37, 5
+    rng = np.random.default_rng(1)
+    wr = f32(E, H, rng=rng)
+    wr[20] = wr[3]  # two experts with equal logits for every token
+    for T in (1, 2, 3, 4):
+        x = f32(T, H, rng=rng)
+        x[0] = 0.0  # every logit ties
+        if T >= 2:
+            x[1, 5] = np.nan
+        ids, w, _ = run_router(lib, x, wr, top_k=k, gemv=True, check_memory=True)
+        np.testing.assert_array_equal(ids[0], np.arange(k))
+        np.testing.assert_allclose(w[0], 1 / k, rtol=1e-6)
+        if T >= 2:
+            np.testing.assert_array_equal(ids[1], np.arange(k))
+            assert np.isnan(w[1]).all()
+        np.testing.assert_array_equal(ids[2:], reference.route(x[2:], wr, top_k=k)[0])
+    # Sigmoid, NaN selection bias, grouped selection over 36 = 6 x 6 experts, ties.
+    E = 36
+    wr = f32(E, H, rng=rng, scale=0.5)
+    wr[7] = wr[1]
+    bias = f32(E, rng=rng, scale=0.1)
+    bias[7] = bias[1]
+    bias[4] = np.nan
+    for T in (1, 2, 3, 4):
+        x = f32(T, H, rng=rng)
+        opts = dict(scoring="sigmoid", selection_bias=bias, n_group=6, topk_group=3, routed_scaling_factor=2.5)
+        ids, w, _ = run_router(lib, x, wr, top_k=6, gemv=True, check_memory=True, **opts)
+        ref_ids, ref_w = reference.route(x, wr, top_k=6, **opts)
+        np.testing.assert_array_equal(ids, ref_ids)
+        np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)
+        assert 4 not in ids
+
+
+@pytest.mark.parametrize("T", [1, 3, 4])
+def test_router_gemv_many_experts(lib, T):
+    """E = 1000: the last threadgroup routes one token at a time (24 KiB of threadgroup
+    memory hold one token's logits, scores and selection scores), 250 threadgroups."""
+    H, E, k = 16, 1000, 8
+    rng = np.random.default_rng(T)
+    x = f32(T, H, rng=rng)
+    wr = f32(E, H, rng=rng)
+    bias = f32(E, rng=rng, scale=0.01)
+    ids, w, _ = run_router(lib, x, wr, top_k=k, selection_bias=bias, n_group=8, topk_group=3, scoring="sigmoid",
+                           gemv=True)
+    ref_ids, ref_w = reference.route(x, wr, top_k=k, selection_bias=bias, n_group=8, topk_group=3, scoring="sigmoid")
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_router_gemv_input_norm(lib, T):
+    """The decode router normalises x on the fly, writes x_normed (each threadgroup a
+    share) and gives the batched router's bits."""
+    H, E, k = 40, 13, 3
+    rng = np.random.default_rng(T + 7)
+    x = f32(T, H, rng=rng, scale=5.0)
+    wr = f32(E, H, rng=rng, scale=0.5)
+    weight, eps, offset = f32(H, rng=rng, scale=0.2), 1e-6, 1.0
+    gate = f32(H, rng=rng, scale=0.3)
+    got = run_router(lib, x, wr, top_k=k, shared_gate=gate, input_norm=(weight, eps, offset), gemv=True,
+                     check_memory=True)
+    batched = run_router(lib, x, wr, top_k=k, shared_gate=gate, input_norm=(weight, eps, offset))
+    for a, b in zip(got, batched):
+        assert a.tobytes() == b.tobytes()
+    xn = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * (offset + weight)
+    np.testing.assert_array_equal(got[0], reference.route(xn, wr, top_k=k)[0])
 
 
 # --- expert matmuls ----------------------------------------------------------------
@@ -426,14 +537,15 @@ def test_expert_kernels_read_every_format(lib, fmt):
 
 
 @pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))
-def test_router_reads_every_format(lib, fmt):
+@pytest.mark.parametrize("T", [11, 3])  # 3: the decode router, moe_router_gemv
+def test_router_reads_every_format(lib, fmt, T):
     """The router weight in `fmt` (mlx-lm quantizes it at 8 bits): same ids as the
     reference on the dequantized weight, weights within float32 accuracy."""
-    T, H, E, k = 11, 128, 40, 4
+    H, E, k = 128, 40, 4
     rng = np.random.default_rng(3)
     x = f32(T, H, rng=rng)
     wr = f32(E, H, rng=rng, scale=0.5)
-    ids, w, _ = run_router(lib, x, wr, top_k=k, fmt=fmt)
+    ids, w, _ = run_router(lib, x, wr, top_k=k, fmt=fmt, gemv=T <= 4, check_memory=T <= 4)
     ref_ids, ref_w = reference.route(x, KernelWeight(wr, fmt).values, top_k=k)
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)

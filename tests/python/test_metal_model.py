@@ -48,9 +48,29 @@ def test_dispatch_plan_matches_the_budgets():
     assert decode == ["router", "gate_up_gemv", "down_gemv", "combine"]
     assert prefill == ["router", "bucket", "gate_up_gemm", "down_gemm", "combine"]
     assert [d.kernel for d in mm.dispatches(mm.QWEN3, 4, "q4")] == decode  # MOE_DECODE_MAX_TOKENS
-    # The decode router is one threadgroup; in prefill one per 8 tokens.
-    assert mm.dispatches(mm.QWEN3, 1, "q4")[0].threadgroups == 1
+    # The decode router (moe_router_gemv) is a threadgroup per 4 router rows; in prefill
+    # (moe_router) one per 8 tokens.
+    assert mm.dispatches(mm.QWEN3, 1, "q4")[0].threadgroups == E // 4 == 32
+    assert mm.dispatches(mm.QWEN3, 4, "q4")[0].threadgroups == 32
+    assert mm.dispatches(mm.QWEN3, 5, "q4")[0].threadgroups == 1
     assert mm.dispatches(mm.QWEN3, 512, "q4")[0].threadgroups == 64
+    assert mm.dispatches(mm.LayerShape(experts=30), 1, "q4")[0].threadgroups == 8
+
+
+def test_decode_router_is_spread_over_the_cores():
+    """Issue 12: at T = 1 the router weight (E x H float32, 1 MiB) is read by 32
+    threadgroups, not one: on a 40-core M3 Max it is no longer the longest dispatch, and its
+    time is the roofline of 32/40 of the chip plus the serial tail and the launch."""
+    ds = mm.dispatches(mm.QWEN3, 1, "q4")
+    router = ds[0]
+    assert router.weight_bytes == E * H * 4
+    assert router.tail_us == mm.ROUTER_TAIL_US
+    # x is re-read by every threadgroup (from cache); the logits go out and back once.
+    assert router.requested_bytes == pytest.approx(E * H * 4 + 32 * H * 4 + K * 8 + 4 + 2 * E * 4)
+    chip = next(c for c in mm.CHIPS if c.name == "M3 Max 40c")
+    t = mm.dispatch_time_us(router, chip, 0.0)
+    assert t == pytest.approx(router.dram_bytes / (400e9 * 32 / 40) * 1e6 + mm.ROUTER_TAIL_US)
+    assert t < min(mm.dispatch_time_us(d, chip, 0.0) for d in ds[1:3])
 
 
 def test_prefill_flops_and_weights():

@@ -290,6 +290,54 @@ def test_non_finite_inputs_give_valid_ids_and_no_crash():
         layer(x)  # no crash
 
 
+# --- the decode router (issue 12) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "qwen2_moe", "gpt_oss", "gemma4"])
+def test_decode_routing_is_pinned_to_the_reference(family):
+    """T = 1 ... 4 runs the decode router (moe_router_gemv: logits over many threadgroups,
+    top-k in the last one). E = 30 is not a multiple of its 4 rows per threadgroup (nor
+    is 31 with qwen2_moe's shared gate row); ties, NaN inputs, groups (deepseek_v3: 6
+    groups of 5, the best 3 kept). The same ids and weights as the reference, and bit for
+    bit the routing of the same rows in a prefill-sized batch (the batched router)."""
+    E = 30
+    args = make_layer_args(family, H=40, I=8, E=E, k=4, seed=11, shared=8)
+    if family == "deepseek_v3":
+        args.update(n_group=6, topk_group=3)
+    args["router_weight"][17] = args["router_weight"][2]  # equal logits for every token
+    router = {key: v for key, v in args.items() if key in ROUTER_KEYS}
+    rng = np.random.default_rng(5)
+    batch = rng.standard_normal((8, 40)).astype(np.float32)
+    batch[1] = 0.0             # every logit ties
+    batch[2, 7] = np.nan       # every logit NaN
+    with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
+        batch_ids, batch_w = layer.route(batch)
+        for T in (1, 2, 3, 4):
+            for start in (0, 4 - T + 1):
+                x = batch[start:start + T]
+                ids, w = layer.route(x)
+                assert moe_swift.last_stats()["dispatches"] == 1
+                np.testing.assert_array_equal(ids, batch_ids[start:start + T])
+                assert w.tobytes() == batch_w[start:start + T].tobytes()
+                finite = np.isfinite(x).all(axis=1)
+                ref_ids, ref_w = reference.route(x[finite], **router)
+                np.testing.assert_array_equal(ids[finite], ref_ids)
+                np.testing.assert_allclose(w[finite], ref_w, rtol=2e-5, atol=1e-6)
+                for row in ids[~finite]:  # NaN loses everywhere: the lowest ids allowed
+                    assert len(set(row)) == 4 and ((row >= 0) & (row < E)).all()
+                if family == "deepseek_v3":  # at most topk_group groups
+                    assert all(len(set(row // 5)) <= 3 for row in ids)
+                y = layer(x)
+                ref = reference.moe_forward(x[finite], **args, ids=ids[finite])
+                assert np.abs(y[finite] - ref).max() <= spec_tolerance(ref)
+        # The mixtral/softmax NaN row routes to experts 0 ... k-1, as TokenRouter does.
+        if args.get("scoring", "softmax") == "softmax" and args.get("n_group", 1) == 1:
+            np.testing.assert_array_equal(layer.route(batch[2:3])[0][0], np.arange(4))
+        with moe_swift.MoELayer(**args, backend="cpu") as cpu:
+            finite = np.isfinite(batch[:4]).all(axis=1)
+            np.testing.assert_array_equal(layer.route(batch[:4])[0][finite], cpu.route(batch[:4])[0][finite])
+
+
 # --- whole forwards with SoftMetal's race check -----------------------------------------
 
 RACE_SCRIPT = r"""

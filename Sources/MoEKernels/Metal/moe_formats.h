@@ -187,10 +187,14 @@ struct moe_fmt_any {
     }
 };
 
-// sum of v[i] * x[i] for i < 8; x float4-aligned (a row of a multiple of 8 floats).
-static inline float moe_dot8(thread const float* v, device const float* x) {
-    const float4 a = *(device const float4*)x, b = *(device const float4*)(x + 4);
+// sum of v[i] * x[i] for i < 8, x = (a, b).
+static inline float moe_dot8(thread const float* v, float4 a, float4 b) {
     return dot(float4(v[0], v[1], v[2], v[3]), a) + dot(float4(v[4], v[5], v[6], v[7]), b);
+}
+
+// The same with x in device memory, float4-aligned (a row of a multiple of 8 floats).
+static inline float moe_dot8(thread const float* v, device const float* x) {
+    return moe_dot8(v, *(device const float4*)x, *(device const float4*)(x + 4));
 }
 
 typedef moe_fmt_affine<4> moe_fmt_q4;

@@ -32,7 +32,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
 
     /// The kernel instances that read this layer's weight formats.
     struct Pipelines {
-        let router: any MTLComputePipelineState
+        /// The batched router, and the decode router (tokens <= MOE_DECODE_MAX_TOKENS).
+        let router, routerGemv: any MTLComputePipelineState
         let routed: Experts
         let shared: Experts?
     }
@@ -101,6 +102,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         }
 
         pipelines = Pipelines(router: try context.pipeline(MetalKernels.router(router.kernelSuffix), threads: MOE_ROUTER_THREADS),
+                              routerGemv: try context.pipeline(MetalKernels.routerGemv(router.kernelSuffix),
+                                                               threads: MOE_ROUTER_GEMV_THREADS),
                               routed: try Experts(context, gate: gate, up: up, down: down),
                               shared: try shared.map { try Experts(context, gate: $0.gate, up: $0.up, down: $0.down) })
     }
@@ -110,10 +113,14 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     }
 
     /// A scratch set for `tokens` tokens from the pool (allocating only when none fits).
+    /// Its decode-router counter is set to 0, as the kernel leaves it, in case a failed
+    /// command buffer left it otherwise (no GPU work uses a checked-in set).
     func checkOutScratch(tokens: Int) throws -> MetalScratch {
-        try pool.checkOut(tokens: tokens) { capacity in
+        let scratch = try pool.checkOut(tokens: tokens) { capacity in
             try MetalScratch(context: context, configuration: configuration, capacity: capacity)
         }
+        scratch.routerCounter.contents().storeBytes(of: UInt32(0), as: UInt32.self)
+        return scratch
     }
 }
 #endif

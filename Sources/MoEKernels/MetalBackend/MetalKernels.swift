@@ -35,6 +35,7 @@ enum MetalKernels {
     static let bucket = "moe_bucket"
     static let combine = "moe_combine"
     static func router(_ suffix: String) -> String { "moe_router_" + suffix }
+    static func routerGemv(_ suffix: String) -> String { "moe_router_gemv_" + suffix }
     static func gateUpGemv(_ suffix: String) -> String { "moe_gate_up_gemv_" + suffix }
     static func downGemv(_ suffix: String) -> String { "moe_down_gemv_" + suffix }
     static func gateUpGemm(_ suffix: String) -> String { "moe_gate_up_gemm_" + suffix }

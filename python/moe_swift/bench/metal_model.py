@@ -10,7 +10,8 @@ caches should serve), the FLOPs it executes, and a roofline time per chip:
 
 where occupancy = min(1, threadgroups / GPU cores): a dispatch of fewer threadgroups than
 cores gets that share of the chip (an assumption: one core may pull more than its share
-of the bandwidth, so this overestimates small dispatches such as the decode router).
+of the bandwidth, so this overestimates small dispatches such as the single-threadgroup
+bucketing); the decode router adds a serial tail (its last threadgroup's top-k).
 A forward adds one command-buffer commit + wait; `run_layers` of n layers pays it once.
 
     python benchmarks/bench_metal.py --model          # prints the tables, writes benchmarks/results/metal_model.json
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 # The kernels' constants (Sources/MoEKernels/Metal/moe_kernel_params.h).
 ROUTER_MAX_TOKENS = 8
+ROUTER_GEMV_SIMDGROUPS = 4   # decode router: router rows per threadgroup (one per simdgroup)
 DECODE_MAX_TOKENS = 4
 GEMV_ROWS = 8
 GEMM_BM = GEMM_BN = 32
@@ -59,6 +61,9 @@ CHIPS = [
 # Per-dispatch and per-command-buffer costs: (low, high) in microseconds.
 LAUNCH_US = (5.0, 10.0)
 COMMIT_WAIT_US = (50.0, 100.0)
+# The decode router's serial tail: the atomic counter hand-off and the top-k of the last
+# threadgroup to finish, after its logits (an assumption, see ASSUMPTIONS).
+ROUTER_TAIL_US = 2.0
 
 ASSUMPTIONS = {
     "bandwidth": "Apple's published memory bandwidth per chip bin: M2 Max 400 GB/s; M3 Max 300 GB/s "
@@ -74,6 +79,9 @@ ASSUMPTIONS = {
               "issue 149: 832 extra dispatches cost 5.16 us each of GPU time); the high end is an assumption.",
     "commit_wait": f"{COMMIT_WAIT_US[0]:g}-{COMMIT_WAIT_US[1]:g} us per command buffer commit + waitUntilCompleted "
                    "round trip: an assumption (no measurement here).",
+    "router_tail": f"{ROUTER_TAIL_US:g} us added to the decode router (T <= 4) for what runs after its logits: "
+                   "the device-atomic counter that finds the last threadgroup, that threadgroup's atomic loads of "
+                   "the T x E logits, softmax/sigmoid and k rounds of a simdgroup arg-max per token (an assumption).",
     "routing": "uniform: each token picks k distinct experts at random; expert loads Binomial(T, k/E).",
     "caches": "dram_bytes counts each buffer's bytes once (re-reads hit the GPU caches); requested_bytes "
               "counts what the threadgroups ask for.",
@@ -131,6 +139,7 @@ class Dispatch:
     weight_bytes: float      # the weight part of dram_bytes
     flops: float             # executed (GEMM tiles padded to 32 rows)
     times_us: dict = field(default_factory=dict)   # chip -> (low, high)
+    tail_us: float = 0.0     # serial work after the roofline part (the decode router's top-k)
 
 
 def expected_distinct(T: int, E: int, k: int) -> float:
@@ -157,12 +166,21 @@ def dispatches(shape: LayerShape, T: int, fmt: str, router_fmt: str = "f32") -> 
     P = T * k
     out = []
 
-    # Router: up to 8 tokens per threadgroup (fewer when E is large); each reads the whole router.
-    per_group = max(1, min(T, ROUTER_MAX_TOKENS, 6144 // (3 * E + 1)))
-    groups = -(-T // per_group)
     rw = rf.matrix_bytes(E, H)
     io = T * H * F32 + P * 8 + T * F32
-    out.append(Dispatch("router", groups, rw + io, groups * rw + io, rw, 2.0 * T * E * H))
+    if T <= DECODE_MAX_TOKENS:
+        # moe_router_gemv: one router row per simdgroup, 4 rows per threadgroup, every token
+        # in every threadgroup (x re-read per threadgroup); logits through device atomics
+        # (written once, read once by the last threadgroup), which does the top-k.
+        groups = -(-E // ROUTER_GEMV_SIMDGROUPS)
+        logits = 2 * T * E * F32
+        out.append(Dispatch("router", groups, rw + io + logits, rw + groups * T * H * F32 + P * 8 + T * F32 + logits,
+                            rw, 2.0 * T * E * H, tail_us=ROUTER_TAIL_US))
+    else:
+        # moe_router: up to 8 tokens per threadgroup (fewer when E is large); each reads the whole router.
+        per_group = max(1, min(T, ROUTER_MAX_TOKENS, 6144 // (3 * E + 1)))
+        groups = -(-T // per_group)
+        out.append(Dispatch("router", groups, rw + io, groups * rw + io, rw, 2.0 * T * E * H))
 
     gate_up_w = f.matrix_bytes(I, H) * 2   # one expert's gate + up
     down_w = f.matrix_bytes(H, I)
@@ -204,7 +222,7 @@ def dispatch_time_us(d: Dispatch, chip: Chip, launch_us: float) -> float:
     occupancy = min(1.0, d.threadgroups / chip.gpu_cores)
     memory = d.dram_bytes / (chip.bandwidth_gbs * 1e9 * occupancy)
     compute = d.flops / (chip.fp32_tflops * 1e12 * occupancy)
-    return max(memory, compute) * 1e6 + launch_us
+    return max(memory, compute) * 1e6 + d.tail_us + launch_us
 
 
 def bound(d: Dispatch, chip: Chip) -> str:
