@@ -131,6 +131,25 @@ final class SoftMetalChecksTests: XCTestCase {
         XCTAssertTrue(m.contains("depends on execution order") && m.contains("buffer(0)"), m)
     }
 
+    func testMemoryCheckIsRequestedOnTheSoftMetalEncoder() throws {
+        // A read 4 MB before the data: outside the guard pages' reach, caught by the memory check.
+        let x = device.makeBuffer(length: 64 * 4)!, y = device.makeBuffer(length: 64 * 4)!
+        var shift: Int32 = -1_000_000
+        let cb = try run("copy_shifted", groups: 1, threads: 1, configure: { $0.softMetalCheckMemory = true }, [{
+            $0.setBuffer(x, offset: 0, index: 0)
+            $0.setBuffer(y, offset: 0, index: 1)
+            $0.setBytes(&shift, length: 4, index: 2)
+        }])
+        guard case .outOfBounds(let m)? = cb.error as? SoftMetalError else { return XCTFail(message(cb)) }
+        XCTAssertTrue(m.contains("out-of-bounds read of 4 bytes") && m.contains("outside every bound buffer") && m.contains("MSL line 6"), m)
+        // The missing barrier, by shadow memory: both lines, whatever the output.
+        let racy = try run("neighbour_without_barrier", groups: 1, threads: 128, configure: { $0.softMetalCheckMemory = true },
+                           [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        guard case .uninitializedRead(let r)? = racy.error as? SoftMetalError else { return XCTFail(message(racy)) }
+        XCTAssertTrue(r.contains("neighbour_without_barrier") && r.contains("MSL line 19"), r)
+        XCTAssertGreaterThan(SoftMetalOptions.statistics.memoryCheckedDispatches, 0)
+    }
+
     func testPoisonedThreadgroupMemoryShowsUnwrittenReads() throws {
         let y = device.makeBuffer(length: 256 * 4)!
         _ = try run("neighbour_without_barrier", groups: 1, threads: 64, [{ $0.setBuffer(y, offset: 0, index: 0) }])
