@@ -6,6 +6,7 @@ The library is copied without its debug info, which valgrind 3.19 cannot read (D
 SoftMetal is not run under valgrind: its fibers switch stacks by hand. And the CPU
 format kernels under AddressSanitizer (built from source with cc)."""
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -42,15 +43,18 @@ def test_forward_under_valgrind(tmp_path):
 def test_format_kernels_under_address_sanitizer(tmp_path):
     """tests/c/format_kernels_check.c: every format and bit width on exact-size buffers with
     ASan and UBSan, each product against a double-precision dot, rows independent of the
-    other rows of a call."""
+    other rows of a call; on every instruction set this CPU has (MOE_CPU_ISA)."""
     root = pathlib.Path(__file__).parents[2]
     program = tmp_path / "check"
     build = subprocess.run(["cc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                             f"-I{root / 'Sources' / 'CMoECPU' / 'include'}", str(root / "tests" / "c" / "format_kernels_check.c"),
-                            str(root / "Sources" / "CMoECPU" / "formats.c"), "-lm", "-o", str(program)],
+                            str(root / "Sources" / "CMoECPU" / "formats.c"), str(root / "Sources" / "CMoECPU" / "isa.c"),
+                            "-lm", "-o", str(program)],
                            capture_output=True, text=True)
     if build.returncode != 0 and "asan" in build.stderr.lower():
         pytest.skip("no AddressSanitizer runtime: " + build.stderr[-200:])
     assert build.returncode == 0, build.stderr[-2000:]
-    result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0 and "0 of" in result.stdout, (result.stdout + result.stderr)[-3000:]
+    for isa in ("avx512", "avx2", "portable"):
+        result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600,
+                                env=dict(os.environ, MOE_CPU_ISA=isa))
+        assert result.returncode == 0 and "0 of" in result.stdout, (isa, (result.stdout + result.stderr)[-3000:])
