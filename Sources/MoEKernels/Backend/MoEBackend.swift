@@ -8,6 +8,31 @@ protocol MoEBackend: AnyObject, Sendable {
     /// `input` must stay valid until the pass finishes. With `inputNorm`, every stage reads
     /// the normalised rows (made by `route`), never `input` itself.
     func makePass(input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws -> any MoEPass
+
+    /// Starts a stack of layers in one call (run_layers) on `tokens` rows of `input`, whose
+    /// result goes to `output` at `finish()` (the two may alias). Every layer added must run
+    /// on this backend's kind. Default: a host loop of passes (HostStackSession).
+    func makeStackSession(input: UnsafePointer<Float>, tokens: Int, hiddenSize: Int,
+                          output: UnsafeMutablePointer<Float>) throws -> any MoEStackSession
+}
+
+extension MoEBackend {
+    func makeStackSession(input: UnsafePointer<Float>, tokens: Int, hiddenSize: Int,
+                          output: UnsafeMutablePointer<Float>) throws -> any MoEStackSession {
+        HostStackSession(input: input, tokens: tokens, hiddenSize: hiddenSize, output: output)
+    }
+}
+
+/// Layers run one after another in one call, `x ← x + layer_i(norm_i(x))`: a backend may
+/// run each pass as it comes (the host loop) or record them all and run them at `finish`
+/// (Metal: one command buffer, x kept on the device).
+protocol MoEStackSession: AnyObject {
+    /// The next layer's pass (its stages still to be run) and where it reads x (its input
+    /// and residual) and writes the next x.
+    func nextPass(_ backend: any MoEBackend, inputNorm: RMSNorm?) throws
+        -> (pass: any MoEPass, x: UnsafePointer<Float>, next: UnsafeMutablePointer<Float>)
+    /// Completes every pass and writes the last x to the output.
+    func finish() throws
 }
 
 /// One pass through the layer, as the stages of the spec. A backend may run each stage
@@ -39,6 +64,19 @@ protocol MoEPass: AnyObject {
 }
 
 extension MoEPass {
+    /// The stages of one layer in the spec's order — the one place this sequence is
+    /// written: routing (the router's, or `given` ids and weights for the experts-only
+    /// call), the routed experts grouped by expert, then the combine. `finish()` is the
+    /// caller's (a stack session runs several layers before it).
+    func runLayer(given: (ids: UnsafePointer<Int32>, weights: UnsafePointer<Float>)? = nil,
+                  residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>, next: NextNorm?) throws {
+        if let given { try setRouting(ids: given.ids, weights: given.weights) } else { route() }
+        groupPairsByExpert()
+        gateUp()
+        down()
+        combine(residual: residual, output: output, next: next)
+    }
+
     func setRouting(ids: UnsafePointer<Int32>, weights: UnsafePointer<Float>) throws {
         throw MoEError.unavailable("the experts-only call (given routing) is not implemented on this backend yet")
     }

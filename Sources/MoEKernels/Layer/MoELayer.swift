@@ -68,11 +68,7 @@ public final class MoELayer: @unchecked Sendable {
                     into output: UnsafeMutablePointer<Float>) throws {
         try withAutoreleasePool {
             let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: options.inputNorm)
-            pass.route()
-            pass.groupPairsByExpert()
-            pass.gateUp()
-            pass.down()
-            pass.combine(residual: options.residualPointer(input: input), output: output, next: options.next)
+            try pass.runLayer(residual: options.residualPointer(input: input), output: output, next: options.next)
             try pass.finish()
         }
     }
@@ -93,11 +89,7 @@ public final class MoELayer: @unchecked Sendable {
         if tokens == 0 { return }
         try withAutoreleasePool {
             let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
-            try pass.setRouting(ids: ids, weights: weights)
-            pass.groupPairsByExpert()
-            pass.gateUp()
-            pass.down()
-            pass.combine(residual: nil, output: output, next: nil)
+            try pass.runLayer(given: (ids, weights), residual: nil, output: output, next: nil)
             try pass.finish()
         }
     }

@@ -33,22 +33,13 @@ extension MoELayer {
             for (i, norm) in inputNorms.enumerated() { try norm.validate("input_norms[\(i)]") }
         }
         if tokens == 0 { return }
-        #if canImport(Metal) || canImport(SoftMetal)
-        if let backends = layers.map({ $0.backend as? MetalBackend }) as? [MetalBackend] {
-            try withAutoreleasePool {
-                try MetalBackend.runLayers(backends, input, tokens: tokens, inputNorms: inputNorms, into: output)
+        try withAutoreleasePool {
+            let session = try first.backend.makeStackSession(input: input, tokens: tokens, hiddenSize: h, output: output)
+            for (i, layer) in layers.enumerated() {
+                let (pass, x, next) = try session.nextPass(layer.backend, inputNorm: inputNorms?[i])
+                try pass.runLayer(residual: x, output: next, next: nil)
             }
-            return
-        }
-        #endif
-        // A loop of forwards; `current` holds x_i while the layer writes x_{i+1} to output.
-        var current = [Float](UnsafeBufferPointer(start: input, count: tokens * h))
-        for (i, layer) in layers.enumerated() {
-            try current.withUnsafeBufferPointer { x in
-                let options = MoEForwardOptions(inputNorm: inputNorms?[i], residual: .input)
-                try layer.runForward(x.baseAddress!, tokens: tokens, options: options, into: output)
-            }
-            if i + 1 < layers.count { current.withUnsafeMutableBufferPointer { $0.baseAddress!.update(from: output, count: tokens * h) } }
+            try session.finish()
         }
     }
 }

@@ -21,7 +21,7 @@ static inline void moe_route_token(constant moe_router_params& p, threadgroup fl
     const uint E = p.experts, K = p.top_k;
     threadgroup float* c = p.has_selection_bias != 0 ? choice : s;
 
-    if (p.scoring == 0) {
+    if (p.scoring == MOE_KERNEL_SCORING_SOFTMAX) {
         float m = -INFINITY;
         for (uint e = lane; e < E; e += MOE_SIMD_WIDTH) {
             const float v = s[e];

@@ -112,6 +112,11 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         try MetalPass(backend: self, input: input, tokens: tokens, inputNorm: inputNorm)
     }
 
+    func makeStackSession(input: UnsafePointer<Float>, tokens: Int, hiddenSize: Int,
+                          output: UnsafeMutablePointer<Float>) throws -> any MoEStackSession {
+        try MetalStackSession(self, input: input, tokens: tokens, output: output)
+    }
+
     /// A scratch set for `tokens` tokens from the pool (allocating only when none fits).
     /// Its decode-router counter is set to 0, as the kernel leaves it, in case a failed
     /// command buffer left it otherwise (no GPU work uses a checked-in set).
@@ -125,39 +130,3 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
 }
 #endif
 
-#if canImport(Metal) || canImport(SoftMetal)
-extension MetalBackend {
-    /// `x_{i+1} = x_i + layer_i(x_i)` for every layer in one command buffer and one encoder,
-    /// with one wait at the end. x lives in one device buffer, updated in place by each
-    /// layer's combine (its residual is x itself). With `inputNorms`, each layer's router
-    /// normalises x into that layer's scratch first and its experts read that.
-    static func runLayers(_ layers: [MetalBackend], _ input: UnsafePointer<Float>, tokens: Int,
-                          inputNorms: [RMSNorm]?, into output: UnsafeMutablePointer<Float>) throws {
-        let context = layers[0].context
-        var scratches: [MetalScratch] = []
-        defer { for (layer, scratch) in zip(layers, scratches) { layer.pool.checkIn(scratch) } }
-        for layer in layers { scratches.append(try layer.checkOutScratch(tokens: tokens)) }
-        let count = tokens * layers[0].configuration.hiddenSize
-        let x = scratches[0].x
-        x.contents().copyMemory(from: input, byteCount: count * MemoryLayout<Float>.stride)
-        guard let commandBuffer = context.queue.makeCommandBuffer(),
-              let encoder = commandBuffer.makeComputeCommandEncoder() else {
-            throw MoEError.internalError("the \(MetalContext.kind.name) backend could not create a command buffer")
-        }
-        for (i, (layer, scratch)) in zip(layers, scratches).enumerated() {
-            var stages = MetalLayerEncoder(backend: layer, encoder: encoder, scratch: scratch, tokens: tokens, x: x)
-            if let norm = inputNorms?[i] {
-                MetalScratch.upload(norm, hidden: layer.configuration.hiddenSize, to: scratch.inputNormWeight)
-                stages.inputNorm = norm
-            }
-            stages.route()
-            stages.groupPairsByExpert()
-            stages.gateUp()
-            stages.down()
-            stages.combine(residual: x, output: x)
-        }
-        try MetalPass.run(commandBuffer, encoder: encoder, kind: MetalContext.kind)
-        output.update(from: x.contents().assumingMemoryBound(to: Float.self), count: count)
-    }
-}
-#endif

@@ -66,6 +66,14 @@ typedef int32_t moe_i32;
 /* Combine: MOE_COMBINE_THREADS consecutive hidden elements of one token per threadgroup. */
 #define MOE_COMBINE_THREADS 256
 
+/* The C ABI's enum codes (moe_scoring, moe_activation in moe_swift.h) as the kernels read
+ * them from the parameter structs; CABITests proves the two headers agree. */
+#define MOE_KERNEL_SCORING_SOFTMAX 0
+#define MOE_KERNEL_SCORING_SIGMOID 1
+#define MOE_KERNEL_ACTIVATION_SILU 0
+#define MOE_KERNEL_ACTIVATION_GELU_TANH 1
+#define MOE_KERNEL_ACTIVATION_SWIGLU_OAI 2
+
 /* moe_ffn_params.mode */
 #define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
 #define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
@@ -161,7 +169,7 @@ typedef struct moe_router_params {
     moe_u32 hidden;
     moe_u32 experts;
     moe_u32 top_k;
-    moe_u32 scoring;              /* 0 softmax, 1 sigmoid */
+    moe_u32 scoring;              /* MOE_KERNEL_SCORING_* */
     moe_u32 norm_topk_prob;
     float routed_scaling_factor;
     moe_u32 n_group;
@@ -196,7 +204,7 @@ typedef struct moe_ffn_params {
     moe_u32 inner;                /* I (or the shared expert's Is) */
     moe_u32 top_k;                /* pairs per token (1 for the shared expert) */
     moe_u32 mode;                 /* MOE_FFN_ROUTED or MOE_FFN_SHARED */
-    moe_u32 activation;           /* 0 silu, 1 gelu_tanh, 2 swiglu_oai */
+    moe_u32 activation;           /* MOE_KERNEL_ACTIVATION_* */
     float swiglu_alpha;
     float swiglu_limit;
     moe_u32 has_bias;
@@ -267,10 +275,10 @@ static inline void moe_simd_best(thread float& v, thread uint& i) {
 
 // The gated activations of the spec (GatedActivation in CPU/Activation.swift).
 static inline float moe_activate(uint kind, float g, float u, float alpha, float limit) {
-    if (kind == 0) {
+    if (kind == MOE_KERNEL_ACTIVATION_SILU) {
         return g / (1.0f + exp(-g)) * u;
     }
-    if (kind == 1) {
+    if (kind == MOE_KERNEL_ACTIVATION_GELU_TANH) {
         return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
     }
     const float gc = min(g, limit);
@@ -518,7 +526,7 @@ static inline void moe_route_token(constant moe_router_params& p, threadgroup fl
     const uint E = p.experts, K = p.top_k;
     threadgroup float* c = p.has_selection_bias != 0 ? choice : s;
 
-    if (p.scoring == 0) {
+    if (p.scoring == MOE_KERNEL_SCORING_SOFTMAX) {
         float m = -INFINITY;
         for (uint e = lane; e < E; e += MOE_SIMD_WIDTH) {
             const float v = s[e];

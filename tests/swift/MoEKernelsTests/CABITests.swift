@@ -164,6 +164,12 @@ final class CABITests: XCTestCase {
         XCTAssertEqual(UInt32(MoEActivation.silu.rawValue), MOE_ACTIVATION_SILU.rawValue)
         XCTAssertEqual(UInt32(MoEActivation.geluTanh.rawValue), MOE_ACTIVATION_GELU_TANH.rawValue)
         XCTAssertEqual(UInt32(MoEActivation.swigluOAI.rawValue), MOE_ACTIVATION_SWIGLU_OAI.rawValue)
+        // ... and so do the kernels' codes (moe_kernel_params.h, read by MSL).
+        XCTAssertEqual(UInt32(MOE_KERNEL_SCORING_SOFTMAX), MOE_SCORING_SOFTMAX.rawValue)
+        XCTAssertEqual(UInt32(MOE_KERNEL_SCORING_SIGMOID), MOE_SCORING_SIGMOID.rawValue)
+        XCTAssertEqual(UInt32(MOE_KERNEL_ACTIVATION_SILU), MOE_ACTIVATION_SILU.rawValue)
+        XCTAssertEqual(UInt32(MOE_KERNEL_ACTIVATION_GELU_TANH), MOE_ACTIVATION_GELU_TANH.rawValue)
+        XCTAssertEqual(UInt32(MOE_KERNEL_ACTIVATION_SWIGLU_OAI), MOE_ACTIVATION_SWIGLU_OAI.rawValue)
         XCTAssertEqual(UInt32(MoEBackendKind.auto.rawValue), MOE_BACKEND_AUTO.rawValue)
         XCTAssertEqual(UInt32(MoEBackendKind.cpu.rawValue), MOE_BACKEND_CPU.rawValue)
         XCTAssertEqual(UInt32(MoEBackendKind.metal.rawValue), MOE_BACKEND_METAL.rawValue)
