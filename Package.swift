@@ -12,6 +12,9 @@ let package = Package(
         // The shared library that the Python package loads (libMoESwift.so / .dylib);
         // its C ABI is Sources/CMoESwift/include/moe_swift.h.
         .library(name: "MoESwift", type: .dynamic, targets: ["MoEKernels"]),
+        // SoftMetal on its own (Linux; empty on Apple platforms): Apple's Metal API names on
+        // the CPU, for running and checking any MSL compute kernels off a Mac.
+        .library(name: "SoftMetal", targets: ["SoftMetal"]),
     ],
     targets: [
         // The C ABI header (single source of truth) and the thread-local error slot.

@@ -67,7 +67,8 @@ class SwiftBuildHook(BuildHookInterface):
             shutil.rmtree(native)
         native.mkdir(parents=True)
         shutil.copy2(bin_dir / LIBRARY, native / LIBRARY)
-        shutil.copy2(root / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native / "moe_swift.h")
+        for header in ("moe_swift.h", "moe_softmetal.h"):
+            shutil.copy2(root / "Sources" / "CMoESwift" / "include" / header, native / header)
         # For C programs: `pkg-config --cflags --libs moe_swift` with PKG_CONFIG_PATH set to
         # this folder (`python -m moe_swift --pkg-config-path`); ${pcfiledir} keeps it
         # valid wherever the package is installed.

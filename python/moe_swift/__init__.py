@@ -14,13 +14,23 @@ and mxfp4 layouts; `moe_swift.formats.quantize` makes one), kept in that format.
 Metal device (Linux).
 """
 
-from . import formats, reference, softmetal
+from . import formats, reference
 from .formats import Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
 from .layer import MoELayer, available_backends, cpu_instruction_set, last_stats, run_layers
 from .checkpoint import from_pretrained
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The SoftMetal kernel harness is loaded on first use (`moe_swift.softmetal`), not
+    # with the package: layer users never pay for its declarations.
+    if name == "softmetal":
+        import importlib
+
+        return importlib.import_module(".softmetal", __name__)
+    raise AttributeError(f"module 'moe_swift' has no attribute {name!r}")
 
 __all__ = [
     "MoELayer",

@@ -17,10 +17,10 @@ import cffi
 _PACKAGE_DIR = Path(__file__).resolve().parent
 NATIVE_DIR = _PACKAGE_DIR / "_native"
 LIBRARY_NAME = "libMoESwift.dylib" if sys.platform == "darwin" else "libMoESwift.so"
-_HEADER_CANDIDATES = (
-    NATIVE_DIR / "moe_swift.h",
+_HEADER_DIRS = (
+    NATIVE_DIR,
     # A source checkout (e.g. PYTHONPATH=python with MOE_SWIFT_LIBRARY set).
-    _PACKAGE_DIR.parent.parent / "Sources" / "CMoESwift" / "include" / "moe_swift.h",
+    _PACKAGE_DIR.parent.parent / "Sources" / "CMoESwift" / "include",
 )
 
 # Status codes of moe_swift.h, checked against the header when it is loaded.
@@ -39,22 +39,24 @@ class LibraryNotFoundError(ImportError):
     """libMoESwift could not be found or loaded."""
 
 
-def header_path() -> Path:
-    for path in _HEADER_CANDIDATES:
+def header_path(name: str = "moe_swift.h") -> Path:
+    """The C header `name` (moe_swift.h: the layer's ABI; moe_softmetal.h: the SoftMetal harness)."""
+    candidates = [d / name for d in _HEADER_DIRS]
+    for path in candidates:
         if path.is_file():
             return path
     raise LibraryNotFoundError(
-        "moe_swift.h not found (looked in: "
-        + ", ".join(str(p) for p in _HEADER_CANDIDATES)
+        f"{name} not found (looked in: "
+        + ", ".join(str(p) for p in candidates)
         + "); reinstall the package with `pip install .`"
     )
 
 
 def cdef_source(header_text: str) -> str:
-    """The part of the header that cffi reads: between the CFFI-BEGIN and CFFI-END markers."""
+    """The part of a header that cffi reads: between the CFFI-BEGIN and CFFI-END markers."""
     match = re.search(r"/\*\s*CFFI-BEGIN\s*\*/(.*?)/\*\s*CFFI-END\s*\*/", header_text, re.S)
     if match is None:
-        raise LibraryNotFoundError("moe_swift.h has no CFFI-BEGIN/CFFI-END section")
+        raise LibraryNotFoundError("the header has no CFFI-BEGIN/CFFI-END section")
     return match.group(1)
 
 
@@ -117,6 +119,23 @@ def load():
         if _loaded is None:
             _loaded = _load()
         return _loaded
+
+
+_softmetal = None
+
+
+def load_softmetal():
+    """(ffi, lib) of the SoftMetal harness (moe_softmetal.h), loaded on first use: its
+    ffi includes the layer ABI's types; the layer ABI's functions stay on load()'s lib."""
+    global _softmetal
+    ffi, _, path = load()
+    with _lock:
+        if _softmetal is None:
+            harness = cffi.FFI()
+            harness.include(ffi)
+            harness.cdef(cdef_source(header_path("moe_softmetal.h").read_text()))
+            _softmetal = harness, harness.dlopen(str(path), harness.RTLD_NOW | getattr(harness, "RTLD_NODELETE", 0))
+        return _softmetal
 
 
 def check(status: int) -> None:

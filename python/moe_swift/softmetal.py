@@ -119,7 +119,7 @@ def compile(source: str, include_dirs=(), defines=None, metal_version=None) -> "
     own directory). defines: {name: value} macros (`-Dname=value`; a value of None or True
     defines it as 1). metal_version: `__METAL_VERSION__` (310 = MSL 3.1, the default).
     """
-    ffi, lib, _ = _native.load()
+    ffi, lib = _native.load_softmetal()
     _text("source", source)
     out = ffi.new("moe_softmetal_library **")
     kind = ffi.new("int32_t *")
@@ -180,7 +180,7 @@ class Library:
 
     def close(self):
         if self._handle is not None:
-            _, lib, _ = _native.load()
+            _, lib = _native.load_softmetal()
             lib.moe_softmetal_free(self._handle)
             self._handle = None
 
@@ -192,7 +192,7 @@ class Library:
 
     def fiber_switch_ns(self, iterations: int = 2_000_000) -> float:
         """The cost of one fiber switch (ns) with this library's context switch."""
-        ffi, lib, _ = _native.load()
+        ffi, lib = _native.load_softmetal()
         out = ffi.new("double *")
         _native.check(lib.moe_softmetal_fiber_switch_ns(self._handle, iterations, out))
         return out[0]
@@ -203,7 +203,7 @@ class Library:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
-        ffi, lib, _ = _native.load()
+        ffi, lib = _native.load_softmetal()
         if isinstance(buffers, Mapping):
             items = sorted((int(k), v) for k, v in buffers.items())
         else:

@@ -13,8 +13,8 @@ import pytest
 from moe_swift import _native
 
 
-def header_functions():
-    text = _native.cdef_source(_native.header_path().read_text())
+def header_functions(name="moe_swift.h"):
+    text = _native.cdef_source(_native.header_path(name).read_text())
     return set(re.findall(r"\b(moe_\w+)\s*\(", text))
 
 
@@ -25,6 +25,13 @@ def test_every_declared_function_is_exported():
             "moe_layer_destroy", "moe_last_error"} <= names
     for name in names:
         assert callable(getattr(lib, name)), name
+    # The SoftMetal harness has a header of its own, beside the layer's ABI.
+    _, harness = _native.load_softmetal()
+    names = header_functions("moe_softmetal.h")
+    assert {"moe_softmetal_compile", "moe_softmetal_launch", "moe_softmetal_free"} <= names
+    assert not any(n.startswith("moe_softmetal") for n in header_functions())
+    for name in names:
+        assert callable(getattr(harness, name)), name
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
@@ -34,7 +41,7 @@ def test_no_export_is_missing_from_the_header():
     out = subprocess.run(["nm", *flag, str(path)], check=True, capture_output=True, text=True).stdout
     exported = {m.lstrip("_") for m in re.findall(r"\bT (_?moe_\w+)", out)}
     internal = {name for name in exported if name.startswith("moe_internal_")}  # moe_swift_internal.h
-    assert exported - internal == header_functions()
+    assert exported - internal == header_functions() | header_functions("moe_softmetal.h")
 
 
 def test_abi_version_and_status_codes():

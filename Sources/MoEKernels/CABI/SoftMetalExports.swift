@@ -1,4 +1,4 @@
-// The SoftMetal part of the C ABI (moe_softmetal_* in moe_swift.h): compile MSL and launch
+// The SoftMetal part of the C ABI (moe_softmetal_* in moe_softmetal.h): compile MSL and launch
 // one kernel on the software Metal device, for the Python harness moe_swift.softmetal.
 // Like every export, nothing here traps: errors become a status, a moe_softmetal_error
 // kind and the thread's moe_last_error() message. Without SoftMetal (Apple platforms)

@@ -1,0 +1,95 @@
+/* moe_softmetal.h - the C ABI of SoftMetal's kernel harness, exported by libMoESwift
+ * beside the layer's ABI (moe_swift.h): compile MSL source and launch one kernel on
+ * SoftMetal, the software Metal device. Used by the Python harness moe_swift.softmetal
+ * (its cffi declarations are read from the CFFI-BEGIN/CFFI-END section below). Not part
+ * of the MoE layer's ABI: a program that runs layers needs only moe_swift.h. */
+#ifndef MOE_SOFTMETAL_H
+#define MOE_SOFTMETAL_H
+
+#include "moe_swift.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CFFI-BEGIN */
+
+/* SoftMetal's checks apply (guard pages, threadgroup-memory poisoning, barrier
+ * divergence, the optional race and memory checks). On platforms without SoftMetal every function
+ * returns MOE_ERROR_UNAVAILABLE. A failure returns MOE_ERROR_INVALID_ARGUMENT (or another
+ * status) and, when error_kind is not NULL, stores a moe_softmetal_error there. */
+
+typedef enum moe_softmetal_error {
+    MOE_SOFTMETAL_OK = 0,
+    MOE_SOFTMETAL_COMPILE = 1,             /* translation or clang++ error */
+    MOE_SOFTMETAL_OUT_OF_BOUNDS = 2,       /* a guard page was touched, or check_memory saw an access outside */
+    MOE_SOFTMETAL_BARRIER_DIVERGENCE = 3,  /* barrier / simd divergence or deadlock */
+    MOE_SOFTMETAL_RACE = 4,                /* results depend on execution order, or unordered accesses */
+    MOE_SOFTMETAL_INVALID_USAGE = 5,       /* unbound buffer, bad sizes, unknown kernel */
+    MOE_SOFTMETAL_RUNTIME = 6,             /* another failure while running */
+    MOE_SOFTMETAL_UNINITIALIZED_READ = 7   /* check_memory: threadgroup memory read before any write */
+} moe_softmetal_error;
+
+typedef struct moe_softmetal_library moe_softmetal_library;  /* opaque */
+
+typedef struct moe_softmetal_launch_desc {
+    uint32_t struct_size;                  /* sizeof(moe_softmetal_launch_desc) */
+    const char* kernel;
+    int32_t num_buffers;
+    const int32_t* buffer_indices;         /* [[buffer(i)]] of each buffer */
+    void* const* buffer_data;              /* copied into guarded buffers, and back after */
+    const int64_t* buffer_lengths;         /* bytes */
+    const int32_t* buffer_write_back;      /* 0: input only (not copied back); NULL: all 1 */
+    int32_t num_threadgroup_memory;
+    const int32_t* threadgroup_memory_indices;
+    const int64_t* threadgroup_memory_lengths;  /* multiples of 16 */
+    int32_t mode;                          /* 0: dispatchThreadgroups(size), 1: dispatchThreads(size),
+                                              2: dispatchThreadgroups(indirectBuffer:) */
+    uint32_t size[3];
+    uint32_t threads_per_threadgroup[3];
+    const void* indirect_data;             /* mode 2: the MTLDispatchThreadgroupsIndirectArguments buffer */
+    int64_t indirect_length;
+    int64_t indirect_offset;
+    int32_t check_races;                   /* run twice in different orders, compare */
+    int32_t poison_threadgroup_memory;     /* fill threadgroup memory with 0xFF first */
+    double seconds;                        /* out: time from commit to completion */
+    int32_t check_memory;                  /* every access checked: bounds, races on shadow memory,
+                                              reads of unwritten threadgroup memory */
+} moe_softmetal_launch_desc;
+
+/* Translates and compiles MSL source (cached on disk) into *out. */
+moe_status moe_softmetal_compile(const char* source, moe_softmetal_library** out, int32_t* error_kind);
+
+/* Preprocessor options of moe_softmetal_compile_with_options (Apple's MTLCompileOptions
+ * preprocessorMacros and languageVersion, plus include directories, which only SoftMetal has). */
+typedef struct moe_softmetal_compile_options {
+    uint32_t struct_size;                  /* sizeof(moe_softmetal_compile_options) */
+    int32_t num_include_dirs;
+    const char* const* include_dirs;       /* -I: searched after the including file's directory */
+    int32_t num_defines;
+    const char* const* define_names;
+    const char* const* define_values;      /* -Dname=value; NULL array or NULL entry: "1" */
+    int32_t metal_version;                 /* __METAL_VERSION__: 200...320 (e.g. 310 = MSL 3.1); 0: 310 */
+} moe_softmetal_compile_options;
+
+/* moe_softmetal_compile with preprocessor options (options may be NULL). */
+moe_status moe_softmetal_compile_with_options(const char* source, const moe_softmetal_compile_options* options,
+                                              moe_softmetal_library** out, int32_t* error_kind);
+
+/* Runs one dispatch of desc->kernel and waits for it. */
+moe_status moe_softmetal_launch(moe_softmetal_library* library, moe_softmetal_launch_desc* desc,
+                                int32_t* error_kind);
+
+/* The cost of one fiber switch in ns, measured with the library's context switch. */
+moe_status moe_softmetal_fiber_switch_ns(moe_softmetal_library* library, int64_t iterations, double* out);
+
+/* Frees the library handle. NULL is ignored. */
+void moe_softmetal_free(moe_softmetal_library* library);
+
+/* CFFI-END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_SOFTMETAL_H */
