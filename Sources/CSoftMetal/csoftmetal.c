@@ -124,6 +124,73 @@ void csm_guarded_free(void* data, size_t length) {
     if (registry_remove((uintptr_t)data, &r)) munmap((void*)r.lo, r.hi - r.lo);
 }
 
+// MARK: buffers within a budget of memory mappings ---------------------------------------
+// A guarded buffer costs the process three memory mappings (guard, data, guard). Linux
+// allows vm.max_map_count (65530 by default) per process, and when they run out every
+// later mmap fails - thread stacks included, so the process hangs rather than erring.
+// SoftMetal's buffers use at most half of that: guarded while they take less than a
+// quarter, plain (one mapping, no guard pages) up to the half, then makeBuffer fails
+// (nil, as Metal's does: the caller's MemoryError). SOFTMETAL_MAX_MAPPINGS overrides the half.
+
+static long mappings_in_use;
+
+static long mapping_budget(void) {
+    static long budget = -1;
+    long b = __atomic_load_n(&budget, __ATOMIC_RELAXED);
+    if (b < 0) {
+        const char* env = getenv("SOFTMETAL_MAX_MAPPINGS");
+        if (env && atol(env) > 0) {
+            b = atol(env);
+        } else {
+            long max = 65530;
+            FILE* f = fopen("/proc/sys/vm/max_map_count", "r");
+            if (f) {
+                if (fscanf(f, "%ld", &max) != 1) max = 65530;
+                fclose(f);
+            }
+            b = max / 2;
+        }
+        __atomic_store_n(&budget, b, __ATOMIC_RELAXED);
+    }
+    return b;
+}
+
+void* csm_buffer_alloc(size_t length, int32_t tag, int32_t* guarded) {
+    const long budget = mapping_budget();
+    if (__atomic_add_fetch(&mappings_in_use, 3, __ATOMIC_RELAXED) <= budget / 2) {
+        void* p = guarded_map(length, tag, KIND_BUFFER);
+        if (p) {
+            *guarded = 1;
+            return p;
+        }
+        __atomic_sub_fetch(&mappings_in_use, 3, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    if (__atomic_sub_fetch(&mappings_in_use, 2, __ATOMIC_RELAXED) > budget) {
+        __atomic_sub_fetch(&mappings_in_use, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    void* p = mmap(NULL, round_up(length ? length : 1, csm_page_size()), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        __atomic_sub_fetch(&mappings_in_use, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    *guarded = 0;
+    return p;
+}
+
+void csm_buffer_free(void* data, size_t length, int32_t guarded) {
+    if (data == NULL) return;
+    if (guarded) {
+        csm_guarded_free(data, length);
+        __atomic_sub_fetch(&mappings_in_use, 3, __ATOMIC_RELAXED);
+    } else {
+        munmap(data, round_up(length ? length : 1, csm_page_size()));
+        __atomic_sub_fetch(&mappings_in_use, 1, __ATOMIC_RELAXED);
+    }
+}
+
 // MARK: per-thread state ----------------------------------------------------------------
 
 typedef struct thread_state {

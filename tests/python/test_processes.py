@@ -76,3 +76,59 @@ def test_interpreter_exit_while_daemon_threads_are_in_a_call():
     for _ in range(6):
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
         assert result.returncode == 0, (result.returncode, result.stderr.decode()[-500:])
+
+
+MANY_LIVE_LAYERS = """
+import gc, os, sys, threading
+import numpy as np
+import moe_swift
+sys.path.insert(0, {tests!r})
+from families import make_layer_args
+args = make_layer_args("mixtral", H=32, I=16, E=4, k=2, seed=0)
+x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
+expected = moe_swift.MoELayer(**args, backend="cpu")(x)
+layers = []
+try:
+    for _ in range(2000):
+        layer = moe_swift.MoELayer(**args, backend="softmetal")
+        layers.append(layer)
+    print("no limit")
+except MemoryError as e:
+    print("MemoryError after", len(layers))
+# A forward needs scratch buffers too: at the limit it raises MemoryError as well.
+try:
+    layers[-1](x)
+except MemoryError:
+    print("forward MemoryError")
+# With most layers freed, the first (guarded buffers) and the last (plain buffers, past the
+# guarded part of the budget) compute the same.
+layers = [layers[0], layers[-1]]
+gc.collect()
+np.testing.assert_allclose(layers[-1](x), expected, rtol=1e-5, atol=1e-5)
+np.testing.assert_allclose(layers[0](x), expected, rtol=1e-5, atol=1e-5)
+del layers, layer
+gc.collect()
+t = threading.Thread(target=lambda: None)
+t.start(); t.join()
+np.testing.assert_allclose(moe_swift.MoELayer(**args, backend="softmetal")(x), expected, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal is Linux-only")
+def test_many_live_softmetal_layers_end_in_memory_error_not_a_hang():
+    """Each guarded buffer costs three memory mappings; ~10,000 live layers used to exhaust
+    the process's (vm.max_map_count), after which thread creation hung. SoftMetal keeps to
+    a budget (SOFTMETAL_MAX_MAPPINGS, here small): guarded buffers first, then plain
+    ones, then makeBuffer fails and layer creation raises MemoryError; freeing layers
+    gives the mappings back."""
+    import os
+    import pathlib
+    import subprocess
+
+    script = MANY_LIVE_LAYERS.format(tests=str(pathlib.Path(__file__).parent))
+    env = dict(os.environ, SOFTMETAL_MAX_MAPPINGS="3000")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split()
+    assert "MemoryError" in result.stdout and lines[-1] == "ok", result.stdout

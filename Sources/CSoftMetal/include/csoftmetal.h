@@ -159,6 +159,11 @@ typedef const sm_kernel_info* (*sm_info_fn)(void);
  * PROT_NONE page before the first usable page. Zero-filled. NULL on failure.
  * Region tags: buffers > 0; threadgroup(i) memory -(i + 1); threadgroup variables -100. */
 void* csm_guarded_alloc(size_t length, int32_t tag);
+/* A buffer's memory within SoftMetal's budget of memory mappings (csoftmetal.c): guarded
+ * (*guarded = 1) while the budget allows, else plain; NULL when the budget or memory is
+ * exhausted. Freed with csm_buffer_free(data, length, *guarded). */
+void* csm_buffer_alloc(size_t length, int32_t tag, int32_t* guarded);
+void csm_buffer_free(void* data, size_t length, int32_t guarded);
 void csm_guarded_free(void* data, size_t length);
 /* The system page size. */
 size_t csm_page_size(void);

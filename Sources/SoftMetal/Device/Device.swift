@@ -59,18 +59,25 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
     public var label: String?
     public let length: Int
     let storage: UnsafeMutableRawPointer
-    /// false for bytesNoCopy buffers, whose memory SoftMetal cannot place next to a guard page.
+    /// false for bytesNoCopy buffers, whose memory SoftMetal cannot place next to a guard
+    /// page, and beyond the budget of memory mappings for guarded buffers (csoftmetal.c):
+    /// thousands of live buffers would otherwise exhaust the process's mappings.
     public let softMetalIsGuarded: Bool
     private let deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?
 
     init?(device: any MTLDevice, length: Int) {
-        guard length >= 0, let p = csm_guarded_alloc(length, 1) else { return nil }
+        var guarded: Int32 = 0
+        guard length >= 0, let p = csm_buffer_alloc(length, 1, &guarded) else { return nil }
         self.device = device
         self.length = length
         storage = p
-        softMetalIsGuarded = true
+        softMetalIsGuarded = guarded != 0
+        owned = true
         deallocator = nil
     }
+
+    /// The memory is SoftMetal's (csm_buffer_alloc), not the caller's (bytesNoCopy).
+    private let owned: Bool
 
     init(device: any MTLDevice, noCopy: UnsafeMutableRawPointer, length: Int,
          deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) {
@@ -78,11 +85,12 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
         self.length = length
         storage = noCopy
         softMetalIsGuarded = false
+        owned = false
         self.deallocator = deallocator
     }
 
     deinit {
-        if softMetalIsGuarded { csm_guarded_free(storage, length) } else { deallocator?(storage, length) }
+        if owned { csm_buffer_free(storage, length, softMetalIsGuarded ? 1 : 0) } else { deallocator?(storage, length) }
     }
 
     public func contents() -> UnsafeMutableRawPointer { storage }
