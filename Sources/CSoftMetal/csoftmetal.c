@@ -128,9 +128,9 @@ void csm_guarded_free(void* data, size_t length) {
 // A guarded buffer costs the process three memory mappings (guard, data, guard). Linux
 // allows vm.max_map_count (65530 by default) per process, and when they run out every
 // later mmap fails - thread stacks included, so the process hangs rather than erring.
-// SoftMetal's buffers use at most half of that: guarded while they take less than a
-// quarter, plain (one mapping, no guard pages) up to the half, then makeBuffer fails
-// (nil, as Metal's does: the caller's MemoryError). SOFTMETAL_MAX_MAPPINGS overrides the half.
+// SoftMetal's buffers use at most a budget of half of that: guarded up to half of the
+// budget, then plain (one mapping, no guard pages) up to the budget, then makeBuffer fails
+// (nil, as Metal's does: the caller's MemoryError). SOFTMETAL_MAX_MAPPINGS sets the budget.
 
 static long mappings_in_use;
 
