@@ -502,7 +502,9 @@ static void set_error(sm_dispatch* d, const char* message) {
     if (d->error && d->error_capacity) snprintf(d->error, d->error_capacity, "%s", message);
 }
 
-int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed) {
+double csm_now(void) { return now_seconds(); }
+
+int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed, double deadline) {
     thread_state* ts = get_thread_state();
     if (!ts || !ensure_stacks(ts, lanes_needed)) {
         set_error(d, "out of memory for fiber stacks or threadgroup memory");
@@ -541,7 +543,11 @@ int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed) {
         sigaddset(&set, WATCHDOG_SIGNAL);
         pthread_sigmask(SIG_UNBLOCK, &set, NULL);
     }
-    ts->deadline = timeout > 0 ? now_seconds() + timeout : 1e300;
+    if (timeout > 0 && deadline > 0 && now_seconds() >= deadline) {
+        set_error(d, "timeout");  // the dispatch's time ran out before this chunk started
+        return d->error_kind = SM_ERROR_TIMEOUT;
+    }
+    ts->deadline = timeout > 0 ? (deadline > 0 ? deadline : now_seconds() + timeout) : 1e300;
     int jumped = sigsetjmp(ts->jmp, 1);
     if (jumped) {
         ts->running = 0;

@@ -752,6 +752,31 @@ except sm.SoftMetalError as e:
     assert "did not finish within 1" in out.stdout and "spin" in out.stdout, out.stdout + out.stderr
 
 
+def test_the_watchdog_stops_a_whole_dispatch_at_its_timeout():
+    # 64 spinning threadgroups in 4 x cores chunks: each chunk used to get its own timeout
+    # (4x the timeout on two cores); the dispatch has one deadline.
+    import subprocess
+
+    code = r'''
+import time, numpy as np, moe_swift.softmetal as sm
+lib = sm.compile("""
+using namespace metal;
+kernel void spin(device atomic_uint* flag [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    if (tid == 0) { while (atomic_load_explicit(flag, memory_order_relaxed) == 0) {} }
+}
+""")
+t = time.perf_counter()
+try:
+    lib.launch("spin", [np.zeros(1, np.uint32)], threadgroups=(64,), threads_per_threadgroup=(1,))
+except sm.SoftMetalError as e:
+    print(type(e).__name__)
+print(round(time.perf_counter() - t, 2))
+'''
+    env = dict(__import__("os").environ, SOFTMETAL_TIMEOUT_S="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    kind, seconds = out.stdout.split()
+    assert kind == "RuntimeFailure" and float(seconds) < 2.0, out.stdout + out.stderr
+
 def test_types_need_no_using_namespace():
     lib = softmetal.compile("""
 #include <metal_stdlib>

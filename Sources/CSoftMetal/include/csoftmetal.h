@@ -184,7 +184,11 @@ int32_t csm_fault_code(void);
  * (stacks, scratch, threadgroup memory with the lengths in d->tg_mem_lengths, guarded),
  * installs the SIGSEGV handler once per process, catches faults in guard pages.
  * Returns an SM_ERROR_* (0 = ok); copies the message into d->error. */
-int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed);
+int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed, double deadline);
+/* CLOCK_MONOTONIC seconds: csm_run's deadline is csm_now() + csm_timeout_seconds(), taken
+ * once per dispatch, so that a dispatch of many chunks stops at its timeout, not at a
+ * timeout per chunk (deadline 0: none). */
+double csm_now(void);
 
 /* Seconds a csm_run may take before the watchdog stops it (SM_ERROR_TIMEOUT): from
  * $SOFTMETAL_TIMEOUT_S (default 60; 0 = no watchdog). */

@@ -195,6 +195,9 @@ enum Executor {
                                 bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?, chunks: Int,
                                 check: (MemoryCheck, String)?) throws {
         var template = base
+        // One deadline for the whole dispatch (the watchdog's timeout), not one per chunk.
+        let timeout = csm_timeout_seconds()
+        let deadline = timeout > 0 ? csm_now() + timeout : 0
         if let seed = permutation {
             var mul = Int(seed % UInt64(max(total, 1))) | 1
             while gcd(mul, total) != 1 { mul += 1 }
@@ -219,7 +222,7 @@ enum Executor {
             defer { message.deallocate() }
             d.error = message
             d.error_capacity = UInt32(errorCapacity)
-            let kind = csm_run(launcher, &d, UInt32(lanes))
+            let kind = csm_run(launcher, &d, UInt32(lanes), deadline)
             guard kind != SM_OK else { return }
             var text = String(cString: message)
             if kind == SM_ERROR_CHECK, let (memory, path) = check {
