@@ -727,14 +727,8 @@ def test_guard_pages_still_work_after_another_fault_handler_is_installed(bugs):
             faulthandler.disable()
 
 
-def test_a_spin_wait_is_stopped_by_the_watchdog_instead_of_hanging():
-    # Thread 0 waits for thread 1's flag without a barrier: on SoftMetal a thread runs
-    # until it blocks, so the wait never ends; the watchdog stops it. Own process: the
-    # timeout is read once per process.
-    import subprocess
-
-    code = r'''
-import numpy as np, moe_swift.softmetal as sm
+SPIN = r'''
+import time, numpy as np, moe_swift.softmetal as sm
 lib = sm.compile("""
 using namespace metal;
 kernel void spin(device atomic_uint* flag [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
@@ -742,40 +736,41 @@ kernel void spin(device atomic_uint* flag [[buffer(0)]], uint tid [[thread_index
     if (tid == 1) atomic_store_explicit(flag, 1u, memory_order_relaxed);
 }
 """)
+t = time.perf_counter()
 try:
-    lib.launch("spin", [np.zeros(1, np.uint32)], threadgroups=(1,), threads_per_threadgroup=(2,))
+    lib.launch("spin", [np.zeros(1, np.uint32)], threadgroups=(GROUPS,), threads_per_threadgroup=(THREADS,))
 except sm.SoftMetalError as e:
     print(type(e).__name__, e)
+print(round(time.perf_counter() - t, 2))
 '''
+
+
+def spin_with_a_one_second_watchdog(groups, threads):
+    """(output lines, seconds) of the spin kernel in its own process (the timeout is read
+    once per process)."""
+    import subprocess
+
+    code = SPIN.replace("GROUPS", str(groups)).replace("THREADS", str(threads))
     env = dict(__import__("os").environ, SOFTMETAL_TIMEOUT_S="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert "did not finish within 1" in out.stdout and "spin" in out.stdout, out.stdout + out.stderr
+    lines = out.stdout.strip().split("\n")
+    assert len(lines) == 2, out.stdout + out.stderr
+    return lines[0], float(lines[1])
+
+
+def test_a_spin_wait_is_stopped_by_the_watchdog_instead_of_hanging():
+    # Thread 0 waits for thread 1's flag without a barrier: on SoftMetal a thread runs
+    # until it blocks, so the wait never ends; the watchdog stops it.
+    message, _ = spin_with_a_one_second_watchdog(1, 2)
+    assert "did not finish within 1" in message and "spin" in message, message
 
 
 def test_the_watchdog_stops_a_whole_dispatch_at_its_timeout():
     # 64 spinning threadgroups in 4 x cores chunks: each chunk used to get its own timeout
     # (4x the timeout on two cores); the dispatch has one deadline.
-    import subprocess
+    message, seconds = spin_with_a_one_second_watchdog(64, 1)
+    assert message.startswith("RuntimeFailure") and seconds < 2.0, (message, seconds)
 
-    code = r'''
-import time, numpy as np, moe_swift.softmetal as sm
-lib = sm.compile("""
-using namespace metal;
-kernel void spin(device atomic_uint* flag [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
-    if (tid == 0) { while (atomic_load_explicit(flag, memory_order_relaxed) == 0) {} }
-}
-""")
-t = time.perf_counter()
-try:
-    lib.launch("spin", [np.zeros(1, np.uint32)], threadgroups=(64,), threads_per_threadgroup=(1,))
-except sm.SoftMetalError as e:
-    print(type(e).__name__)
-print(round(time.perf_counter() - t, 2))
-'''
-    env = dict(__import__("os").environ, SOFTMETAL_TIMEOUT_S="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    kind, seconds = out.stdout.split()
-    assert kind == "RuntimeFailure" and float(seconds) < 2.0, out.stdout + out.stderr
 
 def test_types_need_no_using_namespace():
     lib = softmetal.compile("""
