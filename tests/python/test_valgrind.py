@@ -3,7 +3,9 @@ float32 and 4-bit layers through the C header, runs forward, route and the exper
 call, provokes errors and destroys them: no invalid access, no definite leak. Skipped
 where valgrind is not installed (scripts/install.sh installs it with the test extras).
 The library is copied without its debug info, which valgrind 3.19 cannot read (DWARF 5).
-SoftMetal is not run under valgrind: its fibers switch stacks by hand. And the CPU
+SoftMetal's harness too (tests/c/softmetal_under_valgrind.c): compile, launch, a caught
+fault, a memory-checked launch; its compiled kernels' own reports (fibers switch stacks by
+hand) are suppressed by tests/c/softmetal_kernels.supp, libMoESwift's are not. And the CPU
 format kernels under AddressSanitizer (built from source with cc)."""
 
 import os
@@ -16,27 +18,46 @@ import pytest
 
 from moe_swift import _native
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("valgrind") is None
-                    or shutil.which("strip") is None or shutil.which("cc") is None,
-                    reason="needs valgrind, strip and cc (Linux)")
-def test_forward_under_valgrind(tmp_path):
+def run_under_valgrind(tmp_path, source_name, env=None, suppressions=None):
+    """Builds tests/c/<source_name> against a copy of the library without its debug info and
+    runs it under valgrind; asserts no error, no definite leak and "0 failures"."""
     library = _native.library_path()
     lib = tmp_path / "lib"
     lib.mkdir()
     for so in library.parent.glob("*.so*"):
         shutil.copy2(so, lib / so.name)
     subprocess.run(["strip", "--strip-debug", str(lib / library.name)], check=True)
-    source = pathlib.Path(__file__).parents[1] / "c" / "forward_under_valgrind.c"
-    program = tmp_path / "forward"
+    source = pathlib.Path(__file__).parents[1] / "c" / source_name
+    program = tmp_path / "program"
     subprocess.run(["cc", "-O1", "-gdwarf-4", f"-I{_native.header_path().parent}", str(source),
                     f"-L{lib}", "-lMoESwift", f"-Wl,-rpath,{lib}", "-o", str(program)], check=True)
+    extra = [f"--suppressions={suppressions}"] if suppressions else []
     result = subprocess.run(["valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite",
-                             "--show-leak-kinds=definite", "--error-exitcode=3", str(program)],
-                            capture_output=True, text=True, timeout=600)
+                             "--show-leak-kinds=definite", "--error-exitcode=3", *extra, str(program)],
+                            capture_output=True, text=True, timeout=600, env=env)
     report = result.stdout + result.stderr
     assert result.returncode == 0, report[-4000:]
     assert "0 failures" in report and "ERROR SUMMARY: 0 errors" in report, report[-4000:]
     assert "definitely lost: 0 bytes" in report or "no leaks are possible" in report, report[-4000:]
+
+
+needs_valgrind = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("valgrind") is None or shutil.which("strip") is None
+    or shutil.which("cc") is None, reason="needs valgrind, strip and cc (Linux)")
+
+
+@needs_valgrind
+def test_forward_under_valgrind(tmp_path):
+    run_under_valgrind(tmp_path, "forward_under_valgrind.c")
+
+
+@needs_valgrind
+@pytest.mark.skipif("softmetal" not in __import__("moe_swift").available_backends(), reason="SoftMetal is Linux-only")
+def test_softmetal_harness_under_valgrind(tmp_path):
+    # The kernels compile into a folder the suppressions name (cold: about a second).
+    env = dict(os.environ, SOFTMETAL_CACHE_DIR=str(tmp_path / "softmetal-kernels"))
+    suppressions = pathlib.Path(__file__).parents[1] / "c" / "softmetal_kernels.supp"
+    run_under_valgrind(tmp_path, "softmetal_under_valgrind.c", env=env, suppressions=suppressions)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
