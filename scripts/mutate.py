@@ -6,7 +6,7 @@ run it before resolving an issue that touches the core.
 
     python3 scripts/mutate.py --check            # every mutant's code is where the catalogue says
     python3 scripts/mutate.py                    # run them all (about 3 minutes each)
-    python3 scripts/mutate.py --only combine-shared-first,router-nan-wins
+    python3 scripts/mutate.py --only metal-combine-shared-first,router-nan-wins
     python3 scripts/mutate.py --report           # the table and the score of the last runs
 
 Results go to scripts/mutation_results.json (one entry per mutant, the latest run).
@@ -69,6 +69,11 @@ CATALOGUE = [
      "if (p.has_residual != 0) acc += residual[i];", ""),
     ("metal-combine-shared-dropped", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
      "if (p.has_shared != 0) acc += shared_out[i];", ""),
+    ("combine-slots-reversed", "combine", "Sources/MoEKernels/CPU/CPUPass.swift",
+     "let y = downOut + Int(pairRow[t * k + j]) * h + h0", "let y = downOut + Int(pairRow[t * k + (k - j)]) * h + h0"),
+    ("metal-combine-shared-first", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
+     "float acc = pairs[0];\n    for (uint j = 1; j < p.top_k; j++) acc += pairs[j * H];\n    const ulong i = (ulong)t * H + h;\n    if (p.has_shared != 0) acc += shared_out[i];",
+     "const ulong i = (ulong)t * H + h;\n    float acc = p.has_shared != 0 ? shared_out[i] : 0.0f;\n    for (uint j = 0; j < p.top_k; j++) acc += pairs[j * H];"),
     # formats
     ("format-bf16-shift", "formats", "Sources/CMoECPU/formats.c",
      "return from_bits((uint32_t)b << 16);", "return from_bits((uint32_t)b << 15);"),
