@@ -806,7 +806,8 @@ struct MSLTranslator {
                 throw fail(head.start, "kernel instantiation \(name)<\(args)>: cannot parse its parameters")
             }
             (templateName, arguments, k) = (name, args, close)
-        } else if let (name, args, after) = templateId(skipSpace(afterWord)) {
+        } else if let (name, args, after) = templateId(skipSpace(afterWord)),
+                  skipSpace(after) < text.count, text[skipSpace(after)] == 59 {  // `;`
             // `kernel_unary_t f<A>;` with `typedef decltype(f<X>) kernel_unary_t;` (ggml): the
             // type names the function type; the template's parameter attributes bind it.
             (templateName, arguments, k) = (name, args, after)
