@@ -83,6 +83,10 @@ struct MSLTranslator {
         var source: String
         var kernels: [Kernel]
         var functionConstants: [FunctionConstant] = []
+        /// `source` without the launchers, and each kernel's launcher (parallel to `kernels`):
+        /// a large library is compiled kernel by kernel (see SoftMetalLibrary).
+        var body: String = ""
+        var launchers: [String] = []
     }
 
     /// `constant T name [[function_constant(index)]];`: becomes
@@ -129,6 +133,7 @@ struct MSLTranslator {
     private var edits: [(start: Int, end: Int, replacement: String)] = []
     private var kernels: [Kernel] = []
     private var functionConstants: [FunctionConstant] = []
+    private var templateTypeNames: Set<String> = []
     private var templates: [String: KernelTemplate] = [:]
     private var tgSlot = 0
 
@@ -274,6 +279,7 @@ struct MSLTranslator {
 
     private mutating func run() throws {
         blankIncludes()
+        templateTypeNames = collectTemplateTypeNames()
         // One pass over identifiers and numbers outside string literals.
         var i = 0
         var lineStart = true
@@ -306,6 +312,16 @@ struct MSLTranslator {
             }
             guard MSLTranslator.isIdentStart(c), i == 0 || !MSLTranslator.isIdent(text[i - 1]) else { i += 1; continue }
             let (word, end) = identifier(at: i)!
+            if inDirective && word == "pragma", let (next, after) = identifier(at: skipSpace(end)),
+               next == "unroll" || next == "nounroll" {
+                // A hint (`#pragma unroll(MIN(DK8/2, 4*NSG))` names macros the separate
+                // preprocessing step has already dropped): blanked.
+                var e = after
+                while e < text.count && text[e] != 10 { e += 1 }
+                edits.append((i, e, MSLTranslator.blank(text[i..<e])))
+                i = e
+                continue
+            }
             if inDirective && (word == "include" || word == "pragma") { i = end; continue }
             switch word {
             case "kernel", "template":
@@ -323,6 +339,7 @@ struct MSLTranslator {
                 if !isMember(i) { i = try threadgroup(at: i, end: end); continue }
             default:
                 if MSLTranslator.vectorTypes.contains(word) { vectorConstructor(at: i, end: end, word: word) }
+                else if !inDirective && templateTypeNames.contains(word) { templateTypeConversion(at: i, end: end, word: word) }
             }
             i = end
         }
@@ -338,9 +355,10 @@ struct MSLTranslator {
         guard let open = declaration.firstRange(ofPlain: "[[") else { return nil }
         let attribute = declaration[open.upperBound...].prefix { $0 != "]" }.trimmingSpaces
         guard attribute.hasPrefix("function_constant") else { return nil }
-        let argument = attribute.drop { $0 != "(" }.dropFirst().prefix { $0 != ")" }.trimmingSpaces
+        let argument = attribute.drop { $0 != "(" }.dropFirst().trimmingSpaces
         let words = declaration[..<open.lowerBound].splitWords.dropFirst()  // `constant`
-        guard let index = Int(argument), index >= 0, index < 65536, words.count >= 2, let name = words.last else {
+        // The index is an integer constant expression (ggml: `FC_UNARY + 0`, a macro made `1200 + 0`).
+        guard argument.hasSuffix(")"), let index = MSLTranslator.integerExpression(argument.dropLast()), index >= 0, index < 65536, words.count >= 2, let name = words.last else {
             throw fail(start, "cannot parse the function constant `\(declaration.trimmingSpaces)`: SoftMetal expects `constant T name [[function_constant(index)]];`")
         }
         let type = words.dropLast().joined(separator: " ")
@@ -355,6 +373,61 @@ struct MSLTranslator {
         edits.append((start, end, "static constexpr \(type) \(name) = __SM_FC_\(index); "
                       + "static constexpr bool __sm_fc_defined_\(name) = __SM_FCD_\(index)" + newlines))
         return end
+    }
+
+    /// The value of an integer constant expression of literals, `+ - * / %` and parentheses
+    /// (nil for anything else).
+    static func integerExpression(_ text: Substring) -> Int? {
+        let chars = Array(text.utf8)
+        var i = 0
+        func space() { while i < chars.count && (chars[i] == 32 || chars[i] == 9 || chars[i] == 10) { i += 1 } }
+        func primary() -> Int? {
+            space()
+            guard i < chars.count else { return nil }
+            if chars[i] == 40 {  // (
+                i += 1
+                guard let v = sum() else { return nil }
+                space()
+                guard i < chars.count, chars[i] == 41 else { return nil }
+                i += 1
+                return v
+            }
+            if chars[i] == 45 { i += 1; return primary().map { -$0 } }  // unary -
+            if chars[i] == 43 { i += 1; return primary() }  // unary +
+            let start = i
+            while i < chars.count && ((chars[i] >= 48 && chars[i] <= 57) || (chars[i] | 0x20 >= 97 && chars[i] | 0x20 <= 122)) { i += 1 }
+            var digits = String(decoding: chars[start..<i], as: UTF8.self).lowercased()
+            while let last = digits.last, last == "u" || last == "l" { digits.removeLast() }  // 1u, 2ul
+            if digits.hasPrefix("0x") { return Int(digits.dropFirst(2), radix: 16) }
+            return Int(digits)
+        }
+        func product() -> Int? {
+            guard var v = primary() else { return nil }
+            while true {
+                space()
+                guard i < chars.count, [42, 47, 37].contains(chars[i]) else { return v }
+                let op = chars[i]
+                i += 1
+                guard let r = primary() else { return nil }
+                if op == 42 { v = v.multipliedReportingOverflow(by: r).overflow ? Int.max : v * r }
+                else if r == 0 { return nil }
+                else { v = op == 47 ? v / r : v % r }
+            }
+        }
+        func sum() -> Int? {
+            guard var v = product() else { return nil }
+            while true {
+                space()
+                guard i < chars.count, chars[i] == 43 || chars[i] == 45 else { return v }
+                let op = chars[i]
+                i += 1
+                guard let r = product() else { return nil }
+                v = op == 43 ? v &+ r : v &- r
+            }
+        }
+        guard let v = sum() else { return nil }
+        space()
+        return i == chars.count ? v : nil
     }
 
     /// `is_function_constant_defined(name)` -> `__sm_fc_defined_name`.
@@ -424,6 +497,7 @@ struct MSLTranslator {
 
     private mutating func vectorConstructor(at i: Int, end: Int, word: String) {
         let next = skipSpace(end)
+        if vectorCast(at: i, end: end, word: word) { return }
         guard next < text.count, text[next] == 40 else { return }  // (
         var start = i
         let p = skipSpaceBack(i - 1)
@@ -439,6 +513,84 @@ struct MSLTranslator {
             if string(k + 1, p + 1) == "operator" { return }
         }
         edits.append((start, end, "::metal::__sm::vmake<::metal::\(word)>"))
+    }
+
+    /// The names of the type parameters of every template (`template <typename T, class U>`):
+    /// a C-style cast to one of them, `(T) x`, may convert vectors (see vectorCast).
+    private func collectTemplateTypeNames() -> Set<String> {
+        var names = Set<String>()
+        var k = 0
+        while k < text.count {
+            guard text[k] == 116, k == 0 || !MSLTranslator.isIdent(text[k - 1]),  // t
+                  let (word, end) = identifier(at: k) else { k += 1; continue }
+            k = end
+            guard word == "template" else { continue }
+            let open = skipSpace(end)
+            guard open < text.count, text[open] == 60, let close = matchingAngle(open) else { continue }
+            for part in MSLTranslator.splitTopLevel(string(open + 1, close - 1)) {
+                let words = part.prefix { $0 != "=" }.splitWords
+                if words.count == 2, words[0] == "typename" || words[0] == "class" { names.insert(words[1]) }
+            }
+        }
+        return names
+    }
+
+    /// `device`/`thread`/`threadgroup` dropped and `constant` made `const` in [a, b).
+    private mutating func addressSpaces(_ a: Int, _ b: Int) {
+        var k = a
+        while k < b {
+            guard MSLTranslator.isIdentStart(text[k]), k == 0 || !MSLTranslator.isIdent(text[k - 1]),
+                  let (word, end) = identifier(at: k) else { k += 1; continue }
+            if ["device", "thread", "threadgroup"].contains(word) {
+                edits.append((k, end, String(repeating: " ", count: end - k)))
+            } else if word == "constant" {
+                edits.append((k, end, "const   "))
+            }
+            k = end
+        }
+    }
+
+    /// `(T) x` and `T(x)` with T a template's type parameter: when T is a vector type in an
+    /// instance, MSL converts element-wise (`T(x > 0)`, `s2_t(half2v)` with s2_t = float2),
+    /// which clang's vectors do not; `::metal::__sm::construct<T>(x)` does (other types: `T(x)`).
+    private mutating func templateTypeConversion(at i: Int, end: Int, word: String) {
+        if vectorCast(at: i, end: end, word: word, qualified: false) { return }
+        let next = skipSpace(end)
+        guard next < text.count, text[next] == 40 else { return }  // (
+        let p = skipSpaceBack(i - 1)
+        if p >= 0 && (text[p] == 46 || text[p] == 62 || text[p] == 58 || text[p] == 60) { return }  // . -> :: <
+        if p >= 0 && MSLTranslator.isIdent(text[p]) {
+            var k = p
+            while k >= 0 && MSLTranslator.isIdent(text[k]) { k -= 1 }
+            guard ["return", "case", "else", "do"].contains(string(k + 1, p + 1)) else { return }
+        }
+        edits.append((i, end, "::metal::__sm::construct<\(word)>"))
+    }
+
+    /// `(half4) x`: MSL converts element-wise (C would bit-cast, or reject vectors of
+    /// different sizes). Becomes `::metal::__sm::vcast<::metal::half4>() ->* x`: `->*` binds
+    /// tighter than every binary operator and looser than the unary ones, as the cast does.
+    private mutating func vectorCast(at i: Int, end: Int, word: String, qualified: Bool = true) -> Bool {
+        let open = skipSpaceBack(i - 1)
+        let close = skipSpace(end)
+        guard open >= 0, text[open] == 40, close < text.count, text[close] == 41 else { return false }
+        let operand = skipSpace(close + 1)
+        guard operand < text.count else { return false }
+        let c = text[operand]
+        // An operand follows: a name, a number, `(`, or a unary operator.
+        let startsOperand = MSLTranslator.isIdent(c) || c == 40 || c == 46 || c == 45 || c == 43 || c == 33 || c == 126 || c == 42
+        guard startsOperand else { return false }
+        let before = skipSpaceBack(open - 1)
+        if before >= 0 && MSLTranslator.isIdent(text[before]) {
+            var k = before
+            while k >= 0 && MSLTranslator.isIdent(text[k]) { k -= 1 }
+            // `sizeof(float4)`, `f(float4)`...: only keywords that precede an expression.
+            guard ["return", "case", "else", "do"].contains(string(k + 1, before + 1)) else { return false }
+        }
+        if before >= 0 && (text[before] == 41 || text[before] == 93) { return false }  // `) (` `] (`
+        edits.append((open, close + 1, "::metal::__sm::vcast<\(qualified ? "::metal::" : "")\(word)>() ->*"
+                      + MSLTranslator.blank(text[open..<(close + 1)]).filter { $0 == "\n" }))
+        return true
     }
 
     /// `threadgroup` as an address space is dropped; `threadgroup T name[N]...;` declares a
@@ -602,6 +754,9 @@ struct MSLTranslator {
             throw fail(head.start, "cannot parse the parameters of kernel \(name)")
         }
         replaceKeepingLines(skipSpace(head.templateEnd), head.end, with: "static")
+        // The template's own parameter list is not scanned again: its address spaces
+        // (`void (*deq)(device const q_t *, short, thread float4 &)`, ggml) are edited here.
+        if head.templateParameters != nil { addressSpaces(head.start, head.templateEnd) }
         let parameters = try kernelParameters(open, close, kernel: name)
         let maxThreads = try maxThreads(head) ?? MaxThreads()
         if let templateParameters = head.templateParameters {
@@ -651,8 +806,13 @@ struct MSLTranslator {
                 throw fail(head.start, "kernel instantiation \(name)<\(args)>: cannot parse its parameters")
             }
             (templateName, arguments, k) = (name, args, close)
+        } else if let (name, args, after) = templateId(skipSpace(afterWord)),
+                  skipSpace(after) < text.count, text[skipSpace(after)] == 59 {  // `;`
+            // `kernel_unary_t f<A>;` with `typedef decltype(f<X>) kernel_unary_t;` (ggml): the
+            // type names the function type; the template's parameter attributes bind it.
+            (templateName, arguments, k) = (name, args, after)
         } else {
-            throw fail(head.start, "cannot parse this kernel instantiation (`\(word) ...`): SoftMetal expects `void f<...>(...);` or `decltype(f<...>) f<...>;`")
+            throw fail(head.start, "cannot parse this kernel instantiation (`\(word) ...`): SoftMetal expects `void f<...>(...);`, `decltype(f<...>) f<...>;` or `function_type f<...>;`")
         }
         k = skipSpace(k)
         guard k < text.count, text[k] == 59 else {  // ;
@@ -740,6 +900,24 @@ struct MSLTranslator {
                 start = k + 1
             }
             k += 1
+        }
+        // Implicit indices: the first index that no parameter of the kind uses, in order.
+        var buffers = Set(parameters.compactMap { if case .buffer(let n) = $0.kind, n >= 0 { return n } else { return nil } })
+        var groups = Set(parameters.compactMap { if case .threadgroup(let n) = $0.kind, n >= 0 { return n } else { return nil } })
+        for i in parameters.indices {
+            switch parameters[i].kind {
+            case .buffer(-1):
+                let n = (0...).first { !buffers.contains($0) }!
+                guard n < 31 else { throw fail(open, "kernel \(name): more than 31 buffers") }
+                buffers.insert(n)
+                parameters[i].kind = .buffer(n)
+            case .threadgroup(-1):
+                let n = (0...).first { !groups.contains($0) }!
+                guard n < 31 else { throw fail(open, "kernel \(name): more than 31 threadgroup parameters") }
+                groups.insert(n)
+                parameters[i].kind = .threadgroup(n)
+            default: break
+            }
         }
         return parameters
     }
@@ -882,7 +1060,19 @@ struct MSLTranslator {
         if name.isEmpty || type.isEmpty || type.contains("[") {
             throw fail(a, "kernel \(kernel): the parameter `\(raw.trimmingSpaces)` is not supported by SoftMetal (arrays of buffers and unnamed parameters are not)")
         }
-        guard let attribute else {
+        guard let attribute, !attribute.isEmpty else {
+            // Without an attribute a device/constant pointer or reference is a buffer and a
+            // threadgroup pointer threadgroup memory, at the first free index (as Apple's
+            // compiler assigns them; ggml writes its kernels so); kernelParameters numbers them.
+            let spaces = declaration.splitWords
+            if declaration.contains("*") || declaration.contains("&") {
+                if spaces.contains("device") || spaces.contains("constant") {
+                    return Parameter(kind: .buffer(-1), type: type, name: name, condition: condition)
+                }
+                if spaces.contains("threadgroup") {
+                    return Parameter(kind: .threadgroup(-1), type: type, name: name, condition: condition)
+                }
+            }
             throw fail(a, "kernel \(kernel): the parameter `\(raw.trimmingSpaces)` has no attribute; SoftMetal needs [[buffer(n)]], [[threadgroup(n)]] or a thread-position attribute")
         }
         let attrName = String(attribute.prefix { $0 != "(" }).trimmingSpaces
@@ -915,8 +1105,10 @@ struct MSLTranslator {
         var out = "#line 1 \"\(MSLTranslator.sourceName)\"\n"
         out += String(decoding: result, as: UTF8.self)
         out += "\n#line 1 \"softmetal-generated.cpp\"\n"
-        for k in kernels { out += MSLTranslator.launcher(k) }
-        return Output(source: out, kernels: kernels, functionConstants: functionConstants)
+        let body = out
+        let launchers = kernels.map { MSLTranslator.launcher($0) }
+        for l in launchers { out += l }
+        return Output(source: out, kernels: kernels, functionConstants: functionConstants, body: body, launchers: launchers)
     }
 
     static func builtinExpression(_ name: String) -> String {

@@ -47,7 +47,7 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
         guard let f = function as? SoftMetalFunction else {
             throw SoftMetalError.invalidUsage("makeComputePipelineState: the function was not made by SoftMetal")
         }
-        return SoftMetalComputePipelineState(function: f)
+        return try SoftMetalComputePipelineState(function: f)
     }
 }
 
@@ -190,17 +190,43 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
         }
         // Without values every function constant is undefined (zero; see the README).
-        (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source)
+        if translated.kernels.count > SoftMetalLibrary.lazyKernelCount {
+            // A large library (ggml-metal.metal instantiates about 650 kernels) compiles
+            // kernel by kernel, when makeFunction asks for one; here only its code outside
+            // the kernel templates' instances is compiled, which reports the errors there.
+            do {
+                handle = try KernelCompiler.shared.load(
+                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:]) + translated.body).handle
+            } catch let SoftMetalError.compile(message) {
+                throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
+            }
+            kernels = [:]
+        } else {
+            (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source)
+        }
         functionNames = translated.kernels.map(\.name)
         softMetalTranslatedSource = translated.source
     }
 
+    /// Libraries of more kernels than this compile kernel by kernel, on demand: an error in
+    /// a kernel template's instance shows when makeFunction asks for that kernel.
+    static let lazyKernelCount = 64
+    var isLazy: Bool { translated.kernels.count > SoftMetalLibrary.lazyKernelCount }
+
     /// Compiles (or finds in the cache) the translated source specialised for `constants`
-    /// (index -> C++ value expression) and finds its kernels.
-    private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], source: String) throws
+    /// (index -> C++ value expression) and finds its kernels (`only`: just that one kernel's).
+    private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], source: String,
+                             only: String? = nil) throws
         -> (UnsafeMutableRawPointer, [String: CompiledKernel]) {
         let handle: UnsafeMutableRawPointer
-        let text = constantsPrefix(translated.functionConstants, constants) + translated.source
+        var text = constantsPrefix(translated.functionConstants, constants)
+        var selected = translated.kernels
+        if let only, let i = translated.kernels.firstIndex(where: { $0.name == only }) {
+            text += translated.body + translated.launchers[i]
+            selected = [translated.kernels[i]]
+        } else {
+            text += translated.source
+        }
         let checked = CheckedBuild(text: text)
         do {
             handle = try KernelCompiler.shared.load(translated: text).handle
@@ -208,7 +234,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
         }
         var kernels: [String: CompiledKernel] = [:]
-        for k in translated.kernels {
+        for k in selected {
             guard let launch = dlsym(handle, "__sm_launch_\(k.symbol)"), let info = dlsym(handle, "__sm_info_\(k.symbol)") else {
                 throw SoftMetalError.compile("kernel \(k.name): launcher missing from the compiled library")
             }
@@ -260,16 +286,36 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             guard let v = constantValues.byIndex[c.index] ?? constantValues.byName[c.name] else { continue }
             values[c.index] = try SoftMetalLibrary.constantExpression(c, v)
         }
-        let key = values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";")
+        var key = values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";")
+        if isLazy { key += "|" + name }
         if let known = lock.withLock({ variants[key] }), let k = known[name] {
             return SoftMetalFunction(device: device, kernel: k)
         }
-        let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: values, source: source)
+        let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: values, source: source,
+                                                          only: isLazy ? name : nil)
         lock.withLock {
             variants[key] = kernels
             variantHandles.append(handle)
         }
         return SoftMetalFunction(device: device, kernel: kernels[name]!)
+    }
+
+    /// A kernel of a lazily compiled library (without function-constant values), compiled once.
+    private var lazyKernels: [String: Result<CompiledKernel, SoftMetalError>] = [:]
+    private func lazyKernel(_ name: String) -> Result<CompiledKernel, SoftMetalError> {
+        if let known = lock.withLock({ lazyKernels[name] }) { return known }
+        let result: Result<CompiledKernel, SoftMetalError>
+        do {
+            let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source, only: name)
+            lock.withLock { variantHandles.append(handle) }
+            result = .success(kernels[name]!)
+        } catch let e as SoftMetalError {
+            result = .failure(e)
+        } catch {
+            result = .failure(.compile("\(error)"))
+        }
+        lock.withLock { lazyKernels[name] = result }
+        return result
     }
 
     /// The compiler's output, plus the MSL lines its errors point at (in the source, or in
@@ -295,6 +341,14 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     }
 
     public func makeFunction(name functionName: String) -> (any MTLFunction)? {
+        if isLazy {
+            guard translated.kernels.contains(where: { $0.name == functionName }) else { return nil }
+            // A compile error of the kernel is thrown by makeComputePipelineState.
+            switch lazyKernel(functionName) {
+            case .success(let k): return SoftMetalFunction(device: device, kernel: k)
+            case .failure(let e): return SoftMetalFunction(device: device, name: functionName, failure: e)
+            }
+        }
         guard let k = kernels[functionName] else { return nil }
         return SoftMetalFunction(device: device, kernel: k)
     }
@@ -303,13 +357,23 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
 public final class SoftMetalFunction: MTLFunction, @unchecked Sendable {
     public let device: any MTLDevice
     public var label: String?
-    public var name: String { kernel.name }
-    let kernel: CompiledKernel
+    public let name: String
+    private let compiled: Result<CompiledKernel, SoftMetalError>
 
     init(device: any MTLDevice, kernel: CompiledKernel) {
         self.device = device
-        self.kernel = kernel
+        name = kernel.name
+        compiled = .success(kernel)
     }
+
+    /// A kernel of a lazily compiled library that did not compile: makeComputePipelineState throws.
+    init(device: any MTLDevice, name: String, failure: SoftMetalError) {
+        self.device = device
+        self.name = name
+        compiled = .failure(failure)
+    }
+
+    func kernel() throws -> CompiledKernel { try compiled.get() }
 }
 
 public final class SoftMetalComputePipelineState: MTLComputePipelineState, @unchecked Sendable {
@@ -321,10 +385,10 @@ public final class SoftMetalComputePipelineState: MTLComputePipelineState, @unch
     public let staticThreadgroupMemoryLength = 0
     let kernel: CompiledKernel
 
-    init(function: SoftMetalFunction) {
+    init(function: SoftMetalFunction) throws {
         device = function.device
         label = function.label
-        kernel = function.kernel
+        kernel = try function.kernel()
     }
 }
 #endif

@@ -27,6 +27,7 @@
 #define FLT_MIN 1.175494351e-38f
 #define FLT_EPSILON 1.192092896e-07f
 #define HALF_MAX ((half)65504.0f)
+#define MAXHALF ((half)65504.0f)
 #define HALF_MIN ((half)6.10351562e-5f)
 #define HALF_EPSILON ((half)9.765625e-4f)
 #define BFLOAT_MAX 3.38953139e+38f
@@ -186,6 +187,7 @@ template <class T> struct enable_if<true, T> { typedef T type; };
 template <bool B, class T = void> using enable_if_t = typename enable_if<B, T>::type;
 template <class A, class B> struct same { static constexpr bool value = false; };
 template <class A> struct same<A, A> { static constexpr bool value = true; };
+template <class...> using void_t = void;
 template <class T> T&& declval();
 
 // bfloat16: stored as 16 bits, every operation computed in float and rounded to nearest
@@ -294,6 +296,9 @@ SM_VECS(bool, bool)
 template <int N> struct bfloat_vec;
 #define SM_BFVEC_COMMON(N)                                                          \
     bfloat_vec() = default;                                                        \
+    /* a scalar converts to a vector implicitly, as in MSL (`v = 0`) */            \
+    template <class S, class = __sm::enable_if_t<!__sm::same<typename __sm::bf_arith<S>::type, void>::value>> \
+    bfloat_vec(S s) { for (int i = 0; i < N; i++) v[i] = bfloat(s); }             \
     bfloat& operator[](int i) { return v[i]; }                                     \
     const bfloat& operator[](int i) const { return v[i]; }
 template <> struct bfloat_vec<2> { union { struct { bfloat x, y; }; bfloat v[2]; }; SM_BFVEC_COMMON(2) };
@@ -324,6 +329,7 @@ SM_BFV_OP(/)
 // packed vectors (no padding): structs with conversions to the aligned vector type.
 #define SM_PACKED(T, name, N, ...)                                                           \
     struct packed_##name##N {                                                                \
+        typedef name##N vector_t;                                                            \
         T v[N];                                                                              \
         packed_##name##N() = default;                                                        \
         packed_##name##N(name##N a) { for (int i = 0; i < N; i++) v[i] = a[i]; }            \
@@ -343,6 +349,18 @@ SM_PACKED(int, int, 4)
 SM_PACKED(uint, uint, 2)
 SM_PACKED(uint, uint, 3)
 SM_PACKED(uint, uint, 4)
+SM_PACKED(short, short, 2)
+SM_PACKED(short, short, 3)
+SM_PACKED(short, short, 4)
+SM_PACKED(ushort, ushort, 2)
+SM_PACKED(ushort, ushort, 3)
+SM_PACKED(ushort, ushort, 4)
+SM_PACKED(signed char, char, 2)
+SM_PACKED(signed char, char, 3)
+SM_PACKED(signed char, char, 4)
+SM_PACKED(uchar, uchar, 2)
+SM_PACKED(uchar, uchar, 3)
+SM_PACKED(uchar, uchar, 4)
 #undef SM_PACKED
 
 }  // namespace metal
@@ -380,6 +398,18 @@ using metal::packed_int4;
 using metal::packed_uint2;
 using metal::packed_uint3;
 using metal::packed_uint4;
+using metal::packed_short2;
+using metal::packed_short3;
+using metal::packed_short4;
+using metal::packed_ushort2;
+using metal::packed_ushort3;
+using metal::packed_ushort4;
+using metal::packed_char2;
+using metal::packed_char3;
+using metal::packed_char4;
+using metal::packed_uchar2;
+using metal::packed_uchar3;
+using metal::packed_uchar4;
 namespace metal {
 
 namespace __sm {
@@ -408,8 +438,12 @@ template <class T> struct vcount { static constexpr int value = vtraits<rcv<T>>:
 template <class T> struct is_vec { static constexpr bool value = vtraits<rcv<T>>::vec; };
 template <class V> struct velem { typedef typename vtraits<V>::E type; };
 
+template <class T, class = void> struct packed_vector { typedef void type; };
+template <class T> struct packed_vector<T, void_t<typename T::vector_t>> { typedef typename T::vector_t type; };
 template <class E, class A> inline void vpush(E* out, int& k, const A& a) {
-    if constexpr (is_vec<A>::value) {
+    if constexpr (!same<typename packed_vector<A>::type, void>::value) {  // packed_float4...
+        vpush<E>(out, k, (typename packed_vector<A>::type)a);
+    } else if constexpr (is_vec<A>::value) {
         for (int i = 0; i < vcount<A>::value; i++) out[k++] = (E)a[i];
     } else {
         out[k++] = (E)a;
@@ -441,11 +475,91 @@ template <class V, class... A> inline V vmake(const A&... a) {
     }
     return r;
 }
+// `(half4) x` (the translator's rewrite of a C-style cast to a vector type): element-wise
+// conversion as MSL does, or a splat of a scalar.
+template <class T, class... A> inline T construct(const A&... a) {
+    if constexpr (is_vec<T>::value) return vmake<T>(a...);
+    else return T(a...);
+}
+template <class V> struct vcast {};
+template <class V, class A> inline V operator->*(vcast<V>, const A& a) {
+    if constexpr (is_vec<V>::value) return vmake<V>(a);
+    else return (V)a;  // a cast to a template parameter that is not a vector
+}
 }  // namespace __sm
 
 template <class T, int N> struct __vec_type { typedef T type __attribute__((ext_vector_type(N))); };
 template <int N> struct __vec_type<bfloat, N> { typedef bfloat_vec<N> type; };
 template <class T, int N> using vec = typename __vec_type<T, N>::type;
+
+// Matrices (MSL `matrix<T, Cols, Rows>`, `float4x4`...): Cols columns of vec<T, Rows>,
+// column-major and laid out as the columns one after another (as in device memory on a
+// GPU); `m[c]` is column c. Conversion between element types is explicit, as in MSL.
+template <class T, int C, int R> struct matrix {
+    typedef vec<T, R> column_t;
+    column_t columns[C];
+    matrix() = default;
+    explicit matrix(T d) {  // d on the diagonal, zero elsewhere
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < R; r++) columns[c][r] = c == r ? d : T(0);
+    }
+    template <class... V, class = typename __sm::enable_if<sizeof...(V) == C && (C > 1)>::type>
+    matrix(V... cs) : columns{column_t(cs)...} {}
+    template <class U> explicit matrix(const matrix<U, C, R>& m) {
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < R; r++) columns[c][r] = T(m.columns[c][r]);
+    }
+    column_t& operator[](int c) { return columns[c]; }
+    const column_t& operator[](int c) const { return columns[c]; }
+};
+template <class T, int C, int R> inline matrix<T, C, R> operator+(matrix<T, C, R> a, const matrix<T, C, R>& b) {
+    for (int c = 0; c < C; c++) a.columns[c] += b.columns[c];
+    return a;
+}
+template <class T, int C, int R> inline matrix<T, C, R> operator-(matrix<T, C, R> a, const matrix<T, C, R>& b) {
+    for (int c = 0; c < C; c++) a.columns[c] -= b.columns[c];
+    return a;
+}
+template <class T, int C, int R> inline matrix<T, C, R> operator*(matrix<T, C, R> a, T s) {
+    for (int c = 0; c < C; c++) a.columns[c] *= s;
+    return a;
+}
+template <class T, int C, int R> inline matrix<T, C, R> operator*(T s, matrix<T, C, R> a) { return a * s; }
+// matrix * column vector (Rows), row vector * matrix (Cols), matrix * matrix.
+template <class T, int C, int R> inline vec<T, R> operator*(const matrix<T, C, R>& m, vec<T, C> v) {
+    vec<T, R> r = m.columns[0] * v[0];
+    for (int c = 1; c < C; c++) r += m.columns[c] * v[c];
+    return r;
+}
+template <class T, int C, int R> inline vec<T, C> operator*(vec<T, R> v, const matrix<T, C, R>& m) {
+    vec<T, C> r;
+    for (int c = 0; c < C; c++) {
+        T s = m.columns[c][0] * v[0];
+        for (int k = 1; k < R; k++) s += m.columns[c][k] * v[k];
+        r[c] = s;
+    }
+    return r;
+}
+template <class T, int K, int C, int R> inline matrix<T, C, R> operator*(const matrix<T, K, R>& a, const matrix<T, C, K>& b) {
+    matrix<T, C, R> r;
+    for (int c = 0; c < C; c++) r.columns[c] = a * b.columns[c];
+    return r;
+}
+#define SM_MATRICES(T)                                                              \
+    typedef matrix<T, 2, 2> T##2x2; typedef matrix<T, 2, 3> T##2x3; typedef matrix<T, 2, 4> T##2x4; \
+    typedef matrix<T, 3, 2> T##3x2; typedef matrix<T, 3, 3> T##3x3; typedef matrix<T, 3, 4> T##3x4; \
+    typedef matrix<T, 4, 2> T##4x2; typedef matrix<T, 4, 3> T##4x3; typedef matrix<T, 4, 4> T##4x4;
+SM_MATRICES(float)
+SM_MATRICES(half)
+#undef SM_MATRICES
+}  // namespace metal
+#define SM_GLOBAL_MATRICES(T)                                                                 \
+    using metal::T##2x2; using metal::T##2x3; using metal::T##2x4; using metal::T##3x2;         \
+    using metal::T##3x3; using metal::T##3x4; using metal::T##4x2; using metal::T##4x3; using metal::T##4x4;
+SM_GLOBAL_MATRICES(float)
+SM_GLOBAL_MATRICES(half)
+#undef SM_GLOBAL_MATRICES
+namespace metal {
 
 template <class To, class From> inline To as_type(const From& f) {
     static_assert(sizeof(To) == sizeof(From), "as_type: sizes differ");
@@ -459,6 +573,8 @@ template <class To, class From> inline To as_type(const From& f) {
     inline float name(float x) { return fn(x); }                                             \
     inline half name(half x) { return (half)fn((float)x); }                                  \
     inline float name(bfloat x) { return fn((float)x); }                                     \
+    /* an unsuffixed literal (`floor(v*0.0625)`) is float in MSL, which has no double */     \
+    inline float name(double x) { return fn((float)x); }                                     \
     template <class V, class = __sm::enable_if_t<__sm::is_vec<V>::value>> inline V name(V v) { \
         V r;                                                                                 \
         for (int i = 0; i < __sm::vtraits<V>::N; i++) r[i] = name(v[i]);                      \
@@ -467,11 +583,17 @@ template <class To, class From> inline To as_type(const From& f) {
 #define SM_F2(name, fn)                                                                      \
     inline float name(float x, float y) { return fn(x, y); }                                 \
     inline half name(half x, half y) { return (half)fn((float)x, (float)y); }                \
+    inline float name(double x, double y) { return fn((float)x, (float)y); }                 \
     template <class V, class = __sm::enable_if_t<__sm::is_vec<V>::value>> inline V name(V a, V b) { \
         V r;                                                                                 \
         for (int i = 0; i < __sm::vtraits<V>::N; i++) r[i] = name(a[i], b[i]);                 \
         return r;                                                                            \
-    }
+    }                                                                                        \
+    /* a scalar with a vector converts to the vector type (`fmax(0, x)` with x a float4) */  \
+    template <class V, class S, class = __sm::enable_if_t<__sm::is_vec<V>::value && !__sm::is_vec<S>::value>> \
+    inline V name(S a, V b) { return name(V(typename __sm::vtraits<V>::E(a)), b); }          \
+    template <class V, class S, class = __sm::enable_if_t<__sm::is_vec<V>::value && !__sm::is_vec<S>::value>> \
+    inline V name(V a, S b) { return name(a, V(typename __sm::vtraits<V>::E(b))); }
 namespace __sm {
 static inline float rsqrtf_(float x) { return 1.0f / __builtin_sqrtf(x); }
 static inline float fractf_(float x) { return x - __builtin_floorf(x); }
@@ -1810,7 +1932,7 @@ template <class T, int Cols, int Rows> struct simdgroup_matrix {
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
-template <class T, int C, int R> inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T v) {
+template <class T, int C, int R = C> inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T v) {
     simdgroup_matrix<T, C, R> m;
     m.__e[0] = v;
     m.__e[1] = v;

@@ -256,10 +256,16 @@ final class SoftMetalAPITests: XCTestCase {
     }
 
     func testKernelParameterWithoutAttributeIsACompileError() throws {
-        let source = "kernel void k(device float* x) { x[0] = 1; }"
+        // A value parameter without an attribute is an error; a device/constant pointer or
+        // reference without one takes the first free buffer index, as with Apple's compiler.
+        let source = "kernel void k(device float* x, float s) { x[0] = s; }"
         XCTAssertThrowsError(try device.makeLibrary(source: source, options: nil)) { error in
             XCTAssertTrue("\(error)".contains("has no attribute"), "\(error)")
         }
+        let implicit = "kernel void k(device float* y [[buffer(0)]], device float* x, constant float& s) { x[0] = s; y[0] = 2; }"
+        let library = try device.makeLibrary(source: implicit, options: nil) as! SoftMetalLibrary
+        let info = try device.makeComputePipelineState(function: library.makeFunction(name: "k")!) as! SoftMetalComputePipelineState
+        XCTAssertEqual(info.kernel.params.filter { $0.kind == 1 }.map(\.index), [0, 1, 2])
     }
 
     func testCompiledObjectsAreCachedOnDiskByHash() throws {

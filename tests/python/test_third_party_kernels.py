@@ -1,0 +1,344 @@
+"""Kernels nobody here wrote (ggml, MIT), run on SoftMetal from their original files.
+
+The files under tests/third_party/ are verbatim copies (repository and commit in
+tests/third_party/README.md); each test launches a kernel by its [[host_name]] and compares
+with NumPy. The planted bugs at the end patch a copy of the source text (the vendored
+files stay untouched) and assert which SoftMetal check catches the bug — or that none does,
+as recorded in tests/third_party/README.md.
+
+Cost: ggml-metal.metal instantiates about 650 kernels, so SoftMetal compiles it kernel by
+kernel (the library's code outside the template instances at compile(), each kernel the
+first time it is launched; everything is cached on disk).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sm = pytest.importorskip("moe_swift.softmetal")
+
+if not sm.available():
+    pytest.skip("SoftMetal needs Linux and clang++", allow_module_level=True)
+
+THIRD_PARTY = Path(__file__).resolve().parents[1] / "third_party"
+GGML = THIRD_PARTY / "ggml" / "src"
+GGML_METAL = GGML / "ggml-metal" / "ggml-metal.metal"
+GGML_DEFINES = {"GGML_METAL_HAS_BF16": 1}  # as ggml's host code sets it on Apple GPUs with bfloat
+GGML_INCLUDES = [str(GGML / "ggml-metal"), str(GGML)]
+
+RNG = np.random.default_rng(1234)
+
+
+# ---- ggml's kernel argument structs, read from ggml-metal-impl.h ----
+
+_CTYPES = {"int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64, "uint64_t": np.uint64,
+           "float": np.float32, "int16_t": np.int16, "uint16_t": np.uint16, "bool": np.bool_,
+           "int8_t": np.int8, "uint8_t": np.uint8}
+
+
+def _ggml_structs():
+    text = (GGML / "ggml-metal" / "ggml-metal-impl.h").read_text()
+    structs = {}
+    for body, name in re.findall(r"typedef\s+struct\s*\{([^}]*)\}\s*(\w+)\s*;", text):
+        fields = []
+        ok = True
+        for line in body.split(";"):
+            line = re.sub(r"//.*", "", line).strip()
+            if not line:
+                continue
+            m = re.fullmatch(r"(\w+)\s+(\w+)\s*(?:\[(\d+)\])?", line)
+            if not m or m.group(1) not in _CTYPES:
+                ok = False
+                break
+            ctype, field, count = m.groups()
+            fields.append((field, _CTYPES[ctype], (int(count),)) if count else (field, _CTYPES[ctype]))
+        if ok:
+            structs[name] = np.dtype(fields, align=True)  # C layout: natural alignment, padded
+    return structs
+
+
+STRUCTS = _ggml_structs() if GGML_METAL.exists() else {}
+
+
+def kargs(name, **values):
+    """A ggml_metal_kargs_* struct as bytes (unset fields zero)."""
+    record = np.zeros((), dtype=STRUCTS[name])
+    for k, v in values.items():
+        record[k] = v
+    return record.tobytes()
+
+
+@pytest.fixture(scope="module")
+def ggml_source():
+    return GGML_METAL.read_text()
+
+
+@pytest.fixture(scope="module")
+def ggml(ggml_source):
+    return sm.compile(ggml_source, include_dirs=GGML_INCLUDES, defines=GGML_DEFINES)
+
+
+def test_vendored_files_are_unmodified_copies():
+    """Every vendored file has the SHA-256 the README records (taken at the named commit)."""
+    import hashlib
+
+    readme = (THIRD_PARTY / "README.md").read_text()
+    listed = re.findall(r"\| `([^`]+)` \| `([0-9a-f]{64})` \|", readme)
+    assert len(listed) >= 4
+    for path, digest in listed:
+        assert hashlib.sha256((THIRD_PARTY / path).read_bytes()).hexdigest() == digest, path
+
+
+# ---- norms ----
+
+def _norm_args(ne00, ne00_t, rows, eps, row_bytes):
+    return kargs("ggml_metal_kargs_norm", ne00=ne00, ne00_t=ne00_t, nb1=row_bytes, nb2=row_bytes * rows,
+                 nb3=row_bytes * rows, eps=eps,
+                 nef1=[rows] * 3, nef2=[1] * 3, nef3=[1] * 3,
+                 nbf1=[row_bytes] * 3, nbf2=[row_bytes * rows] * 3, nbf3=[row_bytes * rows] * 3)
+
+
+@pytest.mark.parametrize("kernel,width,fuse", [
+    ("kernel_rms_norm_f32", 1, 1),
+    ("kernel_rms_norm_f32_4", 4, 1),
+    ("kernel_rms_norm_mul_f32", 1, 2),
+    ("kernel_rms_norm_mul_add_f32_4", 4, 3),
+    ("kernel_norm_f32", 1, 1),
+    ("kernel_norm_mul_add_f32", 1, 3),
+])
+def test_ggml_norms(ggml, kernel, width, fuse):
+    rows, ne00, eps = 5, 256, 1e-5
+    x = RNG.standard_normal((rows, ne00)).astype(np.float32)
+    w = RNG.standard_normal((rows, ne00)).astype(np.float32)
+    b = RNG.standard_normal((rows, ne00)).astype(np.float32)
+    out = np.zeros_like(x)
+    args = _norm_args(ne00, ne00 // width, rows, eps, ne00 * 4)
+    lib_threads = 64  # two simdgroups: the cross-simdgroup reduction runs
+    ggml.launch(kernel, buffers=[args, x, w, b, out], threadgroups=(rows, 1, 1),
+                threads_per_threadgroup=(lib_threads, 1, 1), threadgroup_memory={0: 32 * 4})
+    if "rms" in kernel:
+        ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps)
+    else:
+        c = x - x.mean(axis=1, keepdims=True)
+        ref = c / np.sqrt((c.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps)
+    if fuse >= 2:
+        ref = ref * w
+    if fuse == 3:
+        ref = ref + b
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_ggml_l2_norm(ggml):
+    rows, ne00, eps = 3, 96, 1e-6
+    x = RNG.standard_normal((rows, ne00)).astype(np.float32)
+    out = np.zeros_like(x)
+    nb = ne00 * 4
+    args = kargs("ggml_metal_kargs_l2_norm", ne00=ne00, ne01=rows, ne02=1, ne03=1, nb00=4, nb01=nb, nb02=nb * rows,
+                 nb03=nb * rows, ne0=ne00, ne1=rows, ne2=1, ne3=1, nb0=4, nb1=nb, nb2=nb * rows, nb3=nb * rows, eps=eps)
+    ggml.launch("kernel_l2_norm_f32_f32", buffers=[args, x, out], threadgroups=(rows, 1, 1),
+                threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4})
+    ref = x / np.maximum(np.sqrt((x.astype(np.float64) ** 2).sum(axis=1, keepdims=True)), eps)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---- softmax with mask and sinks ----
+
+@pytest.mark.parametrize("kernel,width", [("kernel_soft_max_f32", 1), ("kernel_soft_max_f32_4", 4)])
+def test_ggml_soft_max(ggml, kernel, width):
+    rows, heads, ne00, scale = 4, 2, 128, 0.125
+    x = RNG.standard_normal((heads, rows, ne00)).astype(np.float32) * 4
+    mask = np.where(RNG.random((rows, ne00)) < 0.2, -np.inf, 0).astype(np.float32)
+    mask[:, 0] = 0  # every row keeps one element
+    sinks = RNG.standard_normal(heads).astype(np.float32)
+    out = np.zeros_like(x)
+    nb01 = ne00 * 4
+    args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=heads, nb01=nb01, nb02=nb01 * rows,
+                 nb03=nb01 * rows * heads, ne11=rows, ne12=1, ne13=1, nb11=nb01, nb12=nb01 * rows, nb13=nb01 * rows,
+                 nb1=nb01, nb2=nb01 * rows, nb3=nb01 * rows * heads, scale=scale, max_bias=0.0, m0=0, m1=0,
+                 n_head_log2=1)
+    ggml.launch(kernel, buffers=[args, x, mask, sinks, out], threadgroups=(rows, heads, 1),
+                threads_per_threadgroup=(64 // width, 1, 1) if width == 4 else (64, 1, 1),
+                threadgroup_memory={0: 32 * 4})
+    logits = x.astype(np.float64) * scale + mask
+    m = np.maximum(logits.max(axis=-1, keepdims=True), sinks[:, None, None])
+    e = np.exp(logits - m)
+    ref = e / (e.sum(axis=-1, keepdims=True) + np.exp(sinks[:, None, None] - m))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7)
+
+
+# ---- gated linear units ----
+
+@pytest.mark.parametrize("kernel", ["kernel_swiglu_f32", "kernel_reglu_f32"])
+def test_ggml_glu(ggml, kernel):
+    rows, ne0 = 6, 200
+    a = RNG.standard_normal((rows, ne0)).astype(np.float32)
+    g = RNG.standard_normal((rows, ne0)).astype(np.float32)
+    out = np.zeros_like(a)
+    args = kargs("ggml_metal_kargs_glu", ne00=ne0, nb01=ne0 * 4, ne10=ne0, nb11=ne0 * 4, ne0=ne0, nb1=ne0 * 4,
+                 i00=0, i10=0, alpha=0, limit=0)
+    ggml.launch(kernel, buffers=[args, a, g, out], threadgroups=(rows, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    if kernel == "kernel_swiglu_f32":
+        ref = a / (1 + np.exp(-a.astype(np.float64))) * g
+    else:
+        ref = np.maximum(a, 0) * g
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---- get_rows: float, half, and a quantized (q4_0) table ----
+
+def _get_rows_args(ne00, src_row_bytes, n_rows_src, n_idx, dst_row_bytes, ne00t):
+    return kargs("ggml_metal_kargs_get_rows", ne00t=ne00t, ne00=ne00, nb01=src_row_bytes,
+                 nb02=src_row_bytes * n_rows_src, nb03=src_row_bytes * n_rows_src, ne10=n_idx, nb10=4,
+                 nb11=4 * n_idx, nb12=4 * n_idx, nb1=dst_row_bytes, nb2=dst_row_bytes * n_idx,
+                 nb3=dst_row_bytes * n_idx)
+
+
+@pytest.mark.parametrize("kernel,dtype", [("kernel_get_rows_f32", np.float32), ("kernel_get_rows_f16", np.float16)])
+def test_ggml_get_rows(ggml, kernel, dtype):
+    n_rows, ne00, n_idx = 10, 48, 7
+    table = RNG.standard_normal((n_rows, ne00)).astype(dtype)
+    idx = RNG.integers(0, n_rows, n_idx).astype(np.int32)
+    out = np.zeros((n_idx, ne00), np.float32)
+    args = _get_rows_args(ne00, ne00 * table.itemsize, n_rows, n_idx, ne00 * 4, ne00)
+    ggml.launch(kernel, buffers=[args, table, idx, out], threadgroups=(n_idx, 1, 1),
+                threads_per_threadgroup=(ne00, 1, 1))
+    np.testing.assert_array_equal(out, table[idx].astype(np.float32))
+
+
+def quantize_q4_0(x):
+    """ggml's block_q4_0 (half d, 16 bytes: element j in the low nibble of byte j, j+16 in the high)."""
+    blocks = x.reshape(-1, 32)
+    amax_idx = np.abs(blocks).argmax(axis=1)
+    maxv = blocks[np.arange(len(blocks)), amax_idx]
+    d = (maxv / -8).astype(np.float16)
+    inv = np.where(d != 0, 1 / d.astype(np.float32), 0)
+    q = np.clip(np.floor(blocks * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
+    packed = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), packed], axis=1)
+    deq = (q.astype(np.float32) - 8) * d.astype(np.float32)[:, None]
+    return raw.reshape(-1), deq.reshape(x.shape)
+
+
+def test_ggml_get_rows_q4_0(ggml):
+    n_rows, ne00, n_idx = 6, 128, 5
+    x = RNG.standard_normal((n_rows, ne00)).astype(np.float32)
+    raw, deq = quantize_q4_0(x)
+    idx = RNG.integers(0, n_rows, n_idx).astype(np.int32)
+    out = np.zeros((n_idx, ne00), np.float32)
+    row_bytes = ne00 // 32 * 18
+    # one thread per 16 outputs (a float4x4): ne00t = ne00 / 16
+    args = _get_rows_args(ne00, row_bytes, n_rows, n_idx, ne00 * 4, ne00 // 16)
+    ggml.launch("kernel_get_rows_q4_0", buffers=[args, raw, idx, out], threadgroups=(n_idx, 1, 1),
+                threads_per_threadgroup=(ne00 // 16, 1, 1))
+    np.testing.assert_allclose(out, deq[idx], rtol=1e-3, atol=1e-3)
+
+
+# ---- planted bugs: a patched copy of the source text (the vendored file stays as it is) ----
+
+def _patched(source, old, new, after="kernel void kernel_rms_norm_fuse_impl("):
+    """`old` -> `new` at its first occurrence after `after` (the kernel being patched)."""
+    start = source.index(after)
+    at = source.index(old, start)
+    return source[:at] + new + source[at + len(old):]
+
+
+def _compile_patched(text):
+    return sm.compile(text, include_dirs=GGML_INCLUDES, defines=GGML_DEFINES)
+
+
+RMS_BODY = "    sumf = simd_sum(sumf);\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    if (tiisg == 0) {\n        shmem_f32[sgitg] = sumf;\n    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    sumf = shmem_f32[tiisg];\n    sumf = simd_sum(sumf);\n\n    const float mean  = sumf/args.ne00;"
+
+
+def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None):
+    x = RNG.standard_normal((rows, ne00)).astype(np.float32) if x is None else x
+    out = np.zeros((rows, ne00), np.float32) if out is None else out
+    args = _norm_args(ne00, ne00, rows, 1e-5, ne00 * 4)
+    lib.launch("kernel_rms_norm_f32", buffers=[args, x, x, x, out], threadgroups=(rows, 1, 1),
+               threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4},
+               check_races=check_races, check_memory=check_memory)
+    return x, out
+
+
+RMS_BARRIERS = {
+    # between writing the per-simdgroup sums and reading them back
+    "second": ("    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    sumf = shmem_f32[tiisg];",
+               "    }\n\n    sumf = shmem_f32[tiisg];"),
+    # after simdgroup 0 zeroes shmem, before the others write it
+    "first": ("    sumf = simd_sum(sumf);\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    if (tiisg == 0) {",
+              "    sumf = simd_sum(sumf);\n\n    if (tiisg == 0) {"),
+}
+
+
+@pytest.mark.parametrize("which", ["second", "first"])
+def test_bug_rms_norm_barrier_removed(ggml_source, which):
+    """One of the two threadgroup barriers of rms_norm's reduction, removed."""
+    text = _patched(ggml_source, RMS_BODY, RMS_BODY.replace(*RMS_BARRIERS[which]))
+    lib = _compile_patched(text)
+    with pytest.raises(sm.RaceError):
+        _rms_launch(lib, check_memory=True)
+    if which == "second":
+        # The race check's reordering catches it too: the late simdgroup reads the value
+        # or the poison (NaN) depending on the order.
+        with pytest.raises(sm.RaceError):
+            _rms_launch(lib, check_races=True)
+
+
+def test_bug_rms_norm_missing_zero_init(ggml_source):
+    """`shmem_f32[tiisg] = 0.0f` by simdgroup 0 removed: with 2 simdgroups, lanes 2..31 read
+    threadgroup memory nobody wrote (the GPU would read garbage, which simd_sum adds in)."""
+    text = _patched(ggml_source, "    if (sgitg == 0) {\n        shmem_f32[tiisg] = 0.0f;\n    }\n\n    const int i01 = tgpig.x;\n    const int i02 = tgpig.y;\n    const int i03 = tgpig.z;\n\n    device const T * x = (device const T *) (src0 + i03*args.nbf3[0]",
+                    "    const int i01 = tgpig.x;\n    const int i02 = tgpig.y;\n    const int i03 = tgpig.z;\n\n    device const T * x = (device const T *) (src0 + i03*args.nbf3[0]")
+    lib = _compile_patched(text)
+    with pytest.raises(sm.UninitializedReadError):
+        _rms_launch(lib, check_memory=True)
+    # Without the memory check the poison (NaN) shows in the output: a NumPy comparison fails.
+    x, out = _rms_launch(lib)
+    assert np.isnan(out).all()
+
+
+def test_bug_rms_norm_off_by_one(ggml_source):
+    """`i00 < args.ne00_t` -> `<=` in the sum: the last row reads one float past the buffer."""
+    text = _patched(ggml_source, "    for (int i00 = tpitg.x; i00 < args.ne00_t; i00 += ntg.x) {\n        sumf += dot(x[i00], x[i00]);",
+                    "    for (int i00 = tpitg.x; i00 <= args.ne00_t; i00 += ntg.x) {\n        sumf += dot(x[i00], x[i00]);")
+    lib = _compile_patched(text)
+    with pytest.raises(sm.OutOfBoundsError):  # guard page after the last row
+        _rms_launch(lib)
+    with pytest.raises(sm.OutOfBoundsError):
+        _rms_launch(lib, check_memory=True)
+
+
+def test_bug_get_rows_index_past_the_table(ggml):
+    """The unmodified kernel, launched with an index one past the table (a too-small src0):
+    ggml does not check indices; the guard page after the buffer does."""
+    n_rows, ne00 = 4, 64
+    table = RNG.standard_normal((n_rows, ne00)).astype(np.float32)
+    idx = np.array([0, n_rows], np.int32)
+    out = np.zeros((2, ne00), np.float32)
+    args = _get_rows_args(ne00, ne00 * 4, n_rows, 2, ne00 * 4, ne00)
+    with pytest.raises(sm.OutOfBoundsError):
+        ggml.launch("kernel_get_rows_f32", buffers=[args, table, idx, out], threadgroups=(2, 1, 1),
+                    threads_per_threadgroup=(ne00, 1, 1))
+
+
+def test_bug_soft_max_sum_barrier_removed(ggml_source):
+    """In soft_max's cross-simdgroup sum, the barrier after `buf[sgitg] = sum` removed."""
+    old = "        if (tiisg == 0) {\n            buf[sgitg] = sum;\n        }\n\n        threadgroup_barrier(mem_flags::mem_threadgroup);\n\n        sum = buf[tiisg];"
+    text = _patched(ggml_source, old, old.replace("        threadgroup_barrier(mem_flags::mem_threadgroup);\n\n        sum = buf[tiisg];",
+                                                  "        sum = buf[tiisg];"), after="kernel void kernel_soft_max(")
+    lib = _compile_patched(text)
+    rows, ne00 = 2, 128
+    x = RNG.standard_normal((rows, ne00)).astype(np.float32)
+    mask = np.zeros((rows, ne00), np.float32)
+    sinks = np.full(1, -np.inf, np.float32)
+    out = np.zeros_like(x)
+    nb01 = ne00 * 4
+    args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=1, nb01=nb01, nb02=nb01 * rows,
+                 nb03=nb01 * rows, ne11=rows, ne12=1, ne13=1, nb11=nb01, nb12=nb01 * rows, nb13=nb01 * rows,
+                 nb1=nb01, nb2=nb01 * rows, nb3=nb01 * rows, scale=1.0, max_bias=0.0, n_head_log2=1)
+    with pytest.raises(sm.RaceError):
+        lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
+                   threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, check_memory=True)
