@@ -270,8 +270,12 @@ def decode_ids(rng, T, E, k, repeat=True):
 
 
 @pytest.mark.parametrize("activation", sorted(ACT))
+# Rows per threadgroup MOE_GEMV_ROWS = 16: I = 17, 37 leave a partial last threadgroup (a
+# simdgroup with clamped rows, idle simdgroups); (4, ..., k = 9) has 36 pairs, more than
+# one simdgroup's worth of ids for the per-threadgroup job lookup.
 @pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, False), (3, 36, 17, 5, 3, True),
-                                           (4, 13, 9, 6, 2, True), (2, 64, 40, 3, 3, False)])
+                                           (4, 13, 9, 6, 2, True), (2, 64, 40, 3, 3, False),
+                                           (4, 16, 37, 12, 9, True)])
 def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     rng = np.random.default_rng(T * 7 + H)
     x = f32(T, H, rng=rng)
@@ -284,7 +288,7 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=b, output=act, ids=ids.ravel())
     lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True)
+               check_races=True, check_memory=True)
     for pair, e in enumerate(ids.ravel()):
         ref = np_gate_up(x[pair // k][None], w[e], None if b is None else b[e], activation)[0]
         np.testing.assert_allclose(act[pair], ref, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref).max()))
@@ -295,11 +299,12 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=None, output=act_s, ids=None)
     lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), 1), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True)
+               check_races=True, check_memory=True)
     np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, True), (3, 17, 36, 5, 3, False), (4, 40, 9, 6, 2, True)])
+@pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, True), (3, 17, 36, 5, 3, False), (4, 40, 9, 6, 2, True),
+                                           (4, 37, 16, 12, 9, False)])
 def test_down_gemv(lib, T, H, I, E, k, bias):
     rng = np.random.default_rng(T * 5 + I)
     act = f32(T * k, I, rng=rng)
@@ -313,7 +318,7 @@ def test_down_gemv(lib, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, ids=ids.ravel(), row_weight=rw)
     lib.launch("moe_down_gemv_" + fmt, bufs,
                threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True)
+               check_races=True, check_memory=True)
     for pair, e in enumerate(ids.ravel()):
         ref = act[pair].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
         np.testing.assert_allclose(out[pair], rw[pair] * ref, rtol=1e-4, atol=1e-5)
@@ -517,11 +522,11 @@ def test_expert_kernels_read_every_format(lib, fmt):
         pg = ffn_params(T=T, H=H, I=I, k=k, w0=gate, w1=up)
         pd = ffn_params(T=T, H=H, I=I, k=k, w0=down)
         if T == T_dec:
-            kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_races=True)
+            kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_races=True, check_memory=True)
             name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, ids=ids.ravel())
-            lib.launch("moe_gate_up_gemv_" + name, bufs, threadgroups=(I // CONST["MOE_GEMV_ROWS"], T * k), **kw)
+            lib.launch("moe_gate_up_gemv_" + name, bufs, threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), **kw)
             name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, ids=ids.ravel(), row_weight=rw)
-            lib.launch("moe_down_gemv_" + name, bufs, threadgroups=(H // CONST["MOE_GEMV_ROWS"], T * k), **kw)
+            lib.launch("moe_down_gemv_" + name, bufs, threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), **kw)
         else:
             offsets, rows, tiles = np_buckets(ids, E)
             b = dict(rows=rows, tiles=tiles, offsets=offsets)
@@ -549,3 +554,4 @@ def test_router_reads_every_format(lib, fmt, T):
     ref_ids, ref_w = reference.route(x, KernelWeight(wr, fmt).values, top_k=k)
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)
+

@@ -18,32 +18,74 @@
 // Grid: (ceil(rows / MOE_GEMV_ROWS), pairs) threadgroups of MOE_GEMV_THREADS threads
 // (rows = I for gate/up, H for down; pairs = T * k routed, 1 shared). Threadgroup y
 // serves pair y's expert for every token that chose it, if y is that expert's first
-// pair, and does nothing otherwise: each selected expert's rows are read once. Each
-// simdgroup computes one row: lanes stride over the inputs, a simd_sum reduces.
+// pair, and does nothing otherwise: each selected expert's rows are read once. Simdgroup
+// 0 finds that job (expert, its pairs) once per threadgroup, with simd votes over the
+// ids, into threadgroup memory. Each simdgroup then computes MOE_GEMV_ROWS_PER_SIMDGROUP
+// consecutive rows for all the job's tokens: per step a lane loads its 8 inputs of each
+// token once (float4s, kept in registers for all rows) and 8 weights of each row (one
+// load8 per row and matrix: 4 independent loads in flight for down, 8 for gate/up), and
+// keeps one accumulator per (row, token[, gate/up]).
+// Summation order (unchanged from the one-row-per-simdgroup kernel, so the bits are the
+// same): lane l adds the 8-element dot products of its chunks h = 8 l, 8 l + 256, ... in
+// increasing order (rows not a multiple of 8 long: single elements h = l, l + 32, ...),
+// then simd_sum over the 32 lanes, then the bias.
 
-// The rows (pair indices, or tokens for the shared expert) that threadgroup `pair`
-// serves, and their expert; 0 when an earlier pair has the same expert.
-static inline uint moe_decode_rows(constant moe_ffn_params& p, device const int* ids, uint pair,
-                                   thread uint& expert, thread uint* rows)
+// The job of threadgroup `pair`: the number of rows it serves (0 when an earlier pair has
+// the same expert), the expert, and the rows (pair indices in increasing order, or tokens
+// for the shared expert; 0 past n).
+struct moe_job {
+    uint n;
+    uint expert;
+    uint rows[MOE_DECODE_MAX_TOKENS];
+};
+
+// Simdgroup 0 finds the job and hands it to the others through `job` (threadgroup
+// memory: n, expert, rows). Every thread of the threadgroup must call it (a barrier).
+static inline moe_job moe_decode_job(constant moe_ffn_params& p, device const int* ids, uint pair,
+                                     uint sg, uint lane, threadgroup uint* job)
 {
-    if (p.mode == MOE_FFN_SHARED) {
-        expert = 0;
-        const uint n = min(p.tokens, (uint)MOE_DECODE_MAX_TOKENS);
-        for (uint i = 0; i < n; i++) rows[i] = i;
-        return pair == 0 ? n : 0;
+    if (sg == 0) {
+        if (p.mode == MOE_FFN_SHARED) {
+            const uint n = pair == 0 ? min(p.tokens, (uint)MOE_DECODE_MAX_TOKENS) : 0u;
+            if (lane < n) job[2 + lane] = lane;
+            if (lane == 0) {
+                job[0] = n;
+                job[1] = 0;
+            }
+        } else {
+            const uint pairs = p.tokens * p.top_k;
+            const int e = ids[pair];
+            bool seen = false;
+            for (uint q = lane; q < pair; q += MOE_SIMD_WIDTH) seen = seen || ids[q] == e;
+            uint n = 0;
+            if (!simd_any(seen)) {
+                for (uint base = pair; base < pairs && n < MOE_DECODE_MAX_TOKENS; base += MOE_SIMD_WIDTH) {
+                    const uint q = base + lane;
+                    const uint match = q < pairs && ids[q] == e ? 1u : 0u;
+                    const uint at = n + simd_prefix_exclusive_sum(match);
+                    if (match != 0 && at < MOE_DECODE_MAX_TOKENS) job[2 + at] = q;
+                    n += simd_sum(match);
+                }
+                n = min(n, (uint)MOE_DECODE_MAX_TOKENS);
+            }
+            if (lane == 0) {
+                job[0] = n;
+                job[1] = uint(e);
+            }
+        }
     }
-    const uint pairs = p.tokens * p.top_k;
-    const int e = ids[pair];
-    for (uint q = 0; q < pair; q++) {
-        if (ids[q] == e) return 0;
-    }
-    uint n = 0;
-    for (uint q = pair; q < pairs && n < MOE_DECODE_MAX_TOKENS; q++) {
-        if (ids[q] == e) rows[n++] = q;
-    }
-    expert = uint(e);
-    return n;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    moe_job out;
+    out.n = job[0];
+    out.expert = out.n != 0 ? job[1] : 0u;
+    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) out.rows[i] = i < out.n ? job[2 + i] : 0u;
+    return out;
 }
+
+#define MOE_GEMV_R MOE_GEMV_ROWS_PER_SIMDGROUP
+#define MOE_GEMV_T MOE_DECODE_MAX_TOKENS
+static_assert(MOE_GEMV_ROWS == MOE_GEMV_SIMDGROUPS * MOE_GEMV_ROWS_PER_SIMDGROUP &&
+              MOE_GEMV_THREADS == MOE_GEMV_SIMDGROUPS * MOE_SIMD_WIDTH, "moe_experts.metal: GEMV sizes");
 
 // Lanes take 8 consecutive weights at a time (one load8) when rows are a multiple of 8
 // long - always for quantized weights - and single ones otherwise.
@@ -63,52 +105,74 @@ template <typename L>
                                  uint sg [[simdgroup_index_in_threadgroup]],
                                  uint lane [[thread_index_in_simdgroup]])
 {
-    uint expert = 0;
-    uint rows[MOE_DECODE_MAX_TOKENS];
-    const uint n = moe_decode_rows(p, ids, group.y, expert, rows);
+    threadgroup uint job_tg[2 + MOE_DECODE_MAX_TOKENS];
+    const moe_job job = moe_decode_job(p, ids, group.y, sg, lane, job_tg);
+    const uint n = job.n, expert = job.expert;
     const uint H = p.hidden, I = p.inner;
-    const uint r = group.x * MOE_GEMV_ROWS + sg;
-    if (n == 0 || r >= I) return;
-    const moe_wrow wg = moe_row(p.w0, w0, s0, b0, expert, r, H);
-    const moe_wrow wu = moe_row(p.w1, w1, s1, b1, expert, r, H);
-    device const float* xs[MOE_DECODE_MAX_TOKENS];
-    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
+    const uint r0 = group.x * MOE_GEMV_ROWS + sg * MOE_GEMV_R;
+    if (n == 0 || r0 >= I) return;
+    thread const uint* rows = job.rows;
+    device const float* xs[MOE_GEMV_T];
+    for (uint i = 0; i < MOE_GEMV_T; i++) {
         const uint token = p.mode == MOE_FFN_SHARED ? rows[i] : rows[i] / p.top_k;
-        xs[i] = x + (ulong)(i < n ? token : 0) * H;
+        xs[i] = x + (ulong)token * H;
     }
-    float g[MOE_DECODE_MAX_TOKENS], u[MOE_DECODE_MAX_TOKENS];
-    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) { g[i] = 0.0f; u[i] = 0.0f; }
+    // Rows past I (the last threadgroup) compute row I - 1 again and are not stored.
+    moe_wrow wg[MOE_GEMV_R], wu[MOE_GEMV_R];
+    for (uint j = 0; j < MOE_GEMV_R; j++) {
+        const uint r = min(r0 + j, I - 1);
+        wg[j] = moe_row(p.w0, w0, s0, b0, expert, r, H);
+        wu[j] = moe_row(p.w1, w1, s1, b1, expert, r, H);
+    }
+    float g[MOE_GEMV_R][MOE_GEMV_T], u[MOE_GEMV_R][MOE_GEMV_T];
+    for (uint j = 0; j < MOE_GEMV_R; j++) {
+        for (uint i = 0; i < MOE_GEMV_T; i++) { g[j][i] = 0.0f; u[j][i] = 0.0f; }
+    }
     const uint full = H % 8 == 0 ? H : 0;
     for (uint h = lane * 8; h < full; h += 8 * MOE_SIMD_WIDTH) {
-        float gw[8], uw[8];
-        L::load8(wg, h, gw);
-        L::load8(wu, h, uw);
-        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-            if (i < n) {
-                g[i] += moe_dot8(gw, xs[i] + h);
-                u[i] += moe_dot8(uw, xs[i] + h);
+        float4 xa[MOE_GEMV_T], xb[MOE_GEMV_T];
+        for (uint i = 0; i < MOE_GEMV_T; i++) {
+            xa[i] = i < n ? *(device const float4*)(xs[i] + h) : float4(0.0f);
+            xb[i] = i < n ? *(device const float4*)(xs[i] + h + 4) : float4(0.0f);
+        }
+        float gw[MOE_GEMV_R][8], uw[MOE_GEMV_R][8];
+        for (uint j = 0; j < MOE_GEMV_R; j++) {
+            L::load8(wg[j], h, gw[j]);
+            L::load8(wu[j], h, uw[j]);
+        }
+        for (uint j = 0; j < MOE_GEMV_R; j++) {
+            for (uint i = 0; i < MOE_GEMV_T; i++) {
+                if (i < n) {
+                    g[j][i] += moe_dot8(gw[j], xa[i], xb[i]);
+                    u[j][i] += moe_dot8(uw[j], xa[i], xb[i]);
+                }
             }
         }
     }
     for (uint h = full + lane; h < H; h += MOE_SIMD_WIDTH) {
-        const float gw = L::load1(wg, h), uw = L::load1(wu, h);
-        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-            if (i < n) {
-                g[i] += gw * xs[i][h];
-                u[i] += uw * xs[i][h];
+        for (uint j = 0; j < MOE_GEMV_R; j++) {
+            const float gw = L::load1(wg[j], h), uw = L::load1(wu[j], h);
+            for (uint i = 0; i < MOE_GEMV_T; i++) {
+                if (i < n) {
+                    g[j][i] += gw * xs[i][h];
+                    u[j][i] += uw * xs[i][h];
+                }
             }
         }
     }
-    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-        if (i < n) {
-            float gs = simd_sum(g[i]);
-            float us = simd_sum(u[i]);
-            if (lane == 0) {
-                if (p.has_bias != 0) {
-                    gs += bias[(ulong)expert * 2 * I + r];
-                    us += bias[(ulong)expert * 2 * I + I + r];
+    for (uint j = 0; j < MOE_GEMV_R; j++) {
+        const uint r = r0 + j;
+        for (uint i = 0; i < MOE_GEMV_T; i++) {
+            if (i < n) {
+                float gs = simd_sum(g[j][i]);
+                float us = simd_sum(u[j][i]);
+                if (lane == 0 && r < I) {
+                    if (p.has_bias != 0) {
+                        gs += bias[(ulong)expert * 2 * I + r];
+                        us += bias[(ulong)expert * 2 * I + I + r];
+                    }
+                    act[(ulong)rows[i] * I + r] = moe_activate(p.activation, gs, us, p.swiglu_alpha, p.swiglu_limit);
                 }
-                act[(ulong)rows[i] * I + r] = moe_activate(p.activation, gs, us, p.swiglu_alpha, p.swiglu_limit);
             }
         }
     }
@@ -128,37 +192,53 @@ template <typename L>
                               uint sg [[simdgroup_index_in_threadgroup]],
                               uint lane [[thread_index_in_simdgroup]])
 {
-    uint expert = 0;
-    uint rows[MOE_DECODE_MAX_TOKENS];
-    const uint n = moe_decode_rows(p, ids, group.y, expert, rows);
+    threadgroup uint job_tg[2 + MOE_DECODE_MAX_TOKENS];
+    const moe_job job = moe_decode_job(p, ids, group.y, sg, lane, job_tg);
+    const uint n = job.n, expert = job.expert;
     const uint H = p.hidden, I = p.inner;
-    const uint h = group.x * MOE_GEMV_ROWS + sg;
-    if (n == 0 || h >= H) return;
-    const moe_wrow wd = moe_row(p.w0, w0, s0, b0, expert, h, I);
-    device const float* as[MOE_DECODE_MAX_TOKENS];
-    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) as[i] = act + (ulong)(i < n ? rows[i] : 0) * I;
-    float y[MOE_DECODE_MAX_TOKENS];
-    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) y[i] = 0.0f;
+    const uint h0 = group.x * MOE_GEMV_ROWS + sg * MOE_GEMV_R;
+    if (n == 0 || h0 >= H) return;
+    thread const uint* rows = job.rows;
+    device const float* as[MOE_GEMV_T];
+    for (uint i = 0; i < MOE_GEMV_T; i++) as[i] = act + (ulong)rows[i] * I;
+    moe_wrow wd[MOE_GEMV_R];
+    for (uint j = 0; j < MOE_GEMV_R; j++) wd[j] = moe_row(p.w0, w0, s0, b0, expert, min(h0 + j, H - 1), I);
+    float y[MOE_GEMV_R][MOE_GEMV_T];
+    for (uint j = 0; j < MOE_GEMV_R; j++) {
+        for (uint i = 0; i < MOE_GEMV_T; i++) y[j][i] = 0.0f;
+    }
     const uint full = I % 8 == 0 ? I : 0;
     for (uint k = lane * 8; k < full; k += 8 * MOE_SIMD_WIDTH) {
-        float wv[8];
-        L::load8(wd, k, wv);
-        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-            if (i < n) y[i] += moe_dot8(wv, as[i] + k);
+        float4 aa[MOE_GEMV_T], ab[MOE_GEMV_T];
+        for (uint i = 0; i < MOE_GEMV_T; i++) {
+            aa[i] = i < n ? *(device const float4*)(as[i] + k) : float4(0.0f);
+            ab[i] = i < n ? *(device const float4*)(as[i] + k + 4) : float4(0.0f);
+        }
+        float wv[MOE_GEMV_R][8];
+        for (uint j = 0; j < MOE_GEMV_R; j++) L::load8(wd[j], k, wv[j]);
+        for (uint j = 0; j < MOE_GEMV_R; j++) {
+            for (uint i = 0; i < MOE_GEMV_T; i++) {
+                if (i < n) y[j][i] += moe_dot8(wv[j], aa[i], ab[i]);
+            }
         }
     }
     for (uint k = full + lane; k < I; k += MOE_SIMD_WIDTH) {
-        const float wv = L::load1(wd, k);
-        for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-            if (i < n) y[i] += wv * as[i][k];
+        for (uint j = 0; j < MOE_GEMV_R; j++) {
+            const float wv = L::load1(wd[j], k);
+            for (uint i = 0; i < MOE_GEMV_T; i++) {
+                if (i < n) y[j][i] += wv * as[i][k];
+            }
         }
     }
-    for (uint i = 0; i < MOE_DECODE_MAX_TOKENS; i++) {
-        if (i < n) {
-            float s = simd_sum(y[i]);
-            if (lane == 0) {
-                if (p.has_bias != 0) s += bias[(ulong)expert * H + h];
-                out[(ulong)rows[i] * H + h] = s * row_weight[rows[i]];
+    for (uint j = 0; j < MOE_GEMV_R; j++) {
+        const uint h = h0 + j;
+        for (uint i = 0; i < MOE_GEMV_T; i++) {
+            if (i < n) {
+                float s = simd_sum(y[j][i]);
+                if (lane == 0 && h < H) {
+                    if (p.has_bias != 0) s += bias[(ulong)expert * H + h];
+                    out[(ulong)rows[i] * H + h] = s * row_weight[rows[i]];
+                }
             }
         }
     }

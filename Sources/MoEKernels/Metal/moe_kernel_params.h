@@ -40,11 +40,14 @@ typedef int32_t moe_i32;
 #define MOE_MAX_EXPERTS 1024
 
 /* Decode path: matrix-vector kernels; one threadgroup of MOE_GEMV_THREADS threads
- * computes MOE_GEMV_ROWS output rows (one per simdgroup) of one expert for every
- * token that selected it (at most MOE_DECODE_MAX_TOKENS). */
+ * (MOE_GEMV_SIMDGROUPS simdgroups) computes MOE_GEMV_ROWS output rows of one expert
+ * (MOE_GEMV_ROWS_PER_SIMDGROUP consecutive rows per simdgroup) for every token that
+ * selected it (at most MOE_DECODE_MAX_TOKENS). */
 #define MOE_DECODE_MAX_TOKENS 4
-#define MOE_GEMV_THREADS 256
-#define MOE_GEMV_ROWS 8
+#define MOE_GEMV_THREADS 128
+#define MOE_GEMV_SIMDGROUPS 4
+#define MOE_GEMV_ROWS_PER_SIMDGROUP 4
+#define MOE_GEMV_ROWS 16
 
 /* Prefill path: bucketing in one threadgroup; tiled GEMM with simdgroup matrices,
  * MOE_GEMM_BM bucket rows x MOE_GEMM_BN outputs per threadgroup of MOE_GEMM_THREADS
