@@ -270,8 +270,12 @@ def decode_ids(rng, T, E, k, repeat=True):
 
 
 @pytest.mark.parametrize("activation", sorted(ACT))
+# Rows per threadgroup MOE_GEMV_ROWS = 16: I = 17, 37 leave a partial last threadgroup (a
+# simdgroup with clamped rows, idle simdgroups); (4, ..., k = 9) has 36 pairs, more than
+# one simdgroup's worth of ids for the per-threadgroup job lookup.
 @pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, False), (3, 36, 17, 5, 3, True),
-                                           (4, 13, 9, 6, 2, True), (2, 64, 40, 3, 3, False)])
+                                           (4, 13, 9, 6, 2, True), (2, 64, 40, 3, 3, False),
+                                           (4, 16, 37, 12, 9, True)])
 def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     rng = np.random.default_rng(T * 7 + H)
     x = f32(T, H, rng=rng)
@@ -284,7 +288,7 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=b, output=act, ids=ids.ravel())
     lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True)
+               check_races=True, check_memory=True)
     for pair, e in enumerate(ids.ravel()):
         ref = np_gate_up(x[pair // k][None], w[e], None if b is None else b[e], activation)[0]
         np.testing.assert_allclose(act[pair], ref, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref).max()))
@@ -295,11 +299,12 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=None, output=act_s, ids=None)
     lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), 1), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True)
+               check_races=True, check_memory=True)
     np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, True), (3, 17, 36, 5, 3, False), (4, 40, 9, 6, 2, True)])
+@pytest.mark.parametrize("T,H,I,E,k,bias", [(1, 32, 24, 4, 2, True), (3, 17, 36, 5, 3, False), (4, 40, 9, 6, 2, True),
+                                           (4, 37, 16, 12, 9, False)])
 def test_down_gemv(lib, T, H, I, E, k, bias):
     rng = np.random.default_rng(T * 5 + I)
     act = f32(T * k, I, rng=rng)
@@ -313,7 +318,7 @@ def test_down_gemv(lib, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, ids=ids.ravel(), row_weight=rw)
     lib.launch("moe_down_gemv_" + fmt, bufs,
                threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True)
+               check_races=True, check_memory=True)
     for pair, e in enumerate(ids.ravel()):
         ref = act[pair].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
         np.testing.assert_allclose(out[pair], rw[pair] * ref, rtol=1e-4, atol=1e-5)
@@ -424,9 +429,11 @@ def test_bucket(lib, T, E, k):
 # --- prefill GEMMs -----------------------------------------------------------------
 
 
-def gemm_grid(n_tiles, N):
-    return dict(threadgroups=(n_tiles, -(-N // CONST["MOE_GEMM_BN"])),
-                threads_per_threadgroup=(CONST["MOE_GEMM_THREADS"],))
+def gemm_grid(n_tiles, N, kernel="gate_up"):
+    """The grid of a GEMM with N outputs: MOE_GEMM_GATE_UP_BN or MOE_GEMM_DOWN_BN columns per
+    threadgroup; the memory check on (it catches an edge tile's out-of-bounds load)."""
+    return dict(threadgroups=(n_tiles, -(-N // CONST[f"MOE_GEMM_{kernel.upper()}_BN"])),
+                threads_per_threadgroup=(CONST["MOE_GEMM_THREADS"],), check_memory=True)
 
 
 @pytest.mark.parametrize("activation", sorted(ACT))
@@ -471,7 +478,7 @@ def test_down_gemm(lib, T, H, I, E, k, bias):
     p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias, w0=d)
     fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, rows=rows, tiles=tiles, offsets=offsets,
                             row_weight=rw)
-    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(len(tiles), H))
+    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(len(tiles), H, "down"))
     flat = ids.ravel()
     ref = np.stack([act[q].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
                     for q, e in enumerate(flat)]) * rw[:, None]
@@ -482,7 +489,7 @@ def test_down_gemm(lib, T, H, I, E, k, bias):
     p = ffn_params(T=T, H=H, I=I, k=1, shared=True, w0=d)
     fmt, bufs = ffn_buffers(d, params=p, input=act[:T].copy(), bias=None, output=out_s, rows=None, tiles=None,
                             offsets=None, row_weight=rw[:T].copy())
-    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H))
+    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H, "down"))
     np.testing.assert_allclose(out_s, (act[:T].astype(np.float64) @ w[0].astype(np.float64).T) * rw[:T, None],
                                rtol=1e-4, atol=1e-4)
 
@@ -498,42 +505,54 @@ def _format_pair(fmt):
 FORMAT_CASES = list(KERNEL_FORMATS) + ["q4+f16", "mxfp4+bf16"]
 
 
+def run_expert_kernels(lib, gate, up, down, x, ids, rng):
+    """Gate/up then down of T = len(x) tokens whose experts are `ids` (T, k), from weights
+    in their formats: the GEMVs for T <= MOE_DECODE_MAX_TOKENS, the GEMMs over np_buckets
+    otherwise, with the race and memory checks; checked against NumPy on the exact values
+    the stored weights stand for."""
+    (T, H), (k, I) = x.shape, (ids.shape[1], gate.values.shape[1])
+    act = np.full((T * k, I), np.nan, np.float32)
+    out = np.full((T * k, H), np.nan, np.float32)
+    rw = rng.random(T * k).astype(np.float32)
+    pg = ffn_params(T=T, H=H, I=I, k=k, w0=gate, w1=up)
+    pd = ffn_params(T=T, H=H, I=I, k=k, w0=down)
+    if T <= CONST["MOE_DECODE_MAX_TOKENS"]:
+        kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_races=True, check_memory=True)
+        name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, ids=ids.ravel())
+        lib.launch("moe_gate_up_gemv_" + name, bufs, threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), **kw)
+        name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, ids=ids.ravel(), row_weight=rw)
+        lib.launch("moe_down_gemv_" + name, bufs, threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), **kw)
+    else:
+        offsets, rows, tiles = np_buckets(ids, down.values.shape[0])
+        b = dict(rows=rows, tiles=tiles, offsets=offsets)
+        name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, **b)
+        lib.launch("moe_gate_up_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), I))
+        name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, row_weight=rw, **b)
+        lib.launch("moe_down_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), H, "down"))
+    wgu = np.concatenate([gate.values, up.values], axis=1)  # (E, 2I, H) float64
+    for pair, e in enumerate(ids.ravel()):
+        ref_act = np_gate_up(x[pair // k][None], wgu[e], None, "silu")[0]
+        np.testing.assert_allclose(act[pair], ref_act, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref_act).max()))
+        ref_out = rw[pair] * (act[pair].astype(np.float64) @ down.values[e].T)
+        np.testing.assert_allclose(out[pair], ref_out, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref_out).max()))
+
+
+def format_weights(fmt, H, I, E, rng):
+    """Gate, up (I, H) and down (H, I) of E experts in `fmt` (a mixed `a+b`: gate and down in a)."""
+    gf, uf = _format_pair(fmt)
+    return (KernelWeight(f32(E, I, H, rng=rng, scale=H ** -0.5), gf), KernelWeight(f32(E, I, H, rng=rng, scale=H ** -0.5), uf),
+            KernelWeight(f32(E, H, I, rng=rng, scale=I ** -0.5), gf))
+
+
 @pytest.mark.parametrize("fmt", FORMAT_CASES)
 def test_expert_kernels_read_every_format(lib, fmt):
     """Gate/up and down, GEMV and GEMM, from weights kept in `fmt` (dequantized inside the
     kernels): against NumPy on the exact values the stored weights stand for."""
     T_dec, T_pre, H, I, E, k = 3, 40, 128, 128, 3, 2
     rng = np.random.default_rng(len(fmt))
-    gf, uf = _format_pair(fmt)
-    gate, up = KernelWeight(f32(E, I, H, rng=rng, scale=H ** -0.5), gf), KernelWeight(f32(E, I, H, rng=rng, scale=H ** -0.5), uf)
-    down = KernelWeight(f32(E, H, I, rng=rng, scale=I ** -0.5), gf)
-    wgu = np.concatenate([gate.values, up.values], axis=1)  # (E, 2I, H) float64
+    gate, up, down = format_weights(fmt, H, I, E, rng)
     for T in (T_dec, T_pre):
-        x = f32(T, H, rng=rng)
-        ids = decode_ids(rng, T, E, k, repeat=T == T_dec)
-        act = np.full((T * k, I), np.nan, np.float32)
-        out = np.full((T * k, H), np.nan, np.float32)
-        rw = rng.random(T * k).astype(np.float32)
-        pg = ffn_params(T=T, H=H, I=I, k=k, w0=gate, w1=up)
-        pd = ffn_params(T=T, H=H, I=I, k=k, w0=down)
-        if T == T_dec:
-            kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_races=True)
-            name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, ids=ids.ravel())
-            lib.launch("moe_gate_up_gemv_" + name, bufs, threadgroups=(I // CONST["MOE_GEMV_ROWS"], T * k), **kw)
-            name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, ids=ids.ravel(), row_weight=rw)
-            lib.launch("moe_down_gemv_" + name, bufs, threadgroups=(H // CONST["MOE_GEMV_ROWS"], T * k), **kw)
-        else:
-            offsets, rows, tiles = np_buckets(ids, E)
-            b = dict(rows=rows, tiles=tiles, offsets=offsets)
-            name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, **b)
-            lib.launch("moe_gate_up_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), I))
-            name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, row_weight=rw, **b)
-            lib.launch("moe_down_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), H))
-        for pair, e in enumerate(ids.ravel()):
-            ref_act = np_gate_up(x[pair // k][None], wgu[e], None, "silu")[0]
-            np.testing.assert_allclose(act[pair], ref_act, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref_act).max()))
-            ref_out = rw[pair] * (act[pair].astype(np.float64) @ down.values[e].T)
-            np.testing.assert_allclose(out[pair], ref_out, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref_out).max()))
+        run_expert_kernels(lib, gate, up, down, f32(T, H, rng=rng), decode_ids(rng, T, E, k, repeat=T == T_dec), rng)
 
 
 @pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))
@@ -549,3 +568,22 @@ def test_router_reads_every_format(lib, fmt, T):
     ref_ids, ref_w = reference.route(x, KernelWeight(wr, fmt).values, top_k=k)
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q4", "q8", "q3", "mxfp4", "q4+f16"])
+def test_gemm_interior_and_edge_tiles(lib, fmt):
+    """The GEMMs' unchecked interior path (full 32-row tiles, full column tiles, full K
+    steps: vector loads) next to edge tiles (partial rows, columns, and - dense rows of a
+    multiple of 8 - a partial last K step), double-buffered over several K steps, with the
+    memory check on (it catches an edge load past a row's end even where the zero padding
+    of the inputs hides it from the values)."""
+    dense = all(f in ("f32", "f16", "bf16") for f in _format_pair(fmt))
+    # Dense: H = 136, I = 72 (4 and 2 full K steps + 8; column tiles of 32 and 64 + an edge);
+    # quantized (rows a multiple of the group): H = 192, I = 128.
+    T, E, k = 100, 2, 1
+    H, I = (136, 72) if dense else (192, 128)
+    rng = np.random.default_rng(len(fmt) + 11)
+    gate, up, down = format_weights(fmt, H, I, E, rng)
+    ids = decode_ids(rng, T, E, k, repeat=False)
+    assert np.bincount(ids.ravel()).max() >= CONST["MOE_GEMM_BM"]  # at least one full row tile
+    run_expert_kernels(lib, gate, up, down, f32(T, H, rng=rng), ids, rng)

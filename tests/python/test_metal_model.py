@@ -114,3 +114,44 @@ def test_bench_metal_model_writes_json(tmp_path):
     assert "router" in r.stdout and "M3 Max 40c" in r.stdout and "Assumptions" in r.stdout
     data = json.loads(out.read_text())
     assert {(c["format"], c["tokens"]) for c in data["cases"]} == {(f, t) for f in mm.FORMATS for t in (1, 512)}
+
+
+def test_constants_match_the_kernels():
+    """The model's tile sizes are those of moe_kernel_params.h (read like the kernel tests do)."""
+    from metal_kernels import CONST
+
+    assert mm.GEMV_ROWS == CONST["MOE_GEMV_ROWS"] == 16
+    assert mm.GEMV_ROWS_PER_SIMDGROUP == CONST["MOE_GEMV_ROWS_PER_SIMDGROUP"]
+    assert mm.DECODE_MAX_TOKENS == CONST["MOE_DECODE_MAX_TOKENS"]
+    assert mm.ROUTER_GEMV_SIMDGROUPS == CONST["MOE_ROUTER_GEMV_SIMDGROUPS"]
+    assert mm.ROUTER_MAX_TOKENS == CONST["MOE_ROUTER_MAX_TOKENS"]
+    assert mm.GEMM_BM == CONST["MOE_GEMM_BM"]
+    assert mm.GEMM_GATE_UP_BN == CONST["MOE_GEMM_GATE_UP_BN"]
+    assert mm.GEMM_DOWN_BN == CONST["MOE_GEMM_DOWN_BN"]
+    assert mm.COMBINE_THREADS == CONST["MOE_COMBINE_THREADS"]
+
+
+def test_decode_gemvs_read_inputs_once_per_four_rows():
+    """Issue 12: a GEMV threadgroup is 16 rows (4 simdgroups x 4 rows); a simdgroup loads
+    each token's inputs once for its 4 rows, so the requested input bytes are a quarter of
+    one read per row."""
+    gate_up, down = mm.dispatches(mm.QWEN3, 1, "q4")[1:3]
+    assert (gate_up.threadgroups, down.threadgroups) == (8 * I // 16, 8 * H // 16) == (384, 1024)
+    P = K  # T = 1
+    assert gate_up.requested_bytes == pytest.approx(gate_up.weight_bytes + P * (I // 4) * H * 4 + P * I * 4)
+    assert down.requested_bytes == pytest.approx(down.weight_bytes + P * (H // 4) * I * 4 + P * 4 + P * H * 4)
+    assert (gate_up.flops, down.flops) == (2.0 * 2 * P * I * H, 2.0 * P * H * I)  # I, H multiples of 16
+    # Rows past the end are computed and dropped: I = 770 executes 784 rows.
+    odd = mm.dispatches(mm.LayerShape(inter=770), 1, "q4")[1]
+    assert odd.threadgroups == 8 * 49 and odd.flops == 2.0 * 2 * P * 784 * H
+
+
+def test_prefill_gemm_tiles():
+    """Gate/up: 32 columns of gate and up per threadgroup; down: 64 columns (half the
+    threadgroups and half the input re-reads of 32)."""
+    gate_up, down = mm.dispatches(mm.QWEN3, 512, "q4")[2:4]
+    tiles = mm.expected_tiles(512, E, K)
+    assert gate_up.threadgroups == round(tiles * I / 32)
+    assert down.threadgroups == round(tiles * H / 64)
+    assert down.requested_bytes == pytest.approx(tiles * down.weight_bytes / E + tiles * (H // 64) * 32 * I * 4
+                                                 + 512 * K * (H + 1) * 4)

@@ -40,19 +40,25 @@ typedef int32_t moe_i32;
 #define MOE_MAX_EXPERTS 1024
 
 /* Decode path: matrix-vector kernels; one threadgroup of MOE_GEMV_THREADS threads
- * computes MOE_GEMV_ROWS output rows (one per simdgroup) of one expert for every
- * token that selected it (at most MOE_DECODE_MAX_TOKENS). */
+ * (MOE_GEMV_SIMDGROUPS simdgroups) computes MOE_GEMV_ROWS output rows of one expert
+ * (MOE_GEMV_ROWS_PER_SIMDGROUP consecutive rows per simdgroup) for every token that
+ * selected it (at most MOE_DECODE_MAX_TOKENS). */
 #define MOE_DECODE_MAX_TOKENS 4
-#define MOE_GEMV_THREADS 256
-#define MOE_GEMV_ROWS 8
+#define MOE_GEMV_THREADS 128
+#define MOE_GEMV_SIMDGROUPS 4
+#define MOE_GEMV_ROWS_PER_SIMDGROUP 4
+#define MOE_GEMV_ROWS 16
 
-/* Prefill path: bucketing in one threadgroup; tiled GEMM with simdgroup matrices,
- * MOE_GEMM_BM bucket rows x MOE_GEMM_BN outputs per threadgroup of MOE_GEMM_THREADS
- * threads (2 x 2 simdgroups of 16 x 16), K in steps of MOE_GEMM_BK. */
+/* Prefill path: bucketing in one threadgroup (tiles of MOE_GEMM_BM bucket rows); tiled
+ * GEMMs with simdgroup matrices, threadgroups of MOE_GEMM_THREADS threads (2 x 2
+ * simdgroups), K in double-buffered steps of MOE_GEMM_BK. Per threadgroup: gate/up
+ * MOE_GEMM_BM rows x MOE_GEMM_GATE_UP_BN columns of gate and of up (simdgroups of
+ * 16 x 16 each), down MOE_GEMM_BM rows x MOE_GEMM_DOWN_BN columns (simdgroups of 16 x 32). */
 #define MOE_BUCKET_THREADS 256
 #define MOE_BUCKET_SIMDGROUPS 8
 #define MOE_GEMM_BM 32
-#define MOE_GEMM_BN 32
+#define MOE_GEMM_GATE_UP_BN 32
+#define MOE_GEMM_DOWN_BN 64
 #define MOE_GEMM_BK 32
 #define MOE_GEMM_THREADS 128
 
@@ -186,8 +192,8 @@ typedef struct moe_router_params {
 typedef struct moe_bucket_params {
     moe_u32 pairs;                /* tokens * top_k */
     moe_u32 experts;
-    moe_u32 gate_up_column_tiles; /* ceil(I / MOE_GEMM_BN): y of the gate/up GEMM grid */
-    moe_u32 down_column_tiles;    /* ceil(H / MOE_GEMM_BN): y of the down GEMM grid */
+    moe_u32 gate_up_column_tiles; /* ceil(I / MOE_GEMM_GATE_UP_BN): y of the gate/up GEMM grid */
+    moe_u32 down_column_tiles;    /* ceil(H / MOE_GEMM_DOWN_BN): y of the down GEMM grid */
 } moe_bucket_params;
 
 /* The expert kernels (gate/up and down, matrix-vector and GEMM), routed or shared. */

@@ -106,8 +106,8 @@ struct MetalLayerEncoder {
         var p = moe_bucket_params()
         p.pairs = UInt32(tokens * c.topK)
         p.experts = UInt32(c.numExperts)
-        p.gate_up_column_tiles = UInt32(columnTiles(c.intermediateSize))
-        p.down_column_tiles = UInt32(columnTiles(c.hiddenSize))
+        p.gate_up_column_tiles = UInt32(columnTiles(c.intermediateSize, MOE_GEMM_GATE_UP_BN))
+        p.down_column_tiles = UInt32(columnTiles(c.hiddenSize, MOE_GEMM_DOWN_BN))
         encoder.setComputePipelineState(context.bucket)
         setParams(&p)
         set(MOE_BUCKET_BUF_IDS, scratch.ids)
@@ -150,7 +150,8 @@ struct MetalLayerEncoder {
             set(MOE_FFN_BUF_BIAS, nil)
             set(MOE_FFN_BUF_OUTPUT, act)
             // The input is still bound; ids, rows, tiles and offsets are not read for the shared expert.
-            dispatch(groups: decode ? (rowGroups(c.sharedIntermediateSize), 1) : sharedTiles(c.sharedIntermediateSize),
+            dispatch(groups: decode ? (rowGroups(c.sharedIntermediateSize), 1)
+                                    : sharedTiles(c.sharedIntermediateSize, MOE_GEMM_GATE_UP_BN),
                      threads: decode ? MOE_GEMV_THREADS : MOE_GEMM_THREADS)
         }
     }
@@ -186,7 +187,7 @@ struct MetalLayerEncoder {
             set(MOE_FFN_BUF_BIAS, nil)
             set(MOE_FFN_BUF_OUTPUT, out)
             set(MOE_FFN_BUF_ROW_WEIGHT, scratch.sharedFactor)
-            dispatch(groups: decode ? (rowGroups(c.hiddenSize), 1) : sharedTiles(c.hiddenSize),
+            dispatch(groups: decode ? (rowGroups(c.hiddenSize), 1) : sharedTiles(c.hiddenSize, MOE_GEMM_DOWN_BN),
                      threads: decode ? MOE_GEMV_THREADS : MOE_GEMM_THREADS)
         }
     }
@@ -237,9 +238,10 @@ struct MetalLayerEncoder {
     }
 
     private func rowGroups(_ rows: Int) -> Int { (rows + Int(MOE_GEMV_ROWS) - 1) / Int(MOE_GEMV_ROWS) }
-    private func columnTiles(_ n: Int) -> Int { (n + Int(MOE_GEMM_BN) - 1) / Int(MOE_GEMM_BN) }
-    private func sharedTiles(_ n: Int) -> (Int, Int) {
-        ((tokens + Int(MOE_GEMM_BM) - 1) / Int(MOE_GEMM_BM), columnTiles(n))
+    /// Column tiles of a GEMM with `n` outputs, `width` per threadgroup (MOE_GEMM_*_BN).
+    private func columnTiles(_ n: Int, _ width: Int32) -> Int { (n + Int(width) - 1) / Int(width) }
+    private func sharedTiles(_ n: Int, _ width: Int32) -> (Int, Int) {
+        ((tokens + Int(MOE_GEMM_BM) - 1) / Int(MOE_GEMM_BM), columnTiles(n, width))
     }
     private func roundUp16(_ bytes: Int) -> Int { (bytes + 15) / 16 * 16 }
 
