@@ -44,8 +44,10 @@ CATALOGUE = [
      "if let perExpert = perExpertScale { weights[j] *= perExpert[Int(ids[j])] }", ""),
     ("router-group-score-one-member", "routing", "Sources/MoEKernels/Layer/Routing.swift",
      ": choice[first] + choice[best(choice, in: range, excluding: first)]", ": choice[first]"),
-    ("metal-router-nan", "metal kernels", "Sources/MoEKernels/Metal/moe_router.metal",
-     "if (v > m) m = v;", "if (!(v <= m)) m = v;"),
+    # (A NaN taking the softmax max is no mutant: one NaN logit makes every softmax score
+    # NaN either way. The selection order is where the NaN rule shows.)
+    ("metal-router-nan-wins", "metal kernels", "Sources/MoEKernels/Metal/moe_common.h",
+     "if (an || bn) return bn && (!an || ia < ib);", "if (an || bn) return an && (!bn || ia < ib);"),
     # activations
     ("silu-without-gate", "activations", "Sources/MoEKernels/CPU/Activation.swift",
      "return g / (1 + expf(-g)) * u", "return g * u"),

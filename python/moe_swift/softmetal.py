@@ -13,6 +13,10 @@ input only. `buffers` may also be a dict {index: array}. `grid=(x, y, z)` instea
 `indirect=(array, byte_offset)` reads the threadgroup counts from an
 MTLDispatchThreadgroupsIndirectArguments buffer.
 
+`constants={index or name: value}` specialises the kernel for function constants
+(`[[function_constant(i)]]`, as makeFunction(name:constantValues:)); each value is
+converted to the constant's declared type and must be exact in it.
+
 `check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1) runs the kernel's instrumented build:
 every load and store is checked against the buffer or threadgroup variable it must fall
 in (however far out), races are found on shadow memory whatever the output, and reading
@@ -199,7 +203,7 @@ class Library:
 
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
                threadgroup_memory=None, check_races=False, grid=None, indirect=None,
-               poison_threadgroup_memory=True, check_memory=None) -> float:
+               poison_threadgroup_memory=True, check_memory=None, constants=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -260,6 +264,23 @@ class Library:
         if check_memory is None:
             check_memory = os.environ.get("SOFTMETAL_CHECK_MEMORY") == "1"
         desc.check_memory = 1 if check_memory else 0
+        if constants:
+            if not isinstance(constants, Mapping):
+                raise TypeError(f"constants must be a dict {{index or name: value}}, got {type(constants).__name__}")
+            keys = list(constants)
+            for k in keys:
+                if isinstance(k, bool) or not isinstance(k, (numbers.Integral, str)) or (not isinstance(k, str) and k < 0):
+                    raise InvalidUsageError(f"constants: a key must be a [[function_constant(i)]] index >= 0 or a name, got {k!r}")
+                if isinstance(constants[k], bool) or isinstance(constants[k], numbers.Real):
+                    continue
+                raise InvalidUsageError(f"constants[{k!r}] must be a bool or a number, got {constants[k]!r}")
+            # Kept alive until the launch returns (desc holds their addresses only).
+            fc_indices = ffi.new("int32_t[]", [-1 if isinstance(k, str) else int(k) for k in keys])
+            fc_name_data = [ffi.new("char[]", _text("constants", k)) if isinstance(k, str) else ffi.NULL for k in keys]
+            fc_names = ffi.new("const char *[]", fc_name_data)
+            fc_values = ffi.new("double[]", [float(constants[k]) for k in keys])
+            desc.num_constants = len(keys)
+            desc.constant_indices, desc.constant_names, desc.constant_values = fc_indices, fc_names, fc_values
         desc.poison_threadgroup_memory = 1 if poison_threadgroup_memory else 0
         kind = ffi.new("int32_t *")
         status = lib.moe_softmetal_launch(self._handle, desc, kind)

@@ -944,3 +944,37 @@ def test_the_standard_library_declares_msl_names_only():
     with pytest.raises(softmetal.CompileError, match="undeclared identifier 'erf'"):
         softmetal.compile("#include <metal_stdlib>\nusing namespace metal;\n"
                           "kernel void k(device float* y [[buffer(0)]]) { y[0] = erf(y[0]); }")
+
+
+FUNCTION_CONSTANTS = """
+#include <metal_stdlib>
+using namespace metal;
+constant bool has_bias [[function_constant(0)]];
+constant int scale [[function_constant(1)]];
+constant half half_step [[function_constant(2)]];
+constant bool has_scale = is_function_constant_defined(scale);
+kernel void affine(device float* y [[buffer(0)]], device const float* bias [[buffer(1), function_constant(has_bias)]],
+                   uint i [[thread_position_in_grid]]) {
+    float v = float(i) * (has_scale ? float(scale) : 1.0f) + float(half_step);
+    if (has_bias) v += bias[i];
+    y[i] = v;
+}
+"""
+
+
+def test_function_constants_through_the_harness():
+    lib = softmetal.compile(FUNCTION_CONSTANTS)
+    y = np.zeros(8, np.float32)
+    bias = np.full(8, 100.0, np.float32)
+    # By index and by name; the bias buffer exists only when has_bias is true.
+    lib.launch("affine", {0: y, 1: bias}, threadgroups=(1,), threads_per_threadgroup=(8,),
+               constants={0: True, "scale": 3, 2: 0.5})
+    np.testing.assert_array_equal(y, np.arange(8) * 3 + 0.5 + 100)
+    lib.launch("affine", [y], threadgroups=(1,), threads_per_threadgroup=(8,), constants={"has_bias": False})
+    np.testing.assert_array_equal(y, np.arange(8))  # scale undefined: 1; half_step: 0
+    with pytest.raises(softmetal.InvalidUsageError, match="no function constant with index 7.*has_bias \\(0, bool\\)"):
+        lib.launch("affine", [y], threadgroups=(1,), threads_per_threadgroup=(8,), constants={7: 1})
+    with pytest.raises(softmetal.InvalidUsageError, match="scale is int: 2.5 is not a value of that type"):
+        lib.launch("affine", [y], threadgroups=(1,), threads_per_threadgroup=(8,), constants={"scale": 2.5})
+    with pytest.raises(softmetal.InvalidUsageError, match="a key must be"):
+        lib.launch("affine", [y], threadgroups=(1,), threads_per_threadgroup=(8,), constants={(0,): 1})

@@ -55,6 +55,12 @@ typedef struct moe_softmetal_launch_desc {
     double seconds;                        /* out: time from commit to completion */
     int32_t check_memory;                  /* every access checked: bounds, races on shadow memory,
                                               reads of unwritten threadgroup memory */
+    int32_t num_constants;                 /* function constants: the kernel is specialised for them
+                                              (makeFunction(name:constantValues:)) */
+    const int32_t* constant_indices;       /* [[function_constant(i)]] of each, or -1: by name */
+    const char* const* constant_names;     /* used where the index is -1 */
+    const double* constant_values;         /* converted to each constant's declared type (bool:
+                                              != 0); must be exact in it */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

@@ -151,8 +151,12 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
         }
         var d = desc.pointee
         guard let name = d.kernel.map({ String(cString: $0) }) else { throw usage("desc.kernel is NULL") }
-        guard let function = h.library.makeFunction(name: name) else {
+        guard h.library.functionNames.contains(name), var function = h.library.makeFunction(name: name) else {
             throw usage("no kernel named \(name) in the library (kernels: \(h.library.functionNames.joined(separator: ", ")))")
+        }
+        if d.num_constants > 0 {
+            guard let library = h.library as? SoftMetalLibrary else { throw usage("not a SoftMetal library") }
+            function = try h.library.makeFunction(name: name, constantValues: try constantValues(d, library))
         }
         let device = h.library.device
         let pipeline = try device.makeComputePipelineState(function: function)
@@ -254,3 +258,47 @@ public func moe_softmetal_free(_ library: OpaquePointer?) {
     _ = softMetalLock.withLock { softMetalHandles.removeValue(forKey: library) }
 #endif
 }
+
+#if os(Linux)
+/// The launch's function constants as Metal takes them: each value converted to the type
+/// its declaration has (the harness's callers pass numbers without types).
+private func constantValues(_ d: moe_softmetal_launch_desc, _ library: SoftMetalLibrary) throws -> MTLFunctionConstantValues {
+    let declared = library.softMetalFunctionConstants
+    let names = declared.map { "\($0.name) (\($0.index), \($0.type))" }.joined(separator: ", ")
+    guard let values = d.constant_values else { throw usage("constant_values is NULL with num_constants > 0") }
+    let result = MTLFunctionConstantValues()
+    for i in 0..<Int(d.num_constants) {
+        let index = d.constant_indices.map { Int($0[i]) } ?? -1
+        let name = index < 0 ? d.constant_names?[i].map { String(cString: $0) } : nil
+        guard let c = declared.first(where: { index >= 0 ? $0.index == index : $0.name == name }) else {
+            throw usage("no function constant \(index >= 0 ? "with index \(index)" : "named \(name ?? "(NULL)")") in the library (declared: \(names.isEmpty ? "none" : names))")
+        }
+        guard let type = SoftMetalLibrary.softMetalDataType(ofConstantType: c.type) else {
+            throw usage("function constant \(c.name): type \(c.type) is not supported")
+        }
+        let v = values[i]
+        func exact<T: BinaryInteger>(_: T.Type) throws -> T {
+            guard let n = T(exactly: v) else {
+                throw usage("function constant \(c.name) is \(c.type): \(v) is not a value of that type")
+            }
+            return n
+        }
+        var bytes: [UInt8]
+        switch type {
+        case .bool: bytes = [v != 0 ? 1 : 0]
+        case .float: bytes = withUnsafeBytes(of: Float(v)) { Array($0) }
+        case .half: bytes = withUnsafeBytes(of: Float16(v)) { Array($0) }
+        case .int: bytes = withUnsafeBytes(of: try exact(Int32.self)) { Array($0) }
+        case .uint: bytes = withUnsafeBytes(of: try exact(UInt32.self)) { Array($0) }
+        case .short: bytes = withUnsafeBytes(of: try exact(Int16.self)) { Array($0) }
+        case .ushort: bytes = withUnsafeBytes(of: try exact(UInt16.self)) { Array($0) }
+        case .char: bytes = withUnsafeBytes(of: try exact(Int8.self)) { Array($0) }
+        case .uchar: bytes = withUnsafeBytes(of: try exact(UInt8.self)) { Array($0) }
+        case .long: bytes = withUnsafeBytes(of: try exact(Int64.self)) { Array($0) }
+        default: bytes = withUnsafeBytes(of: try exact(UInt64.self)) { Array($0) }
+        }
+        bytes.withUnsafeBytes { result.setConstantValue($0.baseAddress!, type: type, index: c.index) }
+    }
+    return result
+}
+#endif

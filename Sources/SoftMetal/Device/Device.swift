@@ -175,6 +175,15 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     let kernels: [String: CompiledKernel]
     /// The C++ that the MSL was translated to (for debugging).
     public let softMetalTranslatedSource: String
+    /// The function constants the source declares: name, `[[function_constant(index)]]`,
+    /// and MSL type (for tools that take values without a type, like the Python harness).
+    public var softMetalFunctionConstants: [(name: String, index: Int, type: String)] {
+        translated.functionConstants.map { ($0.name, $0.index, $0.type) }
+    }
+    /// The MTLDataType of an MSL scalar type that a function constant may have.
+    public static func softMetalDataType(ofConstantType type: String) -> MTLDataType? {
+        MSLTranslator.functionConstantTypes[type].flatMap { MTLDataType(rawValue: $0) }
+    }
     let handle: UnsafeMutableRawPointer?
     private let source: String
     private let translated: MSLTranslator.Output
