@@ -65,6 +65,23 @@ def test_the_facades_codes_are_the_headers():
                                  "swiglu_oai": lib.MOE_ACTIVATION_SWIGLU_OAI}
 
 
+def test_the_facades_defaults_are_the_libraries():
+    """MoELayer's keyword defaults are moe_layer_desc_init's (declared once, in Swift)."""
+    import inspect
+    from moe_swift import layer
+    ffi, lib, _ = _native.load()
+    desc = ffi.new("moe_layer_desc *")
+    lib.moe_layer_desc_init(desc)
+    p = inspect.signature(layer.MoELayer.__init__).parameters
+    assert layer.SCORINGS[p["scoring"].default] == desc.scoring
+    assert layer.ACTIVATIONS[p["activation"].default] == desc.activation
+    assert int(p["norm_topk_prob"].default) == desc.norm_topk_prob
+    assert (p["routed_scaling_factor"].default, p["n_group"].default, p["topk_group"].default) == (
+        desc.routed_scaling_factor, desc.n_group, desc.topk_group)
+    assert float(ffi.cast("float", p["swiglu_alpha"].default)) == desc.swiglu_alpha
+    assert p["swiglu_limit"].default == desc.swiglu_limit
+
+
 def test_older_callers_shorter_descriptor_is_accepted():
     # A caller compiled against an older header passes a smaller struct_size: the fields
     # it does not know get their defaults.

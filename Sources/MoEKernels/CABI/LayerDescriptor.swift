@@ -2,18 +2,21 @@ import CMoESwift
 
 /// `moe_layer_desc` read into the Swift API's configuration and (borrowed) weights.
 struct LayerDescriptor {
+    /// The options' defaults are MoEConfiguration's (declared there once); Python's are
+    /// checked against these by tests/python/test_abi.py.
     static var defaults: moe_layer_desc {
+        let c = MoEConfiguration(hiddenSize: 0, intermediateSize: 0, numExperts: 0, topK: 0)
         var d = moe_layer_desc()
         d.struct_size = UInt32(MemoryLayout<moe_layer_desc>.size)
-        d.backend = Int32(truncatingIfNeeded: MOE_BACKEND_AUTO.rawValue)
-        d.scoring = Int32(truncatingIfNeeded: MOE_SCORING_SOFTMAX.rawValue)
-        d.norm_topk_prob = 1
-        d.routed_scaling_factor = 1
-        d.n_group = 1
-        d.topk_group = 1
-        d.activation = Int32(truncatingIfNeeded: MOE_ACTIVATION_SILU.rawValue)
-        d.swiglu_alpha = 1.702
-        d.swiglu_limit = 7
+        d.backend = MoEBackendKind.auto.rawValue
+        d.scoring = c.scoring.rawValue
+        d.norm_topk_prob = c.normTopKProb ? 1 : 0
+        d.routed_scaling_factor = c.routedScalingFactor
+        d.n_group = Int32(c.nGroup)
+        d.topk_group = Int32(c.topKGroup)
+        d.activation = c.activation.rawValue
+        d.swiglu_alpha = c.swigluAlpha
+        d.swiglu_limit = c.swigluLimit
         return d
     }
 
