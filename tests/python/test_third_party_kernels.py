@@ -290,6 +290,42 @@ def test_ggml_mul_mv_reads_a_row_past_an_odd_matrix(ggml):
                     threads_per_threadgroup=(32, 1, 1), threadgroup_memory={0: 256},
                     constants={fc: 1, fc + 1: 0, fc + 2: 1, fc + 3: 1, fc + 4: 1}, check_memory=True)
 
+# ---- cpy (type conversion) and sum_rows (a reduction whose operation is a function constant) ----
+
+@pytest.mark.parametrize("kernel,t0,t1", [("kernel_cpy_f32_f32", np.float32, np.float32),
+                                          ("kernel_cpy_f32_f16", np.float32, np.float16),
+                                          ("kernel_cpy_f16_f32", np.float16, np.float32),
+                                          ("kernel_cpy_f16_f16", np.float16, np.float16)])
+def test_ggml_cpy(ggml, kernel, t0, t1):
+    rows, ne00, nt = 5, 70, 32
+    src = RNG.standard_normal((rows, ne00)).astype(t0)
+    dst = np.zeros((rows, ne00), t1)
+    b0, b1 = src.itemsize, dst.itemsize
+    args = kargs("ggml_metal_kargs_cpy", nk0=ne00, ne00=ne00, ne01=rows, ne02=1, ne03=1, nb00=b0, nb01=ne00 * b0,
+                 nb02=src.nbytes, nb03=src.nbytes, ne0=ne00, ne1=rows, ne2=1, ne3=1, nb0=b1, nb1=ne00 * b1,
+                 nb2=dst.nbytes, nb3=dst.nbytes)
+    # One row per threadgroup column (threads_per_threadgroup.y == 1): x = row + rows * block.
+    ggml.launch(kernel, buffers=[args, src, dst], threadgroups=(rows * ((ne00 + nt - 1) // nt), 1, 1),
+                threads_per_threadgroup=(nt, 1, 1), check_memory=True)
+    np.testing.assert_array_equal(dst, src.astype(t1))
+
+
+@pytest.mark.parametrize("kernel,width", [("kernel_sum_rows_f32_f32", 1), ("kernel_sum_rows_f32_f32_4", 4)])
+@pytest.mark.parametrize("op", ["SUM_ROWS", "MEAN"])
+def test_ggml_sum_rows(ggml, kernel, width, op):
+    rows, ne0 = 4, 256
+    x = RNG.standard_normal((rows, ne0)).astype(np.float32)
+    out = np.zeros(rows, np.float32)
+    ne00 = ne0 // width
+    args = kargs("ggml_metal_kargs_sum_rows", ne00=ne00, ne01=rows, ne02=1, ne03=1, nb00=4 * width, nb01=ne0 * 4,
+                 nb02=x.nbytes, nb03=x.nbytes, ne0=1, ne1=rows, ne2=1, ne3=1, nb0=4, nb1=4, nb2=out.nbytes,
+                 nb3=out.nbytes)
+    constants = {_define("FC_SUM_ROWS"): _define(f"OP_SUM_ROWS_NUM_{op}")}
+    ggml.launch(kernel, buffers=[args, x, out], threadgroups=(rows, 1, 1), threads_per_threadgroup=(64, 1, 1),
+                threadgroup_memory={0: 32 * 4 * width}, constants=constants, check_memory=True)
+    ref = x.astype(np.float64).sum(axis=1) / (ne0 if op == "MEAN" else 1)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
 # ---- get_rows: float, half, and a quantized (q4_0) table ----
 
 def _get_rows_args(ne00, src_row_bytes, n_rows_src, n_idx, dst_row_bytes, ne00t):
