@@ -978,3 +978,16 @@ def test_function_constants_through_the_harness():
         lib.launch("affine", [y], threadgroups=(1,), threads_per_threadgroup=(8,), constants={"scale": 2.5})
     with pytest.raises(softmetal.InvalidUsageError, match="a key must be"):
         lib.launch("affine", [y], threadgroups=(1,), threads_per_threadgroup=(8,), constants={(0,): 1})
+
+
+def test_compile_errors_come_whole_and_before_warnings():
+    # A helper that warns (a path without a return) before a kernel with many errors: the
+    # message starts with the errors and is not cut (the last-error slot once kept 1023 bytes).
+    body = "\n".join(f"    y[{i}] = undeclared_{i};" for i in range(15))
+    source = ("float f(float a) { if (a > 0.0f) return a; }\n"
+              f"kernel void k(device float* y [[buffer(0)]]) {{\n{body}\n}}\n")
+    with pytest.raises(softmetal.CompileError) as e:
+        softmetal.compile(source)
+    message = str(e.value)
+    assert len(message) > 1100 and "undeclared_14" in message, len(message)
+    assert "warning:" in message and message.index("error:") < message.index("warning:"), message[:600]

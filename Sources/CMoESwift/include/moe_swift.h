@@ -155,7 +155,8 @@ typedef struct moe_layer moe_layer;   /* opaque */
 /* MOE_SWIFT_ABI_VERSION of the loaded library. */
 uint32_t moe_abi_version(void);
 
-/* The message of the calling thread's last failure ("" if none). */
+/* The message of the calling thread's last failure ("" if none), whole (a compiler's
+ * output included); valid until the thread's next failing call. */
 const char* moe_last_error(void);
 
 /* 1 if the backend can be created in this process, else 0. */

@@ -331,7 +331,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     /// an included file, which is read again).
     static func explain(_ message: String, source: String) -> String {
         var files: [String: [Substring]] = [MSLTranslator.sourceName: source.split(separator: "\n", omittingEmptySubsequences: false)]
-        var out = message.trimmingSpaces
+        var out = errorsFirst(message.trimmingSpaces)
         var quoted = Set<String>()
         for line in message.split(separator: "\n") where line.contains(": error:") {
             // `file:line:col: error: ...` or `file:line: error: ...`
@@ -347,6 +347,20 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             out += "\n  \(name): \(lines[n - 1].trimmingSpaces)"
         }
         return out
+    }
+
+    /// The compiler's diagnostics with the errors (and their notes) before the warnings, in
+    /// their order otherwise: the first thing a reader sees is what failed.
+    static func errorsFirst(_ message: String) -> String {
+        var errors: [Substring] = [], others: [Substring] = []
+        var inError = false
+        for line in message.split(separator: "\n", omittingEmptySubsequences: false) {
+            if line.contains(": error:") || line.contains(": fatal error:") { inError = true }
+            else if line.contains(": warning:") { inError = false }
+            // Notes, source lines and carets stay with the diagnostic before them.
+            if inError { errors.append(line) } else { others.append(line) }
+        }
+        return (errors + others).joined(separator: "\n")
     }
 
     public func makeFunction(name functionName: String) -> (any MTLFunction)? {
