@@ -991,3 +991,17 @@ def test_compile_errors_come_whole_and_before_warnings():
     message = str(e.value)
     assert len(message) > 1100 and "undeclared_14" in message, len(message)
     assert "warning:" in message and message.index("error:") < message.index("warning:"), message[:600]
+
+
+@pytest.mark.parametrize("statement,word", [
+    ("float* p = new float[4];", "new"), ("goto done; done: ;", "goto"), ("try { } catch (...) { }", "try"),
+    ("thread_local int t = 0;", "thread_local"), ("register int r = 0;", "register"),
+])
+def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
+    source = f"kernel void k(device float* y [[buffer(0)]]) {{\n    {statement}\n}}\n"
+    with pytest.raises(softmetal.CompileError, match=rf"source.metal:2.*`{word}`.*not part of MSL"):
+        softmetal.compile(source)
+    # A deleted function is not the delete operator; virtual in a struct is refused too.
+    softmetal.compile("struct S { S(const S&) = delete; };\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1.0f; }\n")
+    with pytest.raises(softmetal.CompileError, match="virtual"):
+        softmetal.compile("struct S { virtual float f(); };\nkernel void k(device float* y [[buffer(0)]]) { }\n")

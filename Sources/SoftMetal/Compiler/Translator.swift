@@ -105,6 +105,16 @@ struct MSLTranslator {
         "long": 81, "int64_t": 81, "ulong": 85, "uint64_t": 85,
     ]
 
+    /// C++ that the Metal Shading Language specification excludes (its "C++ restrictions"),
+    /// which clang++ would accept here.
+    static let forbiddenKeywords: [String: String] = [
+        "new": "new and delete", "delete": "new and delete", "goto": "goto statements",
+        "throw": "exceptions", "try": "exceptions", "catch": "exceptions", "noexcept": "noexcept specifications",
+        "virtual": "virtual functions", "dynamic_cast": "dynamic_cast and type identification",
+        "typeid": "dynamic_cast and type identification", "thread_local": "thread_local and register storage",
+        "register": "thread_local and register storage",
+    ]
+
     static let sourceName = "source.metal"
 
     static let builtins: Set<String> = [
@@ -333,6 +343,9 @@ struct MSLTranslator {
                 if !isMember(i) { edits.append((i, end, "const   ")) }
             case "double" where !inDirective:
                 throw fail(i, "MSL has no `double`: Apple's compiler rejects it (use float)")
+            case _ where !inDirective && !isMember(i) && MSLTranslator.forbiddenKeywords[word] != nil
+                && !(word == "delete" && { let p = skipSpaceBack(i - 1); return p >= 0 && text[p] == 61 }()):  // `= delete` is fine
+                throw fail(i, "`\(word)`: \(MSLTranslator.forbiddenKeywords[word]!) are not part of MSL (Apple's compiler rejects them)")
             case "is_function_constant_defined":
                 if !inDirective { i = try functionConstantDefined(at: i, end: end); continue }
             case "threadgroup":
