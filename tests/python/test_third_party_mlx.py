@@ -1,0 +1,324 @@
+"""MLX's Metal kernels (MIT), run on SoftMetal from their original files.
+
+The files under tests/third_party/mlx/ are verbatim copies of
+mlx/backend/metal/kernels/*.{metal,h} (repository and commit in tests/third_party/README.md,
+SHA-256s checked by test_third_party_kernels.py::test_vendored_files_are_unmodified_copies).
+MLX's build compiles each .metal file with `-I` of its repository root, so they are
+compiled here with include directory tests/third_party/mlx. Each test launches kernels by
+their [[host_name]] (as MLX's host code names them) and compares with NumPy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sm = pytest.importorskip("moe_swift.softmetal")
+
+if not sm.available():
+    pytest.skip("SoftMetal needs Linux and clang++", allow_module_level=True)
+
+MLX = Path(__file__).resolve().parents[1] / "third_party" / "mlx"
+KERNELS = MLX / "mlx" / "backend" / "metal" / "kernels"
+
+RNG = np.random.default_rng(4321)
+
+_LIBS: dict[str, object] = {}
+
+
+def mlx_library(name):
+    """One of MLX's kernel files, compiled as MLX's build does (-I repository root)."""
+    if name not in _LIBS:
+        _LIBS[name] = sm.compile((KERNELS / name).read_text(), include_dirs=[str(MLX)])
+    return _LIBS[name]
+
+
+def scalar(value, dtype):
+    return np.array([value], dtype=dtype).tobytes()
+
+
+def to_bf16(x):
+    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(b):
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# ---- arange.metal: out[i] = start + i * step ----
+
+@pytest.mark.parametrize("host_name,dtype", [("arangefloat32", np.float32), ("arangeint32", np.int32),
+                                              ("arangeuint8", np.uint8), ("arangefloat16", np.float16)])
+def test_mlx_arange(host_name, dtype):
+    n = 200
+    out = np.zeros(n, dtype=dtype)
+    start, step = dtype(3), dtype(2)
+    mlx_library("arange.metal").launch(host_name, buffers=[scalar(start, dtype), scalar(step, dtype), out],
+                                       grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    expected = (np.arange(n, dtype=np.int64) * 2 + 3).astype(dtype)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_mlx_arange_bfloat16():
+    n = 100
+    out = np.zeros(n, dtype=np.uint16)
+    start, step = to_bf16(0.5), to_bf16(0.25)
+    mlx_library("arange.metal").launch("arangebfloat16", buffers=[start.tobytes(), step.tobytes(), out],
+                                       grid=(n, 1, 1), threads_per_threadgroup=(32, 1, 1), check_memory=True)
+    # bfloat arithmetic: index * step rounds to bfloat, then start + that rounds again.
+    prod = from_bf16(to_bf16(np.arange(n, dtype=np.float32) * 0.25))
+    np.testing.assert_array_equal(from_bf16(out), from_bf16(to_bf16(0.5 + prod)))
+
+
+# ---- unary.metal: out = op(in), contiguous; `v_` one element per thread, `vn_` N per thread ----
+
+def _erfinv(y):
+    # Newton on erf from NumPy-free math (np has no erfinv): start from a rational guess.
+    from math import erf, exp, pi, sqrt
+    out = []
+    for v in y.astype(np.float64):
+        x = 0.0
+        for _ in range(60):
+            x -= (erf(x) - v) / (2 / sqrt(pi) * exp(-x * x))
+        out.append(x)
+    return np.array(out)
+
+
+def _erf(x):
+    from math import erf
+    return np.array([erf(v) for v in x.astype(np.float64)])
+
+
+UNARY = {
+    "Exp": (np.exp, lambda n: RNG.uniform(-5, 5, n)),
+    "Expm1": (np.expm1, lambda n: RNG.uniform(-2, 2, n)),
+    "Log1p": (np.log1p, lambda n: RNG.uniform(-0.9, 5, n)),
+    "Sigmoid": (lambda x: 1 / (1 + np.exp(-x)), lambda n: RNG.uniform(-8, 8, n)),
+    "Erf": (_erf, lambda n: RNG.uniform(-3, 3, n)),
+    "ErfInv": (_erfinv, lambda n: RNG.uniform(-0.99, 0.99, n)),
+    "Tanh": (np.tanh, lambda n: RNG.uniform(-4, 4, n)),
+    "Rsqrt": (lambda x: 1 / np.sqrt(x), lambda n: RNG.uniform(0.1, 10, n)),
+    "Sign": (np.sign, lambda n: RNG.uniform(-2, 2, n)),
+    "Square": (np.square, lambda n: RNG.uniform(-3, 3, n)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+@pytest.mark.parametrize("prefix", ["v_", "vn_"])
+def test_mlx_unary_float32(op, prefix):
+    fn, gen = UNARY[op]
+    n = 301  # odd: the vn_ kernels (2 floats per thread) take the tail branch
+    x = gen(n).astype(np.float32)
+    out = np.zeros_like(x)
+    per_thread = 1 if prefix == "v_" else 2  # WorkPerThread<float>::n = 8 / sizeof(float)
+    threads = -(-n // per_thread)
+    mlx_library("unary.metal").launch(f"{prefix}{op}float32float32", buffers=[x, out, scalar(n, np.uint32)],
+                                      grid=(threads, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_allclose(out, fn(x), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Erf", "Square"])
+def test_mlx_unary_bfloat16(op):
+    fn, gen = UNARY[op]
+    n = 256
+    x = to_bf16(gen(n))
+    out = np.zeros_like(x)
+    mlx_library("unary.metal").launch(f"v_{op}bfloat16bfloat16", buffers=[x, out, scalar(n, np.uint32)],
+                                      grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_allclose(from_bf16(out), fn(from_bf16(x)), rtol=1.6e-2, atol=1e-3)
+
+
+# ---- binary.metal: c = op(a, b), contiguous (vv_), scalar-vector (sv_) and 2-D strided (g2_) ----
+
+BINARY = {
+    "Add": np.add, "Subtract": np.subtract, "Multiply": np.multiply, "Divide": np.divide,
+    "Maximum": np.maximum, "Minimum": np.minimum, "Power": np.power,
+    "LogAddExp": np.logaddexp, "ArcTan2": np.arctan2,
+}
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_mlx_binary_vv_float32(op):
+    n = 257
+    a = RNG.uniform(0.5, 3, n).astype(np.float32)
+    b = RNG.uniform(0.5, 3, n).astype(np.float32)
+    c = np.zeros_like(a)
+    mlx_library("binary.metal").launch(f"vv_{op}float32", buffers=[a, b, c, scalar(n, np.uint32)],
+                                       grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_allclose(c, BINARY[op](a, b), rtol=2e-6)
+
+
+def test_mlx_binary_sv_and_vvn():
+    n = 301
+    a = np.array([2.5], dtype=np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    c = np.zeros_like(b)
+    lib = mlx_library("binary.metal")
+    lib.launch("sv_Multiplyfloat32", buffers=[a, b, c, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_allclose(c, 2.5 * b, rtol=1e-6)
+    a2 = RNG.standard_normal(n).astype(np.float32)
+    c2 = np.zeros_like(b)
+    lib.launch("vvn_Subtractfloat32", buffers=[a2, b, c2, scalar(n, np.uint32)],
+               grid=(-(-n // 2), 1, 1), threads_per_threadgroup=(32, 1, 1), check_memory=True)
+    np.testing.assert_allclose(c2, a2 - b, rtol=1e-6)
+
+
+def test_mlx_binary_g2_strided():
+    """`constant const int64_t a_strides[2]` parameters: arrays bound as buffers."""
+    rows, cols = 7, 33
+    a_full = RNG.standard_normal((cols, rows)).astype(np.float32)  # a is the transpose view
+    b = RNG.standard_normal(cols).astype(np.float32)               # b broadcast along rows
+    c = np.zeros((rows, cols), dtype=np.float32)
+    a_strides = np.array([1, rows], dtype=np.int64)  # [row stride, column stride] of a^T
+    b_strides = np.array([0, 1], dtype=np.int64)
+    mlx_library("binary.metal").launch("g2_Addfloat32", buffers=[a_full, b, c, a_strides, b_strides],
+                                       grid=(cols, rows, 1), threads_per_threadgroup=(32, 1, 1),
+                                       check_memory=True)
+    np.testing.assert_allclose(c, a_full.T + b[None, :], rtol=1e-6)
+
+
+# ---- copy.metal: dst = cast(src), contiguous and 2-D strided ----
+
+def test_mlx_copy_cast_and_strided():
+    lib = mlx_library("copy.metal")
+    n = 300
+    src = RNG.standard_normal(n).astype(np.float32)
+    dst = np.zeros(n, dtype=np.float16)
+    lib.launch("v_copyfloat32float16", buffers=[src, dst, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_array_equal(dst, src.astype(np.float16))
+    dbf = np.zeros(n, dtype=np.uint16)
+    lib.launch("v_copyfloat32bfloat16", buffers=[src, dbf, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_array_equal(dbf, to_bf16(src))
+    rows, cols = 9, 20
+    m = RNG.standard_normal((cols, rows)).astype(np.float32)
+    out = np.zeros((rows, cols), dtype=np.float32)
+    strides = np.array([1, rows], dtype=np.int64)
+    lib.launch("g2_copyfloat32float32", buffers={0: m, 1: out, 3: strides},
+               grid=(cols, rows, 1), threads_per_threadgroup=(32, 1, 1), check_memory=True)
+    np.testing.assert_array_equal(out, m.T)
+
+
+# ---- softmax.metal ----
+
+@pytest.mark.parametrize("host_name,axis,threads", [
+    ("block_softmax_float32", 256, 64),      # one read of 4 per thread
+    ("block_softmax_float32", 250, 64),      # a partial last read
+    # The looped kernel reads local_max[simd_lane_id] of all 32 simdgroups: MLX launches it
+    # with 1024 threads (with fewer, the unwritten entries are poison and the result NaN).
+    ("looped_softmax_float32", 5000, 1024),
+])
+def test_mlx_softmax_float32(host_name, axis, threads):
+    rows = 3
+    x = (RNG.standard_normal((rows, axis)) * 3).astype(np.float32)
+    out = np.zeros_like(x)
+    mlx_library("softmax.metal").launch(host_name, buffers=[x, out, scalar(axis, np.int32)],
+                                        threadgroups=(rows, 1, 1), threads_per_threadgroup=(threads, 1, 1),
+                                        check_memory=(axis == 250))
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-8)
+
+
+def test_mlx_softmax_bfloat16():
+    rows, axis = 2, 128
+    xf = (RNG.standard_normal((rows, axis)) * 2).astype(np.float32)
+    x = to_bf16(xf)
+    out = np.zeros_like(x)
+    mlx_library("softmax.metal").launch("block_softmax_bfloat16", buffers=[x, out, scalar(axis, np.int32)],
+                                        threadgroups=(rows, 1, 1), threads_per_threadgroup=(32, 1, 1))
+    xr = from_bf16(x)
+    e = np.exp(xr - xr.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(from_bf16(out), e / e.sum(axis=1, keepdims=True), rtol=2e-2, atol=1e-4)
+
+
+# ---- rms_norm.metal: out = x * rsqrt(mean(x^2) + eps) * w[i * w_stride] ----
+# (w_stride 0 with a one-element weight: MLX's host code passes that when there is no weight.
+# The function constant has_w (index 20) only matters to the vjp kernels.)
+
+@pytest.mark.parametrize("host_name,axis,threads,w_stride", [
+    ("rmsfloat32", 256, 64, 1),
+    ("rmsfloat32", 254, 64, 0),
+    ("rms_loopedfloat32", 5000, 1024, 1),  # MLX launches the looped kernel with 1024 threads
+])
+def test_mlx_rms_norm(host_name, axis, threads, w_stride):
+    rows, eps = 3, 1e-5
+    x = RNG.standard_normal((rows, axis)).astype(np.float32)
+    w = RNG.standard_normal(axis if w_stride else 1).astype(np.float32)
+    out = np.zeros_like(x)
+    mlx_library("rms_norm.metal").launch(
+        host_name,
+        buffers=[x, w, out, scalar(eps, np.float32), scalar(axis, np.uint32), scalar(w_stride, np.uint32)],
+        threadgroups=(rows, 1, 1), threads_per_threadgroup=(threads, 1, 1), constants={20: True},
+        check_memory=(host_name == "rmsfloat32" and w_stride == 1))
+    expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps)
+    np.testing.assert_allclose(out, expected * (w if w_stride else w[0]), rtol=1e-5, atol=1e-6)
+
+
+# ---- arg_reduce.metal: argmin / argmax along the last axis ----
+
+@pytest.mark.parametrize("host_name,dtype", [("argmax_float32", np.float32), ("argmin_float32", np.float32),
+                                              ("argmax_int32", np.int32), ("argmin_float16", np.float16)])
+def test_mlx_arg_reduce(host_name, dtype):
+    rows, axis, threads = 5, 300, 64
+    x = (RNG.standard_normal((rows, axis)) * 100).astype(dtype)
+    x[1, 17] = x[1, 200] = x[1].max() + 1 if "max" in host_name else x[1].min() - 1  # ties: the first index
+    out = np.zeros(rows, dtype=np.uint32)
+    mlx_library("arg_reduce.metal").launch(
+        host_name,
+        buffers=[x, out, np.array([rows], np.int32), np.array([axis], np.int64), np.array([1], np.int64),
+                 scalar(1, np.uint64), scalar(1, np.int64), scalar(axis, np.uint64)],
+        grid=(threads, rows, 1), threads_per_threadgroup=(threads, 1, 1),
+        check_memory=(host_name == "argmax_float32"))
+    expected = x.argmax(axis=1) if "max" in host_name else x.argmin(axis=1)
+    np.testing.assert_array_equal(out, expected)
+
+
+# ---- ternary.metal: d = a ? b : c (Select), contiguous, scalar-vector and 2-D strided ----
+
+def test_mlx_ternary_select():
+    lib = mlx_library("ternary.metal")
+    n = 203
+    a = RNG.random(n) < 0.5
+    b = RNG.standard_normal(n).astype(np.float32)
+    c = RNG.standard_normal(n).astype(np.float32)
+    d = np.zeros_like(b)
+    lib.launch("v_Selectfloat32", buffers=[a, b, c, d, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_array_equal(d, np.where(a, b, c))
+    d = np.zeros_like(b)
+    lib.launch("vs_Selectfloat32", buffers=[a, b, c[:1].copy(), d, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1), check_memory=True)
+    np.testing.assert_array_equal(d, np.where(a, b, c[0]))
+    rows, cols = 6, 40
+    a2 = RNG.random((rows, cols)) < 0.3
+    b2 = RNG.standard_normal((cols, rows)).astype(np.int32)  # used transposed
+    c2 = RNG.integers(-100, 100, cols).astype(np.int32)      # broadcast along rows
+    d2 = np.zeros((rows, cols), dtype=np.int32)
+    lib.launch("g2_Selectint32", buffers=[a2, b2, c2, d2, np.array([cols, 1], np.int64),
+                                          np.array([1, rows], np.int64), np.array([0, 1], np.int64)],
+               grid=(cols, rows, 1), threads_per_threadgroup=(32, 1, 1), check_memory=True)
+    np.testing.assert_array_equal(d2, np.where(a2, b2.T, c2[None, :]))
+
+
+# ---- logsumexp.metal: log(sum(exp(x))) over rows ----
+
+@pytest.mark.parametrize("host_name,axis,threads", [
+    ("block_logsumexp_float32", 300, 128),
+    ("looped_logsumexp_float32", 5000, 1024),
+])
+def test_mlx_logsumexp(host_name, axis, threads):
+    rows = 3
+    x = (RNG.standard_normal((rows, axis)) * 4).astype(np.float32)
+    out = np.zeros(rows, dtype=np.float32)
+    mlx_library("logsumexp.metal").launch(host_name, buffers=[x, out, scalar(axis, np.int32)],
+                                          threadgroups=(rows, 1, 1), threads_per_threadgroup=(threads, 1, 1),
+                                          check_memory=(host_name.startswith("block")))
+    m = x.astype(np.float64).max(axis=1)
+    expected = m + np.log(np.exp(x - m[:, None]).sum(axis=1))
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
