@@ -322,3 +322,141 @@ def test_mlx_logsumexp(host_name, axis, threads):
     m = x.astype(np.float64).max(axis=1)
     expected = m + np.log(np.exp(x - m[:, None]).sum(axis=1))
     np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+# ---- rope.metal: rotary position embedding (function constants forward=1, traditional=2,
+# hs_transpose=3; `base` arrives as log2(base), as MLX's host code passes it) ----
+
+def _rope_reference(x, positions, scale, base, traditional, forward=True):
+    """x: (..., L, D) float64; positions: (..., L) offsets of each row."""
+    d = x.shape[-1]
+    half = d // 2
+    inv = 2.0 ** (-(np.arange(half) / half) * np.log2(base))
+    theta = (scale * positions)[..., None] * inv
+    c, s = np.cos(theta), np.sin(theta)
+    if traditional:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        x1, x2 = x[..., :half], x[..., half:]
+    if forward:
+        r1, r2 = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        r1, r2 = x2 * s + x1 * c, x2 * c - x1 * s
+    out = np.empty_like(x)
+    if traditional:
+        out[..., 0::2], out[..., 1::2] = r1, r2
+    else:
+        out[..., :half], out[..., half:] = r1, r2
+    return out
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_mlx_rope_single(traditional):
+    rows, dims, offset, scale, base = 6, 64, 37, 1.0, 10000.0
+    x = RNG.standard_normal((rows, dims)).astype(np.float32)
+    out = np.zeros_like(x)
+    mlx_library("rope.metal").launch(
+        "rope_single_float32",
+        buffers={0: x, 1: out, 2: scalar(offset, np.int32), 3: scalar(scale, np.float32),
+                 4: scalar(dims, np.int64), 10: scalar(np.log2(base), np.float32)},
+        grid=(dims // 2, rows, 1), threads_per_threadgroup=(32, 1, 1),
+        constants={1: True, 2: traditional, 3: False}, check_memory=not traditional)
+    expected = _rope_reference(x.astype(np.float64), np.full(rows, offset, np.float64), scale, base, traditional)
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_mlx_rope_batched(forward):
+    """rope_float32: (B, H, L, D) with per-batch offsets, 4 heads per thread (N = 4), 6 heads
+    (the last thread's loop stops at n_head), strides through `constant const int64_t [3]`."""
+    b, h, seq, dims, scale, base = 2, 6, 5, 32, 0.5, 500.0
+    x = RNG.standard_normal((b, h, seq, dims)).astype(np.float32)
+    out = np.zeros_like(x)
+    offsets = np.array([3, 11], dtype=np.int32)
+    strides = np.array([seq * dims, dims, 1], dtype=np.int64)
+    n_head_up = 4 * ((h + 3) // 4)
+    mlx_library("rope.metal").launch(
+        "rope_float32",
+        buffers={0: x, 1: out, 2: offsets, 3: scalar(scale, np.float32), 4: strides, 5: strides,
+                 6: scalar(1, np.int64), 7: scalar(h, np.int32), 10: scalar(np.log2(base), np.float32)},
+        grid=(dims // 2, seq, b * n_head_up // 4), threads_per_threadgroup=(16, 1, 1),
+        constants={1: forward, 2: False, 3: False}, check_memory=forward)
+    positions = (np.arange(seq)[None, :] + offsets[:, None]).astype(np.float64)[:, None, :]  # (B, 1, L)
+    expected = _rope_reference(x.astype(np.float64), np.broadcast_to(positions, (b, h, seq)), scale, base,
+                               False, forward)
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
+
+
+# ---- scan.metal: cumulative sum / product / max along rows (contiguous_scan) ----
+
+def _scan_reference(x, op, inclusive, reverse):
+    y = x[:, ::-1] if reverse else x
+    acc = {"sum": np.cumsum, "prod": np.cumprod, "max": np.maximum.accumulate}[op](y, axis=1)
+    if not inclusive:
+        init = {"sum": 0, "prod": 1, "max": -np.inf}[op]
+        acc = np.concatenate([np.full((x.shape[0], 1), init, dtype=acc.dtype), acc[:, :-1]], axis=1)
+    return acc[:, ::-1] if reverse else acc
+
+
+def _scan_threads(axis, n_reads=4):
+    """MLX's thread count for a contiguous scan (mlx/backend/metal/scan.cpp)."""
+    per_simd = n_reads * 32
+    if axis <= n_reads * 1024:
+        return -(-axis // per_simd) * 32
+    if axis <= n_reads * 2048:
+        return -(-(axis // 2) // per_simd) * 32
+    return 1024
+
+
+@pytest.mark.parametrize("kind", ["inclusive", "exclusive", "reverse_inclusive", "reverse_exclusive"])
+@pytest.mark.parametrize("op,axis", [("sum", 1000), ("prod", 37), ("max", 300), ("sum", 5000)])
+def test_mlx_contiguous_scan(kind, op, axis):
+    rows = 3
+    x = (RNG.uniform(0.9, 1.1, (rows, axis)) if op == "prod" else RNG.standard_normal((rows, axis))).astype(np.float32)
+    out = np.zeros_like(x)
+    threads = _scan_threads(axis)
+    mlx_library("scan.metal").launch(
+        f"contig_scan_{kind}_{op}_float32_float32", buffers=[x, out, scalar(axis, np.uint64)],
+        threadgroups=(1, rows, 1), threads_per_threadgroup=(threads, 1, 1),
+        check_memory=(threads == 1024 and kind in ("inclusive", "reverse_exclusive")))
+    expected = _scan_reference(x.astype(np.float64), op, not kind.endswith("exclusive"), kind.startswith("reverse"))
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3 if axis > 1000 else 1e-4)
+
+
+def test_mlx_scan_reads_unwritten_simdgroup_sums():
+    """Found by the memory check in unmodified code: with fewer than 32 simdgroups (MLX's own
+    launch for axis 1000: 256 threads) simdgroup 0 scans `simdgroup_sums[simd_lane_id]` over
+    all 32 lanes, reading entries no simdgroup wrote. Harmless (an exclusive scan: the lanes
+    whose results are used only see written entries), but a read of undefined memory."""
+    axis = 1000
+    x = RNG.standard_normal((1, axis)).astype(np.float32)
+    out = np.zeros_like(x)
+    with pytest.raises(sm.UninitializedReadError, match=r"scan\.h line \d+"):
+        mlx_library("scan.metal").launch(
+            "contig_scan_inclusive_sum_float32_float32", buffers=[x, out, scalar(axis, np.uint64)],
+            threadgroups=(1, 1, 1), threads_per_threadgroup=(_scan_threads(axis), 1, 1), check_memory=True)
+
+
+# ---- sort.metal: one threadgroup sorts one row (block merge sort), values or indices ----
+
+@pytest.mark.parametrize("host_name,axis,threads", [
+    ("c_block_sort_float32_float32_bn128_tn4", 500, 128),
+    ("carg_block_sort_float32_uint32_bn128_tn4", 500, 128),
+    ("c_block_sort_int32_int32_bn32_tn4", 100, 32),
+    ("carg_block_sort_int32_uint32_bn32_tn4", 128, 32),
+])
+def test_mlx_block_sort(host_name, axis, threads):
+    rows = 3
+    is_int = "int32_" in host_name.split("sort_")[1][:6]
+    x = (RNG.integers(-20, 20, (rows, axis)).astype(np.int32) if is_int
+         else RNG.standard_normal((rows, axis)).astype(np.float32))
+    arg = "arg" in host_name
+    out = np.zeros((rows, axis), dtype=np.uint32 if arg else x.dtype)
+    mlx_library("sort.metal").launch(
+        host_name, buffers=[x, out, scalar(axis, np.int32), scalar(1, np.int32), scalar(1, np.int32),
+                            scalar(axis, np.int32), scalar(axis, np.int32)],
+        threadgroups=(1, rows, 1), threads_per_threadgroup=(threads, 1, 1), check_memory=(axis == 500))
+    if arg:
+        np.testing.assert_array_equal(out, np.argsort(x, axis=1, kind="stable"))
+    else:
+        np.testing.assert_array_equal(out, np.sort(x, axis=1))
