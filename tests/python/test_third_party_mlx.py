@@ -460,3 +460,52 @@ def test_mlx_block_sort(host_name, axis, threads):
         np.testing.assert_array_equal(out, np.argsort(x, axis=1, kind="stable"))
     else:
         np.testing.assert_array_equal(out, np.sort(x, axis=1))
+
+
+# ---- gemv.metal: out = mat @ vec (and alpha * out + beta * bias), MLX's kernel choice ----
+# MLX binds only the buffers an instance uses (bias, alpha, beta, bias strides only for
+# axpby); SoftMetal requires every declared [[buffer(i)]], so the unused ones get a dummy.
+
+@pytest.mark.parametrize("m,k,host_name,group", [
+    (100, 300, "gemv_float32_bm4_bn1_sm1_sn32_tm4_tn4_nc0_axpby0", (32, 1, 4)),  # a partial last threadgroup
+    (70, 64, "gemv_float32_bm1_bn1_sm8_sn4_tm4_tn4_nc0_axpby0", (32, 1, 1)),     # K <= 64: 8 rows per simdgroup
+    (10, 2000, "gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0", (32, 8, 1)),  # K >= 16 M: 8 simdgroups split K
+    (100, 300, "gemv_float32_bm4_bn1_sm1_sn32_tm4_tn4_nc0_axpby1", (32, 1, 4)),  # alpha * mat @ vec + beta * bias
+])
+def test_mlx_gemv(m, k, host_name, group):
+    mat = RNG.standard_normal((m, k)).astype(np.float32)
+    vec = RNG.standard_normal(k).astype(np.float32)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    out = np.zeros(m, dtype=np.float32)
+    bm, bn, sm_, tm = group[2], group[1], int(host_name.split("_sm")[1].split("_")[0]), 4
+    per_tgp = bm * sm_ * tm
+    alpha, beta = (0.5, 2.0) if host_name.endswith("axpby1") else (1.0, 0.0)
+    mlx_library("gemv.metal").launch(
+        host_name,
+        buffers={0: mat, 1: vec, 2: bias, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32),
+                 6: scalar(k, np.int32), 7: scalar(alpha, np.float32), 8: scalar(beta, np.float32),
+                 9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
+                 12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
+        threadgroups=(-(-m // per_tgp), 1, 1), threads_per_threadgroup=group,
+        check_memory=(k == 300 and alpha == 1.0))
+    expected = alpha * (mat.astype(np.float64) @ vec) + beta * bias
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_mlx_gemv_overlapping_tail_rows_race():
+    """Found by the memory check in unmodified code: when the row count is not a multiple of
+    TM, gemv's last simdgroup moves its rows back (`out_row = out_vec_size - TM`, gemv.h) and
+    recomputes rows another threadgroup also writes: the same values, so the result is right,
+    but two threadgroups write one location with nothing ordering them."""
+    m, k = 10, 2000
+    mat = RNG.standard_normal((m, k)).astype(np.float32)
+    vec = RNG.standard_normal(k).astype(np.float32)
+    out = np.zeros(m, dtype=np.float32)
+    with pytest.raises(sm.RaceError, match=r"gemv\.h line \d+.*threadgroups of one dispatch are not ordered"):
+        mlx_library("gemv.metal").launch(
+            "gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0",
+            buffers={0: mat, 1: vec, 2: np.zeros(m, np.float32), 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32),
+                     6: scalar(k, np.int32), 7: scalar(1.0, np.float32), 8: scalar(0.0, np.float32),
+                     9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
+                     12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
+            threadgroups=(3, 1, 1), threads_per_threadgroup=(32, 8, 1), check_memory=True)

@@ -684,6 +684,29 @@ struct MSLTranslator {
     private mutating func vectorConstructor(at i: Int, end: Int, word: String) {
         let next = skipSpace(end)
         if vectorCast(at: i, end: end, word: word) { return }
+        // A declaration with constructor arguments, `short2 offset(a * n, b);` (MLX): becomes
+        // `short2 offset = vmake<short2>(a * n, b);`. Not a function declaration: no argument
+        // is a parameter declaration (`T name`), and `;` or `,` follows.
+        if let (_, nameEnd) = identifier(at: next) {
+            let open = skipSpace(nameEnd)
+            if open < text.count, text[open] == 40, let close = matching(open) {
+                let after = skipSpace(close)
+                let args = MSLTranslator.splitTopLevel(string(open + 1, close - 1))
+                let declaresParameters = args.contains { arg in
+                    if arg.contains(" * ") || arg.contains(" & ") { return false }  // a product, as formatted
+                    let scalars: Set<String> = ["float", "half", "bfloat", "int", "uint", "short", "ushort", "char",
+                                                "uchar", "long", "ulong", "bool", "size_t", "void"]
+                    let bare = arg.trimmingSpaces
+                    if scalars.contains(bare) || MSLTranslator.vectorTypes.contains(bare) { return true }  // `f(float)`
+                    let words = arg.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "*" || $0 == "&" })
+                    return words.count >= 2 && words.allSatisfy { w in w.allSatisfy { $0.isLetter || $0.isNumber || $0 == "_" || $0 == ":" } }
+                }
+                if after < text.count, text[after] == 59 || text[after] == 44, !declaresParameters, !args.isEmpty {
+                    edits.append((nameEnd, nameEnd, " = ::metal::__sm::vmake<::metal::\(word)>"))
+                }
+            }
+            return
+        }
         guard next < text.count, text[next] == 40 else { return }  // (
         var start = i
         let p = skipSpaceBack(i - 1)

@@ -834,6 +834,13 @@ using std::decay;
 using std::decay_t;
 template <class A, class B> constexpr bool is_same_v = std::is_same<A, B>::value;
 template <class A, class B> constexpr bool is_convertible_v = std::is_convertible<A, B>::value;
+// Internals of Apple's <metal_type_traits> that headers use (MLX's atomic.h, under
+// `#pragma METAL internals : enable`, which is ignored here).
+template <class... B> struct _disjunction : std::disjunction<B...> {};
+template <class... B> struct _conjunction : std::conjunction<B...> {};
+// <metal_uniform>: uniform<T> marks a value the same in every thread; here it is T itself.
+template <class T> using uniform = T;
+template <class T> constexpr T make_uniform(T x) { return x; }
 template <class T> constexpr bool is_integral_v = std::is_integral<T>::value;
 template <class T> constexpr bool is_signed_v = std::is_signed<T>::value;
 template <class T> constexpr bool is_unsigned_v = std::is_unsigned<T>::value;
