@@ -509,3 +509,35 @@ def test_mlx_gemv_overlapping_tail_rows_race():
                      9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
                      12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
             threadgroups=(3, 1, 1), threads_per_threadgroup=(32, 8, 1), check_memory=True)
+
+
+# ---- reduce.metal: all_reduce (each threadgroup reduces one chunk) and row_reduce_simple
+# (each threadgroup reduces N_WRITES = 4 contiguous rows) ----
+
+REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE))
+def test_mlx_all_reduce(op):
+    in_size, row_size, threads = 10_000, 4096, 256  # 3 chunks, the last partial
+    x = (RNG.uniform(0.999, 1.001, in_size) if op == "prod" else RNG.standard_normal(in_size)).astype(np.float32)
+    chunks = -(-in_size // row_size)
+    out = np.zeros(chunks, dtype=np.float32)
+    mlx_library("reduce.metal").launch(
+        f"all_reduce_{op}float32", buffers=[x, out, scalar(in_size, np.uint64), scalar(row_size, np.uint64)],
+        threadgroups=(1, chunks, 1), threads_per_threadgroup=(threads, 1, 1), check_memory=(op == "sum"))
+    expected = [REDUCE[op](x[i * row_size:(i + 1) * row_size].astype(np.float64)) for i in range(chunks)]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("op,dtype", [("sum", np.float32), ("max", np.float32), ("sum", np.int32)])
+def test_mlx_row_reduce_simple(op, dtype):
+    rows, cols, threads = 8, 700, 128  # 2 threadgroups of 4 rows
+    x = (RNG.standard_normal((rows, cols)) * (50 if dtype == np.int32 else 1)).astype(dtype)
+    out = np.zeros(rows, dtype=dtype)
+    tname = "float32" if dtype == np.float32 else "int32"
+    mlx_library("reduce.metal").launch(
+        f"row_reduce_simple_{op}{tname}", buffers=[x, out, scalar(cols, np.uint64), scalar(rows, np.int64)],
+        threadgroups=(1, rows // 4, 1), threads_per_threadgroup=(threads, 1, 1), check_memory=(dtype == np.int32))
+    expected = REDUCE[op](x.astype(np.float64), axis=1)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
