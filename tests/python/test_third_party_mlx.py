@@ -541,3 +541,22 @@ def test_mlx_row_reduce_simple(op, dtype):
         threadgroups=(1, rows // 4, 1), threads_per_threadgroup=(threads, 1, 1), check_memory=(dtype == np.int32))
     expected = REDUCE[op](x.astype(np.float64), axis=1)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+# ---- complex64 (complex.h's complex_t: the address-space overloads SoftMetal folds) ----
+
+def test_mlx_complex64_binary_and_unary():
+    n = 100
+    a = (RNG.standard_normal(n) + 1j * RNG.standard_normal(n)).astype(np.complex64)
+    b = (RNG.standard_normal(n) + 1j * RNG.standard_normal(n)).astype(np.complex64)
+    for op, ref in [("Add", a + b), ("Multiply", a * b), ("Divide", a / b)]:
+        c = np.zeros_like(a)
+        mlx_library("binary.metal").launch(f"vv_{op}complex64", buffers=[a, b, c, scalar(n, np.uint32)],
+                                           grid=(n, 1, 1), threads_per_threadgroup=(32, 1, 1),
+                                           check_memory=(op == "Multiply"))
+        np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-6)
+    for op, ref in [("Exp", np.exp(a)), ("Sqrt", np.sqrt(a)), ("Log", np.log(a))]:
+        o = np.zeros_like(a)
+        mlx_library("unary.metal").launch(f"v_{op}complex64complex64", buffers=[a, o, scalar(n, np.uint32)],
+                                          grid=(n, 1, 1), threads_per_threadgroup=(32, 1, 1))
+        np.testing.assert_allclose(o, ref, rtol=1e-5, atol=1e-6)
