@@ -19,7 +19,7 @@ final class KernelCompiler: @unchecked Sendable {
         "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
         "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno",
         "-Wno-unused-variable", "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-Wno-unknown-attributes",
-        "-Wno-unused-function", "-fstack-clash-protection", "-ferror-limit=20", "-fno-color-diagnostics", "-fno-caret-diagnostics",
+        "-Wno-unused-function", "-Wno-duplicate-decl-specifier", "-fstack-clash-protection", "-ferror-limit=20", "-fno-color-diagnostics", "-fno-caret-diagnostics",
     ]
 
     /// Added for the memory check's build of a library: every load and store calls the

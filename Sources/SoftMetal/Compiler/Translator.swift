@@ -289,6 +289,8 @@ struct MSLTranslator {
 
     private mutating func run() throws {
         blankIncludes()
+        memberAddressSpaces()
+        addressSpaceOverloads()
         templateTypeNames = collectTemplateTypeNames()
         // One pass over identifiers and numbers outside string literals.
         var i = 0
@@ -489,6 +491,190 @@ struct MSLTranslator {
         }
     }
 
+    /// The start of the declaration whose text ends at `p` (back over balanced brackets to
+    /// `;`, `{`, `}` or an access label `public:`), and the `(` of its last top-level
+    /// parenthesized group (the parameter list when `p` is its `)`; -1 if none).
+    private func declarationStart(before p: Int) -> (start: Int, open: Int) {
+        var s = p
+        var depth = 0
+        var open = -1
+        while s >= 0 {
+            let ch = text[s]
+            if ch == 41 || ch == 93 { depth += 1 } else if ch == 40 || ch == 91 {
+                depth -= 1
+                if depth == 0 && ch == 40 && open < 0 { open = s }
+            } else if depth == 0 && (ch == 59 || ch == 123 || ch == 125) { break }
+            else if depth == 0 && ch == 58 && s > 0 && text[s - 1] != 58 && (s + 1 >= text.count || text[s + 1] != 58) {
+                let w = skipSpaceBack(s - 1)
+                var ws = w
+                while ws >= 0 && MSLTranslator.isIdent(text[ws]) { ws -= 1 }
+                if ["public", "private", "protected"].contains(string(ws + 1, w + 1)) { break }
+            }
+            s -= 1
+        }
+        return (s + 1, open)
+    }
+
+    /// Member functions qualified by the address space of `this` (`void f() const thread`,
+    /// `complex_t() threadgroup : re(0) {}`), as MLX writes them: MSL overloads on it, C++
+    /// cannot, and here every object is ordinary memory. The qualifier is dropped; of the
+    /// overloads of one member that then coincide (same head and cv-qualifiers), the first is
+    /// kept and the others are blanked (lines kept). `f() constant` without `const` becomes
+    /// `const` (a `constant` object is a const one here), except on a constructor.
+    private mutating func memberAddressSpaces() {
+        let spaces: Set<String> = ["thread", "threadgroup", "device", "constant"]
+        var seen = Set<String>()
+        var i = 0
+        func blankRange(_ a: Int, _ b: Int) { for k in a..<b where text[k] != 10 { text[k] = 32 } }
+        while i < text.count {
+            let c = text[i]
+            if c == 34 || c == 39 {  // string or character literal
+                var j = i + 1
+                while j < text.count && text[j] != c && text[j] != 10 { if text[j] == 92 { j += 1 }; j += 1 }
+                i = j + 1
+                continue
+            }
+            guard MSLTranslator.isIdentStart(c), i == 0 || !MSLTranslator.isIdent(text[i - 1]),
+                  let (word, end) = identifier(at: i) else { i += 1; continue }
+            guard spaces.contains(word) else { i = end; continue }
+            // Qualifier position: `) [const] SPACE [const]` followed by `{ : ; =`.
+            var p = skipSpaceBack(i - 1)
+            var cv: [String] = []
+            if p >= 4, string(p - 4, p + 1) == "const", p < 5 || !MSLTranslator.isIdent(text[p - 5]) {
+                cv.append("const")
+                p = skipSpaceBack(p - 5)
+            }
+            guard p >= 0, text[p] == 41 else { i = end; continue }  // )
+            var q = skipSpace(end)
+            if let (next, after) = identifier(at: q), next == "const" { cv.append("const"); q = skipSpace(after) }
+            guard q < text.count, [123, 58, 59, 61].contains(text[q]),
+                  !(text[q] == 58 && q + 1 < text.count && text[q + 1] == 58) else { i = end; continue }
+            let (declStart, _) = declarationStart(before: p)
+            // The enclosing scope (its `{`) and, for a constructor, the class name.
+            var e = declStart - 1
+            var depth = 0
+            while e >= 0 {
+                if text[e] == 125 { depth += 1 } else if text[e] == 123 { if depth == 0 { break }; depth -= 1 }
+                e -= 1
+            }
+            var className = ""
+            if e > 0 {  // `struct NAME ... {` (no `;` `{` `}` between the keyword and the brace)
+                var w = e - 1
+                while w >= 0 && ![59, 123, 125].contains(text[w]) {
+                    if MSLTranslator.isIdentStart(text[w]), w == 0 || !MSLTranslator.isIdent(text[w - 1]),
+                       let (kw, after) = identifier(at: w), kw == "struct" || kw == "class",
+                       let (name, _) = identifier(at: skipSpace(after)) {
+                        className = name
+                        break
+                    }
+                    w -= 1
+                }
+            }
+            // The function's name: the identifier before its parameter list.
+            var open = p
+            depth = 0
+            while open >= 0 {
+                if text[open] == 41 { depth += 1 } else if text[open] == 40 { depth -= 1; if depth == 0 { break } }
+                open -= 1
+            }
+            let ne = skipSpaceBack(open - 1)
+            var ns = ne
+            while ns >= 0 && MSLTranslator.isIdent(text[ns]) { ns -= 1 }
+            let isConstructor = !className.isEmpty && string(ns + 1, ne + 1) == className
+            // The declaration's end: `;`, or the body after a constructor's initializers.
+            var k = q
+            if text[k] == 58 {  // member initializers: `name(...)`, `name{...}`, `Base<T>(...)`, ...
+                k += 1
+                while k < text.count {
+                    k = skipSpace(k)
+                    while k < text.count && (MSLTranslator.isIdent(text[k]) || text[k] == 58 || MSLTranslator.isSpace(text[k]) || text[k] == 60) {
+                        if text[k] == 60 { guard let m = matchingAngle(k) else { break }; k = m } else { k += 1 }
+                    }
+                    guard k < text.count, text[k] == 40 || text[k] == 123, let m = matching(k) else { break }
+                    k = skipSpace(m)
+                    if k < text.count && text[k] == 44 { k += 1; continue }
+                    break
+                }
+            }
+            var declEnd = k
+            if k < text.count && text[k] == 123, let m = matching(k) { declEnd = m }
+            else { while declEnd < text.count && text[declEnd] != 59 { declEnd += 1 }; declEnd += 1 }
+            declEnd = Swift.min(declEnd, text.count)
+            let key = "\(e)|" + MSLTranslator.compact(string(declStart, p + 1)) + "|" + cv.joined(separator: " ")
+                + (word == "constant" && cv.isEmpty && !isConstructor ? "const" : "")
+            if seen.contains(key) {
+                blankRange(declStart, declEnd)
+                i = declEnd
+                continue
+            }
+            seen.insert(key)
+            blankRange(i, end)
+            if word == "constant" && cv.isEmpty && !isConstructor {
+                text.replaceSubrange(i..<i + 5, with: Array("const".utf8))
+            }
+            i = end
+        }
+    }
+
+    /// Functions overloaded on the address space of a parameter (`operator+=(thread
+    /// complex_t<T>& a, ...)`, `threadgroup`, `device` versions, MLX's complex.h): without
+    /// address spaces their heads coincide, which C++ rejects. The first definition of each
+    /// head (per scope) is kept; later ones whose head differs only in address spaces are
+    /// blanked (lines kept). Every pointer and reference reaches all memory here.
+    private mutating func addressSpaceOverloads() {
+        let spaces: Set<String> = ["thread", "threadgroup", "device", "constant"]
+        let statements: Set<String> = ["if", "for", "while", "switch", "catch", "return", "else", "do"]
+        var seen = Set<String>()
+        var stack: [Int] = []
+        var i = 0
+        while i < text.count {
+            let c = text[i]
+            if c == 34 || c == 39 {
+                var j = i + 1
+                while j < text.count && text[j] != c && text[j] != 10 { if text[j] == 92 { j += 1 }; j += 1 }
+                i = j + 1
+                continue
+            }
+            if c == 125 { _ = stack.popLast(); i += 1; continue }
+            guard c == 123 else { i += 1; continue }
+            let p = skipSpaceBack(i - 1)
+            guard p >= 0, text[p] == 41 else { stack.append(i); i += 1; continue }
+            let (declStart, open) = declarationStart(before: p)
+            // A function: an identifier (not a statement keyword) or an operator before `(`.
+            var isFunction = false
+            if open > 0 {
+                let ne = skipSpaceBack(open - 1)
+                var ns = ne
+                while ns >= 0 && MSLTranslator.isIdent(text[ns]) { ns -= 1 }
+                let name = string(ns + 1, ne + 1)
+                if !name.isEmpty { isFunction = !statements.contains(name) && !(text[ns + 1] >= 48 && text[ns + 1] <= 57) }
+                else { isFunction = string(declStart, open).contains("operator") }
+            }
+            var words: [String] = []
+            var k = declStart
+            var hasSpace = false
+            while k < i {
+                if MSLTranslator.isIdentStart(text[k]), k == 0 || !MSLTranslator.isIdent(text[k - 1]), let (w, e) = identifier(at: k) {
+                    if spaces.contains(w) { hasSpace = true } else { words.append(w) }
+                    k = e
+                } else {
+                    if !MSLTranslator.isSpace(text[k]) { words.append(String(UnicodeScalar(text[k]))) }
+                    k += 1
+                }
+            }
+            guard isFunction, hasSpace, let first = words.first, !statements.contains(first), let end = matching(i) else {
+                stack.append(i); i += 1; continue
+            }
+            let key = "\(stack.last ?? -1)|" + words.joined(separator: " ")
+            if seen.contains(key) {
+                for b in declStart..<end where text[b] != 10 { text[b] = 32 }
+            } else {
+                seen.insert(key)
+            }
+            i = end  // the body: no overloads inside a function
+        }
+    }
+
     /// Numbers: a literal with an `h` suffix becomes a half.
     private mutating func number(at i: Int) -> Int {
         var j = i
@@ -511,6 +697,29 @@ struct MSLTranslator {
     private mutating func vectorConstructor(at i: Int, end: Int, word: String) {
         let next = skipSpace(end)
         if vectorCast(at: i, end: end, word: word) { return }
+        // A declaration with constructor arguments, `short2 offset(a * n, b);` (MLX): becomes
+        // `short2 offset = vmake<short2>(a * n, b);`. Not a function declaration: no argument
+        // is a parameter declaration (`T name`), and `;` or `,` follows.
+        if let (_, nameEnd) = identifier(at: next) {
+            let open = skipSpace(nameEnd)
+            if open < text.count, text[open] == 40, let close = matching(open) {
+                let after = skipSpace(close)
+                let args = MSLTranslator.splitTopLevel(string(open + 1, close - 1))
+                let declaresParameters = args.contains { arg in
+                    if arg.contains(" * ") || arg.contains(" & ") { return false }  // a product, as formatted
+                    let scalars: Set<String> = ["float", "half", "bfloat", "int", "uint", "short", "ushort", "char",
+                                                "uchar", "long", "ulong", "bool", "size_t", "void"]
+                    let bare = arg.trimmingSpaces
+                    if scalars.contains(bare) || MSLTranslator.vectorTypes.contains(bare) { return true }  // `f(float)`
+                    let words = arg.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "*" || $0 == "&" })
+                    return words.count >= 2 && words.allSatisfy { w in w.allSatisfy { $0.isLetter || $0.isNumber || $0 == "_" || $0 == ":" } }
+                }
+                if after < text.count, text[after] == 59 || text[after] == 44, !declaresParameters, !args.isEmpty {
+                    edits.append((nameEnd, nameEnd, " = ::metal::__sm::vmake<::metal::\(word)>"))
+                }
+            }
+            return
+        }
         guard next < text.count, text[next] == 40 else { return }  // (
         var start = i
         let p = skipSpaceBack(i - 1)
@@ -1063,12 +1272,23 @@ struct MSLTranslator {
         }
         words.removeAll { $0 == "device" || $0 == "thread" || $0 == "threadgroup" }
         words = words.map { $0 == "constant" ? "const" : $0 }
-        let joined = words.joined(separator: " ")
+        var joined = words.joined(separator: " ")
+        // `constant const int64_t a_strides[2]` (MLX): an array in the device or constant
+        // address space is a buffer of its elements, as for `constant const int64_t*` (C++
+        // adjusts the array parameter to that pointer). Arrays of pointers (arrays of
+        // buffers) and arrays without an address space stay unsupported.
+        var isArray = false
+        if joined.hasSuffix("]"), let bracket = joined.firstIndex(of: "["), !joined[..<bracket].contains("*"),
+           !joined[..<bracket].contains("&"),
+           declaration.splitWords.contains(where: { $0 == "device" || $0 == "constant" }) {
+            joined = joined[..<bracket].trimmingSpaces
+            isArray = true
+        }
         guard let nameStart = joined.lastIndex(where: { !($0.isLetter || $0.isNumber || $0 == "_") }) else {
             throw fail(a, "kernel \(kernel): cannot parse the parameter `\(raw.trimmingSpaces)`")
         }
         let name = String(joined[joined.index(after: nameStart)...])
-        let type = String(joined[...nameStart]).trimmingSpaces
+        let type = (String(joined[...nameStart]).trimmingSpaces + (isArray ? "*" : ""))
             .replacingAll(" *", with: "*").replacingAll(" &", with: "&")
         if name.isEmpty || type.isEmpty || type.contains("[") {
             throw fail(a, "kernel \(kernel): the parameter `\(raw.trimmingSpaces)` is not supported by SoftMetal (arrays of buffers and unnamed parameters are not)")
@@ -1078,7 +1298,7 @@ struct MSLTranslator {
             // threadgroup pointer threadgroup memory, at the first free index (as Apple's
             // compiler assigns them; ggml writes its kernels so); kernelParameters numbers them.
             let spaces = declaration.splitWords
-            if declaration.contains("*") || declaration.contains("&") {
+            if declaration.contains("*") || declaration.contains("&") || isArray {
                 if spaces.contains("device") || spaces.contains("constant") {
                     return Parameter(kind: .buffer(-1), type: type, name: name, condition: condition)
                 }

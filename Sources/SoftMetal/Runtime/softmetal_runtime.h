@@ -192,15 +192,10 @@ template <class T> T&& declval();
 
 // bfloat16: stored as 16 bits, every operation computed in float and rounded to nearest
 // even (NaN stays NaN). `__bf16` arithmetic would need __truncsfbf2, which libgcc 12 lacks.
-static inline float bf_to_float(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t float_to_bf(float f) {
-    uint32_t u;
-    __builtin_memcpy(&u, &f, 4);
+// constexpr (`static constexpr bfloat m = numeric_limits<bfloat>::max();`, MLX's utils.h).
+static constexpr inline float bf_to_float(uint16_t b) { return __builtin_bit_cast(float, (uint32_t)b << 16); }
+static constexpr inline uint16_t float_to_bf(float f) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
@@ -211,21 +206,21 @@ struct bfloat {
     uint16_t __bits;
     bfloat() = default;
     constexpr bfloat(const bfloat&) = default;
-    bfloat(float f) : __bits(__sm::float_to_bf(f)) {}
-    bfloat(double f) : __bits(__sm::float_to_bf((float)f)) {}
-    bfloat(half f) : __bits(__sm::float_to_bf((float)f)) {}
-    bfloat(int i) : __bits(__sm::float_to_bf((float)i)) {}
-    bfloat(uint i) : __bits(__sm::float_to_bf((float)i)) {}
-    bfloat(short i) : __bits(__sm::float_to_bf((float)i)) {}
-    bfloat(ushort i) : __bits(__sm::float_to_bf((float)i)) {}
-    bfloat(long i) : __bits(__sm::float_to_bf((float)i)) {}
-    bfloat(unsigned long i) : __bits(__sm::float_to_bf((float)i)) {}
-    bfloat(bool b) : __bits(__sm::float_to_bf(b ? 1.0f : 0.0f)) {}
+    constexpr bfloat(float f) : __bits(__sm::float_to_bf(f)) {}
+    constexpr bfloat(double f) : __bits(__sm::float_to_bf((float)f)) {}
+    constexpr bfloat(half f) : __bits(__sm::float_to_bf((float)f)) {}
+    constexpr bfloat(int i) : __bits(__sm::float_to_bf((float)i)) {}
+    constexpr bfloat(uint i) : __bits(__sm::float_to_bf((float)i)) {}
+    constexpr bfloat(short i) : __bits(__sm::float_to_bf((float)i)) {}
+    constexpr bfloat(ushort i) : __bits(__sm::float_to_bf((float)i)) {}
+    constexpr bfloat(long i) : __bits(__sm::float_to_bf((float)i)) {}
+    constexpr bfloat(unsigned long i) : __bits(__sm::float_to_bf((float)i)) {}
+    constexpr bfloat(bool b) : __bits(__sm::float_to_bf(b ? 1.0f : 0.0f)) {}
     bfloat& operator=(const bfloat&) = default;
-    operator float() const { return __sm::bf_to_float(__bits); }
+    constexpr operator float() const { return __sm::bf_to_float(__bits); }
     explicit operator half() const { return (half)(float)*this; }
-    bfloat operator-() const { bfloat r; r.__bits = (uint16_t)(__bits ^ 0x8000u); return r; }
-    bfloat operator+() const { return *this; }
+    constexpr bfloat operator-() const { return bfloat(-(float)*this); }  // exact: flips the sign
+    constexpr bfloat operator+() const { return *this; }
 };
 namespace __sm {
 template <class T> struct bf_arith { typedef void type; };  // bfloat op T
@@ -244,25 +239,25 @@ template <> struct bf_arith<signed char> { typedef bfloat type; };
 template <> struct bf_arith<uchar> { typedef bfloat type; };
 }  // namespace __sm
 #define SM_BF_OP(op)                                                                               \
-    inline bfloat operator op(bfloat a, bfloat b) { return bfloat((float)a op(float) b); }        \
+    constexpr inline bfloat operator op(bfloat a, bfloat b) { return bfloat((float)a op(float) b); }        \
     template <class T, class R = typename __sm::bf_arith<T>::type,                                 \
               class = __sm::enable_if_t<!__sm::same<R, void>::value && !__sm::same<T, bfloat>::value>> \
-    inline R operator op(bfloat a, T b) { return R((float)a op(float) b); }                       \
+    constexpr inline R operator op(bfloat a, T b) { return R((float)a op(float) b); }                       \
     template <class T, class R = typename __sm::bf_arith<T>::type,                                 \
               class = __sm::enable_if_t<!__sm::same<R, void>::value && !__sm::same<T, bfloat>::value>> \
-    inline R operator op(T a, bfloat b) { return R((float)a op(float) b); }                       \
-    template <class T> inline bfloat& operator op##=(bfloat & a, T b) { return a = bfloat((float)a op(float) b); }
+    constexpr inline R operator op(T a, bfloat b) { return R((float)a op(float) b); }                       \
+    template <class T> constexpr inline bfloat& operator op##=(bfloat & a, T b) { return a = bfloat((float)a op(float) b); }
 SM_BF_OP(+)
 SM_BF_OP(-)
 SM_BF_OP(*)
 SM_BF_OP(/)
 #undef SM_BF_OP
 #define SM_BF_CMP(op)                                                                              \
-    inline bool operator op(bfloat a, bfloat b) { return (float)a op(float) b; }                  \
+    constexpr inline bool operator op(bfloat a, bfloat b) { return (float)a op(float) b; }                  \
     template <class T, class = __sm::enable_if_t<!__sm::same<typename __sm::bf_arith<T>::type, void>::value && !__sm::same<T, bfloat>::value>> \
-    inline bool operator op(bfloat a, T b) { return (float)a op(float) b; }                       \
+    constexpr inline bool operator op(bfloat a, T b) { return (float)a op(float) b; }                       \
     template <class T, class = __sm::enable_if_t<!__sm::same<typename __sm::bf_arith<T>::type, void>::value && !__sm::same<T, bfloat>::value>> \
-    inline bool operator op(T a, bfloat b) { return (float)a op(float) b; }
+    constexpr inline bool operator op(T a, bfloat b) { return (float)a op(float) b; }
 SM_BF_CMP(<)
 SM_BF_CMP(>)
 SM_BF_CMP(<=)
@@ -477,12 +472,12 @@ template <class V, class... A> inline V vmake(const A&... a) {
 }
 // `(half4) x` (the translator's rewrite of a C-style cast to a vector type): element-wise
 // conversion as MSL does, or a splat of a scalar.
-template <class T, class... A> inline T construct(const A&... a) {
+template <class T, class... A> constexpr inline T construct(const A&... a) {  // constexpr: `static constexpr U init = U(0);`
     if constexpr (is_vec<T>::value) return vmake<T>(a...);
     else return T(a...);
 }
 template <class V> struct vcast {};
-template <class V, class A> inline V operator->*(vcast<V>, const A& a) {
+template <class V, class A> constexpr inline V operator->*(vcast<V>, const A& a) {
     if constexpr (is_vec<V>::value) return vmake<V>(a);
     else return (V)a;  // a cast to a template parameter that is not a vector
 }
@@ -572,7 +567,10 @@ template <class To, class From> inline To as_type(const From& f) {
 #define SM_F1(name, fn)                                                                      \
     inline float name(float x) { return fn(x); }                                             \
     inline half name(half x) { return (half)fn((float)x); }                                  \
-    inline float name(bfloat x) { return fn((float)x); }                                     \
+    /* bfloat: a template, so that a kernel's own `bfloat name(bfloat)` (MLX's bf16_math.h) */ \
+    /* is a distinct, preferred overload rather than a redefinition */                        \
+    template <class B, class = __sm::enable_if_t<__sm::same<B, bfloat>::value>>             \
+    inline float name(B x) { return fn((float)x); }                                          \
     /* an unsuffixed literal (`floor(v*0.0625)`) is float in MSL, which has no double */     \
     inline float name(double x) { return fn((float)x); }                                     \
     template <class V, class = __sm::enable_if_t<__sm::is_vec<V>::value>> inline V name(V v) { \
@@ -671,9 +669,13 @@ inline float clamp(float x, float lo, float hi) { return min(max(x, lo), hi); }
 inline half min(half a, half b) { return (half)__builtin_fminf((float)a, (float)b); }
 inline half max(half a, half b) { return (half)__builtin_fmaxf((float)a, (float)b); }
 inline half clamp(half x, half lo, half hi) { return min(max(x, lo), hi); }
-inline bfloat min(bfloat a, bfloat b) { return bfloat(__builtin_fminf((float)a, (float)b)); }
-inline bfloat max(bfloat a, bfloat b) { return bfloat(__builtin_fmaxf((float)a, (float)b)); }
-inline bfloat clamp(bfloat x, bfloat lo, bfloat hi) { return min(max(x, lo), hi); }
+// bfloat overloads are templates constrained to bfloat (`SM_BF_ONLY`): MSL declares its
+// math generically, so a kernel may declare its own `bfloat max(bfloat, bfloat)` (MLX's
+// bf16_math.h does), which must then be a distinct, preferred overload, not a redefinition.
+#define SM_BF_ONLY template <class B, class = __sm::enable_if_t<__sm::same<B, bfloat>::value>>
+SM_BF_ONLY inline bfloat min(B a, B b) { return bfloat(__builtin_fminf((float)a, (float)b)); }
+SM_BF_ONLY inline bfloat max(B a, B b) { return bfloat(__builtin_fmaxf((float)a, (float)b)); }
+SM_BF_ONLY inline bfloat clamp(B x, B lo, B hi) { return bfloat(__builtin_fminf(__builtin_fmaxf((float)x, (float)lo), (float)hi)); }
 template <class V, class = __sm::enable_if_t<__sm::is_vec<V>::value>> inline V min(V a, V b) {
     V r;
     for (int i = 0; i < __sm::vtraits<V>::N; i++) r[i] = min(a[i], b[i]);
@@ -702,7 +704,7 @@ inline long_t abs(long_t x) { return x < 0 ? -x : x; }
 inline uint abs(uint x) { return x; }
 inline float abs(float x) { return __builtin_fabsf(x); }
 inline half abs(half x) { return (half)__builtin_fabsf((float)x); }
-inline bfloat abs(bfloat x) { bfloat r = x; r.__bits &= 0x7fff; return r; }
+SM_BF_ONLY inline bfloat abs(B x) { bfloat r = x; r.__bits &= 0x7fff; return r; }
 template <class V, class = __sm::enable_if_t<__sm::is_vec<V>::value>> inline V abs(V v) {
     V r;
     for (int i = 0; i < __sm::vtraits<V>::N; i++) r[i] = abs(v[i]);
@@ -721,7 +723,7 @@ inline float smoothstep(float e0, float e1, float x) {
 }
 inline bool isnan(float x) { return __builtin_isnan(x); }
 inline bool isnan(half x) { return __builtin_isnan((float)x); }
-inline bool isnan(bfloat x) { return __builtin_isnan((float)x); }
+SM_BF_ONLY inline bool isnan(B x) { return __builtin_isnan((float)x); }
 inline bool isinf(float x) { return __builtin_isinf(x); }
 inline bool isinf(half x) { return __builtin_isinf((float)x); }
 inline bool isfinite(float x) { return __builtin_isfinite(x); }
@@ -776,16 +778,19 @@ inline uint reverse_bits(uint x) { return __builtin_bitreverse32(x); }
 inline uint rotate(uint v, uint i) { i &= 31; return (v << i) | (v >> ((32 - i) & 31)); }
 inline uint extract_bits(uint x, uint offset, uint bits) { return bits >= 32 ? x : (x >> offset) & ((1u << bits) - 1); }
 
-namespace precise {
-using metal::exp; using metal::exp2; using metal::exp10; using metal::log; using metal::log2; using metal::log10;
-using metal::sqrt; using metal::rsqrt; using metal::sin; using metal::cos; using metal::tan; using metal::tanh;
-using metal::sinh; using metal::cosh; using metal::asin; using metal::acos; using metal::atan; using metal::atan2;
-using metal::pow; using metal::powr; using metal::fmin; using metal::fmax; using metal::fabs; using metal::floor;
-using metal::ceil; using metal::round; using metal::trunc; using metal::fract; using metal::fmod; using metal::divide;
-using metal::normalize; using metal::length; using metal::distance; using metal::fma; using metal::min; using metal::max;
-using metal::clamp; using metal::abs; using metal::saturate; using metal::copysign;
-}  // namespace precise
-namespace fast = precise;  // no faster approximations here: both give the float result
+#define SM_MATH_USINGS \
+    using metal::exp; using metal::exp2; using metal::exp10; using metal::log; using metal::log2; using metal::log10; \
+    using metal::sqrt; using metal::rsqrt; using metal::sin; using metal::cos; using metal::tan; using metal::tanh; \
+    using metal::sinh; using metal::cosh; using metal::asin; using metal::acos; using metal::atan; using metal::atan2; \
+    using metal::pow; using metal::powr; using metal::fmin; using metal::fmax; using metal::fabs; using metal::floor; \
+    using metal::ceil; using metal::round; using metal::trunc; using metal::fract; using metal::fmod; using metal::divide; \
+    using metal::normalize; using metal::length; using metal::distance; using metal::fma; using metal::min; using metal::max; \
+    using metal::clamp; using metal::abs; using metal::saturate; using metal::copysign;
+namespace precise { SM_MATH_USINGS }
+// No faster approximations here: fast:: gives the float result too. A namespace of its own
+// (not an alias of precise) so that kernels can add to it, as MLX's bf16_math.h does.
+namespace fast { SM_MATH_USINGS }
+#undef SM_MATH_USINGS
 
 inline float max3(float a, float b, float c) { return max(max(a, b), c); }
 inline float min3(float a, float b, float c) { return min(min(a, b), c); }
@@ -795,6 +800,18 @@ inline int min3(int a, int b, int c) { return min(min(a, b), c); }
 inline uint max3(uint a, uint b, uint c) { return max(max(a, b), c); }
 inline uint min3(uint a, uint b, uint c) { return min(min(a, b), c); }
 inline float sincos(float x, float& c) { c = __builtin_cosf(x); return __builtin_sinf(x); }
+
+// <metal_array>: metal::array<T, N>, an aggregate (`return {a, b};`).
+template <class T, size_t N> struct array {
+    T __elems[N];
+    constexpr size_t size() const { return N; }
+    constexpr T& operator[](size_t i) { return __elems[i]; }
+    constexpr const T& operator[](size_t i) const { return __elems[i]; }
+    T* begin() { return __elems; }
+    T* end() { return __elems + N; }
+    const T* begin() const { return __elems; }
+    const T* end() const { return __elems + N; }
+};
 
 // <metal_type_traits> and <metal_limits>, the parts kernels use.
 using std::is_same;
@@ -810,7 +827,20 @@ using std::remove_cv_t;
 using std::integral_constant;
 using std::true_type;
 using std::false_type;
+using std::is_convertible;
+using std::remove_reference;
+using std::remove_reference_t;
+using std::decay;
+using std::decay_t;
 template <class A, class B> constexpr bool is_same_v = std::is_same<A, B>::value;
+template <class A, class B> constexpr bool is_convertible_v = std::is_convertible<A, B>::value;
+// Internals of Apple's <metal_type_traits> that headers use (MLX's atomic.h, under
+// `#pragma METAL internals : enable`, which is ignored here).
+template <class... B> struct _disjunction : std::disjunction<B...> {};
+template <class... B> struct _conjunction : std::conjunction<B...> {};
+// <metal_uniform>: uniform<T> marks a value the same in every thread; here it is T itself.
+template <class T> using uniform = T;
+template <class T> constexpr T make_uniform(T x) { return x; }
 template <class T> constexpr bool is_integral_v = std::is_integral<T>::value;
 template <class T> constexpr bool is_signed_v = std::is_signed<T>::value;
 template <class T> constexpr bool is_unsigned_v = std::is_unsigned<T>::value;
@@ -821,12 +851,12 @@ template <class T> struct numeric_limits;
 #define SM_LIMITS(T, lo, hi, low, eps, inf, qnan, isint)                                          \
     template <> struct numeric_limits<T> {                                                        \
         static constexpr bool is_specialized = true, is_integer = isint;                          \
-        static T min() { return lo; }                                                             \
-        static T max() { return hi; }                                                             \
-        static T lowest() { return low; }                                                         \
-        static T epsilon() { return eps; }                                                        \
-        static T infinity() { return inf; }                                                       \
-        static T quiet_NaN() { return qnan; }                                                     \
+        static constexpr T min() { return lo; }                                                  \
+        static constexpr T max() { return hi; }                                                  \
+        static constexpr T lowest() { return low; }                                              \
+        static constexpr T epsilon() { return eps; }                                             \
+        static constexpr T infinity() { return inf; }                                            \
+        static constexpr T quiet_NaN() { return qnan; }                                          \
     };
 SM_LIMITS(float, FLT_MIN, FLT_MAX, -FLT_MAX, FLT_EPSILON, __builtin_inff(), __builtin_nanf(""), false)
 SM_LIMITS(half, HALF_MIN, HALF_MAX, (half)-65504.0f, HALF_EPSILON, (half)__builtin_inff(), (half)__builtin_nanf(""), false)
@@ -837,6 +867,9 @@ SM_LIMITS(short, (short)SHRT_MIN, (short)SHRT_MAX, (short)SHRT_MIN, (short)0, (s
 SM_LIMITS(ushort, (ushort)0, (ushort)USHRT_MAX, (ushort)0, (ushort)0, (ushort)0, (ushort)0, true)
 SM_LIMITS(long_t, LONG_MIN, LONG_MAX, LONG_MIN, 0, 0, 0, true)
 SM_LIMITS(ulong, 0ul, ULONG_MAX, 0ul, 0ul, 0ul, 0ul, true)
+SM_LIMITS(signed char, (signed char)SCHAR_MIN, (signed char)SCHAR_MAX, (signed char)SCHAR_MIN, (signed char)0, (signed char)0, (signed char)0, true)
+SM_LIMITS(uchar, (uchar)0, (uchar)UCHAR_MAX, (uchar)0, (uchar)0, (uchar)0, (uchar)0, true)
+SM_LIMITS(bool, false, true, false, false, false, false, true)
 #undef SM_LIMITS
 
 // ---- memory flags, atomics ----
@@ -1720,15 +1753,15 @@ template <class T, class Op> static void complete_reduce(Group* g, uint32_t sg) 
     for (uint32_t l = 0; l < 32; l++)
         if (s.mask & (1u << l)) memcpy(s.out[l], &r, sizeof(T));
 }
-template <class T, bool Inclusive> static void complete_prefix(Group* g, uint32_t sg) {
+template <class T, bool Inclusive, bool Product = false> static void complete_prefix(Group* g, uint32_t sg) {
     SimdState& s = g->simd[sg];
-    T acc = T(0);
+    T acc = T(Product ? 1 : 0);
     for (uint32_t l = 0; l < 32; l++) {
         if (!(s.mask & (1u << l))) continue;
         T v;
         memcpy(&v, s.in[l], sizeof(T));
-        if (Inclusive) { acc = acc + v; memcpy(s.out[l], &acc, sizeof(T)); }
-        else { memcpy(s.out[l], &acc, sizeof(T)); acc = acc + v; }
+        if (Inclusive) { acc = Product ? T(acc * v) : T(acc + v); memcpy(s.out[l], &acc, sizeof(T)); }
+        else { memcpy(s.out[l], &acc, sizeof(T)); acc = Product ? T(acc * v) : T(acc + v); }
     }
 }
 enum { SH_INDEX, SH_UP, SH_DOWN, SH_XOR, SH_ROT_UP, SH_ROT_DOWN, SH_FIRST };
@@ -1771,9 +1804,23 @@ struct OpSum { template <class T> static T apply(T a, T b) { return a + b; } };
 struct OpProduct { template <class T> static T apply(T a, T b) { return a * b; } };
 struct OpMin { template <class T> static T apply(T a, T b) { return metal::min(a, b); } };
 struct OpMax { template <class T> static T apply(T a, T b) { return metal::max(a, b); } };
-struct OpAnd { template <class T> static T apply(T a, T b) { return a & b; } };
-struct OpOr { template <class T> static T apply(T a, T b) { return a | b; } };
-struct OpXor { template <class T> static T apply(T a, T b) { return a ^ b; } };
+// Bitwise reductions of a floating-point value (MLX's bf16_math.h instantiates simd_xor on
+// float through `__metal_simd_xor`) combine its bits.
+template <class T, class F> static T bitwise(T a, T b, F f) {
+    if constexpr (std::is_integral<T>::value || std::is_same<T, bool>::value) return f(a, b);
+    else {
+        unsigned char x[sizeof(T)], y[sizeof(T)];
+        memcpy(x, &a, sizeof(T));
+        memcpy(y, &b, sizeof(T));
+        for (size_t i = 0; i < sizeof(T); i++) x[i] = (unsigned char)f(x[i], y[i]);
+        T r;
+        memcpy(&r, x, sizeof(T));
+        return r;
+    }
+}
+struct OpAnd { template <class T> static T apply(T a, T b) { return bitwise(a, b, [](auto u, auto v) { return u & v; }); } };
+struct OpOr { template <class T> static T apply(T a, T b) { return bitwise(a, b, [](auto u, auto v) { return u | v; }); } };
+struct OpXor { template <class T> static T apply(T a, T b) { return bitwise(a, b, [](auto u, auto v) { return u ^ v; }); } };
 struct OpAll { template <class T> static T apply(T a, T b) { return a && b; } };
 struct OpAny { template <class T> static T apply(T a, T b) { return a || b; } };
 
@@ -1820,6 +1867,12 @@ template <class T> inline T simd_prefix_inclusive_sum(T v, uint __line = __built
 template <class T> inline T simd_prefix_exclusive_sum(T v, uint __line = __builtin_LINE()) {
     return __sm::simd_collective<T>(v, 0, __line, "simd_prefix_exclusive_sum", &__sm::complete_prefix<T, false>);
 }
+template <class T> inline T simd_prefix_inclusive_product(T v, uint __line = __builtin_LINE()) {
+    return __sm::simd_collective<T>(v, 0, __line, "simd_prefix_inclusive_product", &__sm::complete_prefix<T, true, true>);
+}
+template <class T> inline T simd_prefix_exclusive_product(T v, uint __line = __builtin_LINE()) {
+    return __sm::simd_collective<T>(v, 0, __line, "simd_prefix_exclusive_product", &__sm::complete_prefix<T, false, true>);
+}
 #define SM_SIMD_SHUFFLE(name, Kind)                                                            \
     template <class T> inline T name(T v, ushort a, uint __line = __builtin_LINE()) {          \
         return __sm::simd_collective<T>(v, a, __line, #name, &__sm::complete_shuffle<T, __sm::Kind>); \
@@ -1832,6 +1885,42 @@ SM_SIMD_SHUFFLE(simd_shuffle_xor, SH_XOR)
 SM_SIMD_SHUFFLE(simd_shuffle_rotate_up, SH_ROT_UP)
 SM_SIMD_SHUFFLE(simd_shuffle_rotate_down, SH_ROT_DOWN)
 #undef SM_SIMD_SHUFFLE
+// simd_shuffle_and_fill_up/down(data, filling, delta[, modulo]): within each segment of
+// `modulo` lanes (default 32), lane i takes data from lane i - delta (up) / i + delta (down)
+// of its segment; past the segment's edge it takes filling_data from the other end
+// (up: lane i + modulo - delta, down: lane i + delta - modulo). Inactive source: own value.
+namespace __sm {
+template <class T, bool Up> static void complete_fill(Group* g, uint32_t sg) {
+    SimdState& s = g->simd[sg];
+    for (uint32_t l = 0; l < 32; l++) {
+        if (!(s.mask & (1u << l))) continue;
+        uint32_t delta = s.arg[l] & 0xffffu, m = s.arg[l] >> 16;
+        if (m == 0 || m > 32) m = 32;
+        uint32_t base = l - l % m, i = l % m, src, part;
+        if (Up) { if (i >= delta) { src = base + i - delta; part = 0; } else { src = base + i + m - delta; part = 1; } }
+        else { if (i + delta < m) { src = base + i + delta; part = 0; } else { src = base + i + delta - m; part = 1; } }
+        if (src >= 32 || !(s.mask & (1u << src))) { src = l; part = 0; }
+        memcpy(s.out[l], s.in[src] + part * sizeof(T), sizeof(T));
+    }
+}
+template <class T, bool Up> inline T shuffle_fill(T v, T f, uint32_t delta, uint32_t modulo, uint32_t line, const char* op) {
+    struct Pair { T v, f; } p{v, f};
+    Pair r = simd_collective<Pair>(p, (delta & 0xffffu) | (modulo << 16), line, op, &complete_fill<T, Up>);
+    return r.v;
+}
+}  // namespace __sm
+template <class T> inline T simd_shuffle_and_fill_up(T v, T f, ushort d, uint __line = __builtin_LINE()) {
+    return __sm::shuffle_fill<T, true>(v, f, d, 32, __line, "simd_shuffle_and_fill_up");
+}
+template <class T> inline T simd_shuffle_and_fill_up(T v, T f, ushort d, ushort m, uint __line = __builtin_LINE()) {
+    return __sm::shuffle_fill<T, true>(v, f, d, m, __line, "simd_shuffle_and_fill_up");
+}
+template <class T> inline T simd_shuffle_and_fill_down(T v, T f, ushort d, uint __line = __builtin_LINE()) {
+    return __sm::shuffle_fill<T, false>(v, f, d, 32, __line, "simd_shuffle_and_fill_down");
+}
+template <class T> inline T simd_shuffle_and_fill_down(T v, T f, ushort d, ushort m, uint __line = __builtin_LINE()) {
+    return __sm::shuffle_fill<T, false>(v, f, d, m, __line, "simd_shuffle_and_fill_down");
+}
 template <class T> inline T simd_broadcast_first(T v, uint __line = __builtin_LINE()) {
     return __sm::simd_collective<T>(v, 0, __line, "simd_broadcast_first", &__sm::complete_shuffle<T, __sm::SH_FIRST>);
 }
@@ -2028,6 +2117,59 @@ inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_ma
                       });
 }
 }  // namespace metal
+
+// ---- Apple's compiler builtins that headers call directly (MLX's bf16_math.h, utils.h) ----
+// Apple's <metal_math> implements its functions with `__metal_<name>(x..., fast)` builtins;
+// the last argument says fast or precise math. Here both are the float result, as for
+// metal::fast. Provided for the scalar types SoftMetal's metal:: functions take.
+#define __METAL_FAST_MATH__ true
+#define __METAL_PRECISE_MATH__ false
+#define __METAL_MAYBE_FAST_MATH__ __METAL_PRECISE_MATH__  /* fastMathEnabled is ignored */
+#define SM_BUILTIN1(name)                                                                     \
+    template <class T> inline auto __metal_##name(T x, bool = false) { return metal::name(x); }
+#define SM_BUILTIN2(name, fn)                                                                 \
+    template <class T> inline auto __metal_##name(T x, T y, bool = false) { return metal::fn(x, y); }
+SM_BUILTIN1(fabs) SM_BUILTIN1(acos) SM_BUILTIN1(acosh) SM_BUILTIN1(asin) SM_BUILTIN1(asinh)
+SM_BUILTIN1(atan) SM_BUILTIN1(atanh) SM_BUILTIN1(ceil) SM_BUILTIN1(cos) SM_BUILTIN1(cosh)
+SM_BUILTIN1(exp) SM_BUILTIN1(exp10) SM_BUILTIN1(exp2) SM_BUILTIN1(floor) SM_BUILTIN1(fract)
+SM_BUILTIN1(log) SM_BUILTIN1(log10) SM_BUILTIN1(log2) SM_BUILTIN1(rint) SM_BUILTIN1(round)
+SM_BUILTIN1(rsqrt) SM_BUILTIN1(sin) SM_BUILTIN1(sinh) SM_BUILTIN1(sqrt) SM_BUILTIN1(tan)
+SM_BUILTIN1(tanh) SM_BUILTIN1(trunc)
+SM_BUILTIN2(atan2, atan2) SM_BUILTIN2(divide, divide) SM_BUILTIN2(fmax, fmax) SM_BUILTIN2(fmin, fmin)
+SM_BUILTIN2(fmod, fmod) SM_BUILTIN2(pow, pow) SM_BUILTIN2(powr, powr)
+#undef SM_BUILTIN1
+#undef SM_BUILTIN2
+inline float __metal_cospi(float x, bool = false) { return __builtin_cosf(M_PI_F * x); }
+inline float __metal_sinpi(float x, bool = false) { return __builtin_sinf(M_PI_F * x); }
+inline float __metal_tanpi(float x, bool = false) { return __builtin_tanf(M_PI_F * x); }
+inline float __metal_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline float __metal_fmax3(float a, float b, float c, bool = false) { return metal::max3(a, b, c); }
+inline float __metal_fmin3(float a, float b, float c, bool = false) { return metal::min3(a, b, c); }
+inline float __metal_fmedian3(float a, float b, float c, bool = false) { return metal::median3(a, b, c); }
+inline float __metal_frexp(float x, int* e) { return __builtin_frexpf(x, e); }
+inline float __metal_ldexp(float x, int k, bool = false) { return __builtin_ldexpf(x, k); }
+inline float __metal_nextafter(float x, float y) { return __builtin_nextafterf(x, y); }
+// Simd builtins: the same collectives as metal::simd_* (the line recorded for the divergence
+// check is the caller's, i.e. the header's wrapper).
+#define SM_SIMD_BUILTIN(name)                                                                 \
+    template <class T> inline T __metal_##name(T v, uint __line = __builtin_LINE()) { return metal::name(v, __line); }
+#define SM_SIMD_BUILTIN_ARG(name)                                                             \
+    template <class T> inline T __metal_##name(T v, ushort a, uint __line = __builtin_LINE()) { return metal::name(v, a, __line); }
+SM_SIMD_BUILTIN(simd_sum) SM_SIMD_BUILTIN(simd_product) SM_SIMD_BUILTIN(simd_min) SM_SIMD_BUILTIN(simd_max)
+SM_SIMD_BUILTIN(simd_xor) SM_SIMD_BUILTIN(simd_prefix_inclusive_sum) SM_SIMD_BUILTIN(simd_prefix_exclusive_sum)
+SM_SIMD_BUILTIN(simd_prefix_inclusive_product) SM_SIMD_BUILTIN(simd_prefix_exclusive_product)
+SM_SIMD_BUILTIN_ARG(simd_broadcast) SM_SIMD_BUILTIN_ARG(simd_shuffle) SM_SIMD_BUILTIN_ARG(simd_shuffle_up)
+SM_SIMD_BUILTIN_ARG(simd_shuffle_down) SM_SIMD_BUILTIN_ARG(simd_shuffle_xor)
+SM_SIMD_BUILTIN_ARG(simd_shuffle_rotate_up) SM_SIMD_BUILTIN_ARG(simd_shuffle_rotate_down)
+#undef SM_SIMD_BUILTIN
+#undef SM_SIMD_BUILTIN_ARG
+template <class T> inline T __metal_simd_shuffle_and_fill_up(T v, T f, ushort d, ushort m, uint __line = __builtin_LINE()) {
+    return metal::simd_shuffle_and_fill_up(v, f, d, m, __line);
+}
+template <class T> inline T __metal_simd_shuffle_and_fill_down(T v, T f, ushort d, ushort m, uint __line = __builtin_LINE()) {
+    return metal::simd_shuffle_and_fill_down(v, f, d, m, __line);
+}
+template <class T> inline T __metal_get_simdgroup_size(T) { return T(32); }
 
 // The cost of one fiber switch (ns): two fibers on this thread switch back and forth.
 namespace metal { namespace __sm {
