@@ -1005,3 +1005,21 @@ def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
     softmetal.compile("struct S { S(const S&) = delete; };\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1.0f; }\n")
     with pytest.raises(softmetal.CompileError, match="virtual"):
         softmetal.compile("struct S { virtual float f(); };\nkernel void k(device float* y [[buffer(0)]]) { }\n")
+
+
+def test_parameters_the_kernel_never_uses_need_not_be_bound():
+    # As in Metal: an argument the body never names may stay unbound; a used one may not.
+    lib = softmetal.compile("""
+kernel void k(device float* y [[buffer(0)]], device const float* spare [[buffer(1)]],
+              threadgroup float* scratch [[threadgroup(0)]], uint i [[thread_position_in_grid]]) {
+    y[i] = 2.0f;
+}
+kernel void uses(device float* y [[buffer(0)]], device const float* x [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+    y[i] = x[i];
+}
+""")
+    y = np.zeros(4, np.float32)
+    lib.launch("k", {0: y}, threadgroups=(1,), threads_per_threadgroup=(4,))
+    np.testing.assert_array_equal(y, 2.0)
+    with pytest.raises(softmetal.InvalidUsageError, match=r"buffer\(1\) \(`const float\* x`\) is not bound"):
+        lib.launch("uses", {0: y}, threadgroups=(1,), threads_per_threadgroup=(4,))

@@ -42,6 +42,9 @@ struct MSLTranslator {
         /// Where an instance was instantiated (`#line` for the launcher, so that errors while
         /// instantiating point at the MSL instantiation); nil for plain kernels.
         var instantiatedAt: SourceLocation? = nil
+        /// Buffer and threadgroup parameters whose names the body never mentions: as in Metal,
+        /// they need not be bound (kind 0 in the reflection table).
+        var unusedParameters: Set<String> = []
 
         init(name: String, parameters: [Parameter], maxTotalThreadsPerThreadgroup: Int,
              callee: String? = nil, instantiatedAt: SourceLocation? = nil) {
@@ -71,6 +74,7 @@ struct MSLTranslator {
         var templateParameters: [String]
         var parameters: [Parameter]
         var maxThreads: MaxThreads
+        var unusedParameters: Set<String> = []
     }
 
     /// `[[max_total_threads_per_threadgroup(x)]]`: a literal, or an expression for C++.
@@ -980,21 +984,47 @@ struct MSLTranslator {
         // (`void (*deq)(device const q_t *, short, thread float4 &)`, ggml) are edited here.
         if head.templateParameters != nil { addressSpaces(head.start, head.templateEnd) }
         let parameters = try kernelParameters(open, close, kernel: name)
+        let unused = unusedParameters(parameters, after: close)
         let maxThreads = try maxThreads(head) ?? MaxThreads()
         if let templateParameters = head.templateParameters {
             if let a = head.hostName {
                 throw fail(a.at, "kernel template \(name): put [[host_name]] on its explicit instantiations, not on the template")
             }
             templates[name] = KernelTemplate(name: name, templateParameters: templateParameters,
-                                             parameters: parameters, maxThreads: maxThreads)
+                                             parameters: parameters, maxThreads: maxThreads, unusedParameters: unused)
         } else {
             var kernel = Kernel(name: try hostName(head) ?? name, parameters: parameters,
                                 maxTotalThreadsPerThreadgroup: maxThreads.literal, callee: name)
             kernel.maxThreadsExpression = maxThreads.expression
             kernel.declaredAt = MSLTranslator.location(in: text, at: head.start)
+            kernel.unusedParameters = unused
             kernels.append(kernel)
         }
         return open + 1  // the address spaces inside the parameters are rewritten by the main pass
+    }
+
+    /// The buffer and threadgroup parameters whose names do not occur in the body that
+    /// follows the parameter list ending at `close` (none without a body).
+    private func unusedParameters(_ parameters: [Parameter], after close: Int) -> Set<String> {
+        let open = skipSpace(close + 1)
+        guard open < text.count, text[open] == 123, let end = matching(open) else { return [] }
+        var names = Set<String>()
+        var i = open
+        while i < end {
+            if MSLTranslator.isIdentStart(text[i]) && (i == 0 || !MSLTranslator.isIdent(text[i - 1])),
+               let (word, after) = identifier(at: i) {
+                names.insert(word)
+                i = after
+            } else {
+                i += 1
+            }
+        }
+        return Set(parameters.compactMap { p -> String? in
+            switch p.kind {
+            case .buffer, .threadgroup: return names.contains(p.name) ? nil : p.name
+            case .builtin: return nil
+            }
+        })
     }
 
     /// `template [[host_name("n")]] [[kernel]] void f<A, B>(params);` or
@@ -1060,6 +1090,7 @@ struct MSLTranslator {
             MSLTranslator.substitute($0, names: template.templateParameters, values: values)
         }
         kernel.declaredAt = kernel.instantiatedAt!
+        kernel.unusedParameters = template.unusedParameters
         kernels.append(kernel)
         edits.append((head.start, k + 1, MSLTranslator.blank(text[head.start...k])))
         return k + 1
@@ -1391,10 +1422,12 @@ struct MSLTranslator {
             switch p.kind {
             case .buffer(let i):
                 args.append("::metal::__sm::buf_arg<\(p.type)>(\(present(p, "__d->buffers[\(i)]")))")
-                infos.append("{\(present(p, "SM_PARAM_BUFFER")), \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\"}")
+                let kind = k.unusedParameters.contains(p.name) ? "0" : present(p, "SM_PARAM_BUFFER")
+                infos.append("{\(kind), \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\"}")
             case .threadgroup(let i):
                 args.append("(\(p.type))\(present(p, "__d->tg_mem[\(i)]"))")
-                infos.append("{\(present(p, "SM_PARAM_THREADGROUP")), \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(parameter.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
+                let kind = k.unusedParameters.contains(p.name) ? "0" : present(p, "SM_PARAM_THREADGROUP")
+                infos.append("{\(kind), \(i), ::metal::__sm::elem_size<\(p.type)>(), 0, \(cString(parameter.type)), \(cString(p.name)), \"threadgroup(\(i))\"}")
             case .builtin(let name):
                 args.append("::metal::__sm::bi<\(p.type)>(\(builtinExpression(name)))")
                 infos.append("{SM_PARAM_BUILTIN, -1, (int64_t)sizeof(\(p.type)), 0, \(cString(parameter.type)), \(cString(p.name)), \(cString(name))}")
