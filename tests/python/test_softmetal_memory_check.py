@@ -285,3 +285,23 @@ print("clean")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SOFTMETAL_CHECK_MEMORY="1"),
                          capture_output=True, text=True, timeout=600)
     assert out.stdout.strip().endswith("clean"), out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_an_atomic_initialises_every_byte_it_writes():
+    # A counter in [[threadgroup(0)]] memory set and incremented by atomics, then read plainly
+    # after a barrier: all four bytes count as written (once only the first one did).
+    lib = softmetal.compile("""
+using namespace metal;
+kernel void count(device uint* y [[buffer(0)]], threadgroup atomic_uint* c [[threadgroup(0)]],
+                  uint t [[thread_index_in_threadgroup]]) {
+    if (t == 0) atomic_store_explicit(c, 0u, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    atomic_fetch_add_explicit(c, 1u, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (t == 0) y[0] = *((threadgroup uint*)c);
+}
+""")
+    y = np.zeros(1, np.uint32)
+    lib.launch("count", [y], threadgroups=(1,), threads_per_threadgroup=(64,), threadgroup_memory={0: 16},
+               check_memory=True)
+    assert y[0] == 64

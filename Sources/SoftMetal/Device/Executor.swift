@@ -126,9 +126,8 @@ enum Executor {
         base.order_mul = 1
         base.max_threads = UInt32(perGroup)
 
-        let checked = c.checkMemory ? c.threadgroupLengths : nil
         if !c.checkRaces {
-            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: checked)
+            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory)
             return
         }
         // Race check: the same dispatch in order, then from the same inputs with threads and
@@ -138,7 +137,7 @@ enum Executor {
             distinct.append(binding.buffer)
         }
         let before = distinct.map { snapshot($0) }
-        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: checked)
+        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory)
         let first = distinct.map { snapshot($0) }
         for (b, saved) in zip(distinct, before) { restore(b, saved) }
         let seed = UInt64.random(in: 1..<UInt64.max)
@@ -170,15 +169,15 @@ enum Executor {
     }
 
     /// Runs all threadgroups; `permutation` (a seed) changes the order of threadgroups
-    /// (and of chunks) and of the lanes inside each threadgroup. `checked` (the
-    /// threadgroup memory lengths): with the memory check, on one thread, one dispatch at a time.
+    /// (and of chunks) and of the lanes inside each threadgroup. `checked`: with the memory
+    /// check, on one thread, one dispatch at a time.
     private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
                                 bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?,
-                                checked: [Int]? = nil) throws {
-        if let lengths = checked {
+                                checked: Bool = false) throws {
+        if checked {
             let (launcher, path) = try kernel.checkedLauncher()
             try MemoryCheck.lock.withLock {
-                let check = MemoryCheck(bindings: bindings, threadgroupLengths: lengths)
+                let check = MemoryCheck(bindings: bindings, dispatch: base)
                 defer { check.release() }
                 var d = base
                 d.check = check.state

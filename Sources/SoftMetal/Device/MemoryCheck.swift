@@ -13,7 +13,7 @@ final class MemoryCheck {
     let state: UnsafeMutablePointer<sm_check>
     private var maps: [(UnsafeMutableRawPointer, Int)] = []
 
-    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], threadgroupLengths: [Int]) {
+    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch) {
         state = .allocate(capacity: 1)
         state.initialize(to: sm_check())
         state.pointee.races = 1
@@ -27,8 +27,10 @@ final class MemoryCheck {
             if shadows[key] == nil { shadows[key] = map(cells: binding.buffer.length) }
             if let shadow = shadows[key]! { csm_check_set_buffer_shadow(state, Int32(i), shadow + binding.offset) }
         }
-        for (i, length) in threadgroupLengths.enumerated() where length > 0 {
-            if let shadow = map(cells: length) { csm_check_set_threadgroup_shadow(state, Int32(i), shadow) }
+        withUnsafeBytes(of: dispatch.tg_mem_lengths) { raw in
+            for (i, length) in raw.bindMemory(to: UInt64.self).enumerated() where length > 0 {
+                if let shadow = map(cells: Int(length)) { csm_check_set_threadgroup_shadow(state, Int32(i), shadow) }
+            }
         }
         state.pointee.arena_shadow = map(cells: Int(SM_THREADGROUP_ARENA_CAPACITY))
     }
@@ -132,10 +134,7 @@ final class MemoryCheck {
             dirs.append(String(cxx[..<slash]))
         }
         dirs += (SMEnv.get("PATH") ?? "/usr/bin:/bin").split(separator: ":").map(String.init)
-        for dir in dirs {
-            for name in ["llvm-symbolizer"] where access("\(dir)/\(name)", X_OK) == 0 { return "\(dir)/\(name)" }
-        }
-        return nil
+        return dirs.map { "\($0)/llvm-symbolizer" }.first { access($0, X_OK) == 0 }
     }
 }
 #endif

@@ -1243,9 +1243,17 @@ SM_UNTRACED static inline bool unordered(Group* g, Lane* L, bool device, uint32_
     return true;
 }
 
+// An atomic marks its bytes written (so later reads are initialised) and never races.
 SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool device, int32_t region, uint64_t offset,
-                         uintptr_t a, uint32_t size, bool write, uintptr_t pc) {
+                         uintptr_t a, uint32_t size, bool write, uintptr_t pc, bool atomic) {
     sm_check* c = g->d->check;
+    if (atomic) {
+        for (uint32_t b = 0; b < size; b++) {
+            cells[b].w_group = g->id;
+            cells[b].w_thread = SM_SHADOW_ATOMIC;
+        }
+        return;
+    }
     const uint16_t sge = g->sg_epoch[L->sg];
     for (uint32_t b = 0; b < size; b++) {
         sm_shadow* x = cells + b;
@@ -1325,10 +1333,7 @@ SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool wri
         const uintptr_t base = (uintptr_t)d->tg_mem[i];
         if (!base || a < base || a >= base + d->tg_mem_lengths[i]) continue;
         if (end > base + d->tg_mem_lengths[i]) check_report(g, L, SM_CHECK_BOUNDS, -(i + 1), a - base, a, size, write, pc);
-        if (c->tg_shadow[i]) {
-            if (atomic) { c->tg_shadow[i][a - base].w_group = g->id; c->tg_shadow[i][a - base].w_thread = SM_SHADOW_ATOMIC; return; }
-            track(g, L, c->tg_shadow[i] + (a - base), false, -(i + 1), a - base, a, size, write, pc);
-        }
+        if (c->tg_shadow[i]) track(g, L, c->tg_shadow[i] + (a - base), false, -(i + 1), a - base, a, size, write, pc, atomic);
         return;
     }
     const uintptr_t arena = (uintptr_t)d->tg_static;
@@ -1337,10 +1342,8 @@ SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool wri
             const uintptr_t p = (uintptr_t)g->slot_ptr[s];
             if (!p || a < p || end > p + g->slot_size[s]) continue;
             if (c->arena_shadow) {
-                sm_shadow* cells = c->arena_shadow + (a - arena);
-                if (atomic) { for (uint32_t b = 0; b < size; b++) { cells[b].w_group = g->id; cells[b].w_thread = SM_SHADOW_ATOMIC; } return; }
                 c->region_length = g->slot_size[s];
-                track(g, L, cells, false, SM_REGION_ARENA, a - p, a, size, write, pc);
+                track(g, L, c->arena_shadow + (a - arena), false, SM_REGION_ARENA, a - p, a, size, write, pc, atomic);
             }
             return;
         }
@@ -1362,10 +1365,7 @@ SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool wri
         const uintptr_t base = (uintptr_t)d->buffers[i];
         if (!base || a < base || a >= base + d->buffer_lengths[i]) continue;
         if (end > base + d->buffer_lengths[i]) { partly = i; continue; }
-        if (c->buffer_shadow[i]) {
-            if (atomic) { for (uint32_t b = 0; b < size; b++) { c->buffer_shadow[i][a - base + b].w_group = g->id; c->buffer_shadow[i][a - base + b].w_thread = SM_SHADOW_ATOMIC; } return; }
-            track(g, L, c->buffer_shadow[i] + (a - base), true, i, a - base, a, size, write, pc);
-        }
+        if (c->buffer_shadow[i]) track(g, L, c->buffer_shadow[i] + (a - base), true, i, a - base, a, size, write, pc, atomic);
         return;
     }
     if (partly >= 0) check_report(g, L, SM_CHECK_BOUNDS, partly, a - (uintptr_t)d->buffers[partly], a, size, write, pc);
