@@ -271,7 +271,7 @@ class Library:
             for k in keys:
                 if isinstance(k, bool) or not isinstance(k, (numbers.Integral, str)) or (not isinstance(k, str) and k < 0):
                     raise InvalidUsageError(f"constants: a key must be a [[function_constant(i)]] index >= 0 or a name, got {k!r}")
-                if isinstance(constants[k], bool) or isinstance(constants[k], numbers.Real):
+                if isinstance(constants[k], numbers.Real):  # bools included
                     continue
                 raise InvalidUsageError(f"constants[{k!r}] must be a bool or a number, got {constants[k]!r}")
             # Kept alive until the launch returns (desc holds their addresses only).
