@@ -22,47 +22,30 @@ enum BackendRegistry {
         case .cpu:
             return try CPUBackend(configuration: configuration, weights: weights)
         case .metal:
-            #if canImport(Metal)
+            guard metalDeviceKind == .metal else {
+                throw MoEError.unavailable("the metal backend needs an Apple GPU (Metal); this build has none. "
+                                           + "\"softmetal\" runs the same backend code on the CPU. Available here: \(names)")
+            }
             return try makeMetal(configuration, weights)
-            #else
-            throw MoEError.unavailable("the metal backend needs an Apple GPU (Metal); this build has none. "
-                                       + "\"softmetal\" runs the same backend code on the CPU. Available here: \(names)")
-            #endif
         case .softMetal:
-            #if canImport(SoftMetal) && !canImport(Metal)
+            guard metalDeviceKind == .softMetal else {
+                throw MoEError.unavailable("the softmetal backend (the software Metal device) is only built on Linux; "
+                                           + "on Apple platforms use metal. Available here: \(names)")
+            }
             return try makeMetal(configuration, weights)
-            #else
-            throw MoEError.unavailable("the softmetal backend (the software Metal device) is only built on Linux; "
-                                       + "on Apple platforms use metal. Available here: \(names)")
-            #endif
         }
     }
 
-    private static var metalAvailable: Bool {
-        #if canImport(Metal)
-        return MetalContext.isAvailable
-        #else
-        return false
-        #endif
-    }
+    // The kind is checked first: asking MetalContext starts the device (on Linux,
+    // SoftMetal compiles the kernels), which `available` must not do for a kind this
+    // build cannot have.
+    private static var metalAvailable: Bool { metalDeviceKind == .metal && MetalContext.isAvailable }
 
-    private static var softMetalAvailable: Bool {
-        #if canImport(SoftMetal) && !canImport(Metal)
-        return MetalContext.isAvailable
-        #else
-        return false
-        #endif
-    }
+    private static var softMetalAvailable: Bool { metalDeviceKind == .softMetal && MetalContext.isAvailable }
 
-    #if canImport(Metal) || canImport(SoftMetal)
     private static func makeMetal(_ c: MoEConfiguration, _ w: MoEWeights) throws -> any MoEBackend {
         try MetalBackend(configuration: c, weights: w)
     }
-    #else
-    private static func makeMetal(_ c: MoEConfiguration, _ w: MoEWeights) throws -> any MoEBackend {
-        throw MoEError.unavailable("no Metal backend in this build")
-    }
-    #endif
 
     private static var names: String { available.map(\.name).joined(separator: ", ") }
 }

@@ -1,11 +1,5 @@
-#if canImport(Metal)
-import Metal
-#elseif canImport(SoftMetal)
-import SoftMetal
-#endif
 import CMoESwift
 
-#if canImport(Metal) || canImport(SoftMetal)
 /// The Metal backend: the weights live in device buffers in their given formats (dense
 /// f32 / f16 / bf16 or quantized: never widened), uploaded once at creation; a forward is
 /// one command buffer with one compute encoder and one wait (MetalPass), its buffers come
@@ -52,10 +46,10 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
 
     init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
         let context = try MetalContext.shared()
-        kind = MetalContext.kind
+        kind = metalDeviceKind
         guard c.numExperts <= Int(MOE_MAX_EXPERTS) else {
             throw MoEError.invalidArgument(
-                "the \(MetalContext.kind.name) backend supports at most \(MOE_MAX_EXPERTS) experts, got \(c.numExperts)")
+                "the \(metalDeviceKind.name) backend supports at most \(MOE_MAX_EXPERTS) experts, got \(c.numExperts)")
         }
         self.context = context
         configuration = c
@@ -128,5 +122,3 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         return scratch
     }
 }
-#endif
-

@@ -1,11 +1,5 @@
-#if canImport(Metal)
-import Metal
-#elseif canImport(SoftMetal)
-import SoftMetal
-#endif
 import CMoESwift
 
-#if canImport(Metal) || canImport(SoftMetal)
 /// The device buffers of one forward, sized for up to `capacity` tokens.
 final class MetalScratch {
     let capacity: Int
@@ -112,4 +106,3 @@ final class MetalBufferPool: @unchecked Sendable {
         }
     }
 }
-#endif

@@ -1,23 +1,9 @@
-#if canImport(Metal)
-import Metal
-#elseif canImport(SoftMetal)
-import SoftMetal
-#endif
 import CMoESwift
 
-#if canImport(Metal) || canImport(SoftMetal)
 /// The one Metal device, command queue and set of pipelines of the process: the MSL is
 /// compiled once, from the source embedded in the binary, the first time a Metal layer is
 /// made (SoftMetal also caches the compiled kernels on disk).
 final class MetalContext: @unchecked Sendable {
-    #if canImport(Metal)
-    /// On Apple platforms this code runs on the GPU...
-    static let kind = MoEBackendKind.metal
-    #else
-    /// ...elsewhere on SoftMetal, the software Metal device.
-    static let kind = MoEBackendKind.softMetal
-    #endif
-
     let device: any MTLDevice
     let queue: any MTLCommandQueue
     let library: any MTLLibrary
@@ -36,7 +22,7 @@ final class MetalContext: @unchecked Sendable {
         } catch let error as MoEError {
             return .failure(error)
         } catch {
-            return .failure(.unavailable("the \(kind.name) backend cannot start: \(error)"))
+            return .failure(.unavailable("the \(metalDeviceKind.name) backend cannot start: \(error)"))
         }
     }()
 
@@ -49,15 +35,8 @@ final class MetalContext: @unchecked Sendable {
     }
 
     private init() throws {
-        let name = Self.kind.name
-        // A library loaded into a command-line process (Python, `swift test`) may get no
-        // default device where an app would; any device of the machine serves.
-        #if os(macOS) || !canImport(Metal)
-        let found = MTLCreateSystemDefaultDevice() ?? MTLCopyAllDevices().first
-        #else
-        let found = MTLCreateSystemDefaultDevice()
-        #endif
-        guard let device = found else {
+        let name = metalDeviceKind.name
+        guard let device = metalSystemDevice() else {
             throw MoEError.unavailable("the \(name) backend found no Metal device")
         }
         // simdgroup matrices (the prefill GEMMs) and the simd reductions need Apple GPU
@@ -109,7 +88,7 @@ final class MetalContext: @unchecked Sendable {
 
     private static func makePipeline(_ device: any MTLDevice, _ library: any MTLLibrary, _ kernel: String,
                                      threads: Int32) throws -> any MTLComputePipelineState {
-        let name = kind.name
+        let name = metalDeviceKind.name
         guard let function = library.makeFunction(name: kernel) else {
             throw MoEError.internalError("kernel \(kernel) is missing from the Metal library")
         }
@@ -136,10 +115,9 @@ final class MetalContext: @unchecked Sendable {
     func makeBuffer(bytes: Int, what: String) throws -> any MTLBuffer {
         let length = max(16, (bytes + 15) / 16 * 16)
         guard let buffer = device.makeBuffer(length: length, options: .storageModeShared) else {
-            throw MoEError.outOfMemory("cannot allocate \(length) bytes of \(Self.kind.name) device memory for \(what)")
+            throw MoEError.outOfMemory("cannot allocate \(length) bytes of \(metalDeviceKind.name) device memory for \(what)")
         }
         CallStats.allocation(bytes: length)
         return buffer
     }
 }
-#endif

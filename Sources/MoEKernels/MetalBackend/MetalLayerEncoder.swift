@@ -1,11 +1,5 @@
-#if canImport(Metal)
-import Metal
-#elseif canImport(SoftMetal)
-import SoftMetal
-#endif
 import CMoESwift
 
-#if canImport(Metal) || canImport(SoftMetal)
 /// Encodes one layer's stages into a compute encoder; nothing runs until the command
 /// buffer is committed, and nothing here waits. Dispatches per forward:
 ///   decode (tokens <= MOE_DECODE_MAX_TOKENS): router (the mat-vec one), gate/up GEMV, down GEMV, combine = 4
@@ -291,4 +285,3 @@ struct MetalLayerEncoder {
         CallStats.dispatch()
     }
 }
-#endif

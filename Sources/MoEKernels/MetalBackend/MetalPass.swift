@@ -1,11 +1,5 @@
-#if canImport(Metal)
-import Metal
-#elseif canImport(SoftMetal)
-import SoftMetal
-#endif
 import CMoESwift
 
-#if canImport(Metal) || canImport(SoftMetal)
 /// One command buffer with one compute encoder, committed once with one wait: what a
 /// call records its passes into (one forward, or every layer of run_layers).
 final class MetalSession {
@@ -166,4 +160,3 @@ final class MetalStackSession: MoEStackSession {
         try last.finish()
     }
 }
-#endif

@@ -1,11 +1,5 @@
-#if canImport(Metal)
-import Metal
-#elseif canImport(SoftMetal)
-import SoftMetal
-#endif
 import CMoESwift
 
-#if canImport(Metal) || canImport(SoftMetal)
 /// One weight matrix on the device in the format it was given in — never widened: its
 /// codes (or dense values), scales and biases, each the caller's bytes copied once, and
 /// the `moe_weight_desc` that tells a kernel how to read a row (Metal/moe_formats.h).
@@ -83,4 +77,3 @@ struct MetalWeight {
         gate.kernelSuffix == up.kernelSuffix ? gate.kernelSuffix : "any"
     }
 }
-#endif

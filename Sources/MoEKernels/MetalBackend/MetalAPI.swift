@@ -1,0 +1,61 @@
+// The only file of MoEKernels that imports Metal or SoftMetal. The backend is written
+// once against Apple's API names; this file decides whose declarations those names are.
+//
+// Why typealiases rather than an import in every file: `@_exported import` would hand
+// Metal (or SoftMetal) to everyone who imports MoEKernels, and `@_exported internal import`
+// does not exist. Internal typealiases give the backend files the names without exporting
+// a module. They also keep the two branches honest on Linux: a backend file that spells a
+// Metal type not aliased here does not build against SoftMetal either, so the Apple branch,
+// which no machine of this project can compile, cannot silently fall behind — as long as
+// both lists stay the same names in the same order (MetalAPIShimTests compares them).
+//
+// Members need no aliases: a protocol's requirements come with the protocol, and extension
+// members (Metal's Swift overlay, SoftMetal's default arguments) are visible module-wide
+// while Package.swift does not enable the MemberImportVisibility feature. Names used only
+// through type inference (`.storageModeShared`, `.apple7`, `.safe`) need none either.
+//
+// Supported: macOS (Metal) and Linux (SoftMetal, a dependency only there). A platform with
+// neither fails here with "no such module 'SoftMetal'": there is no build without the
+// Metal backend.
+#if canImport(Metal)
+import Metal
+
+/// On Apple platforms the backend runs on the GPU.
+let metalDeviceKind = MoEBackendKind.metal
+
+typealias MTLDevice = Metal.MTLDevice
+typealias MTLCommandQueue = Metal.MTLCommandQueue
+typealias MTLCommandBuffer = Metal.MTLCommandBuffer
+typealias MTLComputeCommandEncoder = Metal.MTLComputeCommandEncoder
+typealias MTLLibrary = Metal.MTLLibrary
+typealias MTLCompileOptions = Metal.MTLCompileOptions
+typealias MTLComputePipelineState = Metal.MTLComputePipelineState
+typealias MTLBuffer = Metal.MTLBuffer
+typealias MTLSize = Metal.MTLSize
+#else
+import SoftMetal
+
+/// Elsewhere on SoftMetal, the software Metal device.
+let metalDeviceKind = MoEBackendKind.softMetal
+
+typealias MTLDevice = SoftMetal.MTLDevice
+typealias MTLCommandQueue = SoftMetal.MTLCommandQueue
+typealias MTLCommandBuffer = SoftMetal.MTLCommandBuffer
+typealias MTLComputeCommandEncoder = SoftMetal.MTLComputeCommandEncoder
+typealias MTLLibrary = SoftMetal.MTLLibrary
+typealias MTLCompileOptions = SoftMetal.MTLCompileOptions
+typealias MTLComputePipelineState = SoftMetal.MTLComputePipelineState
+typealias MTLBuffer = SoftMetal.MTLBuffer
+typealias MTLSize = SoftMetal.MTLSize
+#endif
+
+/// The device the backend runs on. A library loaded into a command-line process (Python,
+/// `swift test`) may get no default device where an app would; any device of the machine
+/// serves. MTLCopyAllDevices exists in Metal on macOS only (and in SoftMetal).
+func metalSystemDevice() -> (any MTLDevice)? {
+    #if os(macOS) || os(Linux)
+    return MTLCreateSystemDefaultDevice() ?? MTLCopyAllDevices().first
+    #else
+    return MTLCreateSystemDefaultDevice()
+    #endif
+}
