@@ -74,6 +74,7 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
         softMetalIsGuarded = guarded != 0
         owned = true
         deallocator = nil
+        allInitialized = false
     }
 
     /// The memory is SoftMetal's (csm_buffer_alloc), not the caller's (bytesNoCopy).
@@ -87,13 +88,42 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
         softMetalIsGuarded = false
         owned = false
         self.deallocator = deallocator
+        allInitialized = true
     }
 
     deinit {
         if owned { csm_buffer_free(storage, length, softMetalIsGuarded ? 1 : 0) } else { deallocator?(storage, length) }
+        initBits?.deallocate()
     }
 
-    public func contents() -> UnsafeMutableRawPointer { storage }
+    /// The host may write through the pointer, which nothing here can see: from now on
+    /// every byte counts as written (the memory check's rule for device memory).
+    public func contents() -> UnsafeMutableRawPointer {
+        markAllInitialized()
+        return storage
+    }
+
+    // The memory check's record of which bytes hold data, one bit per byte, kept across
+    // dispatches: written by checked dispatches' stores; unused (every byte counts as
+    // written) once the host took contents(), for makeBuffer(bytes:) and bytesNoCopy
+    // buffers, and once an unchecked dispatch bound the buffer (its stores are not seen).
+    private let initLock = SMLock()
+    private var allInitialized: Bool
+    private var initBits: UnsafeMutablePointer<UInt8>?
+
+    func markAllInitialized() { initLock.withLock { allInitialized = true } }
+
+    /// The bitmap for a checked dispatch, or nil when every byte counts as written.
+    func initializationBits() -> UnsafeMutablePointer<UInt8>? {
+        initLock.withLock {
+            if allInitialized { return nil }
+            if initBits == nil {
+                initBits = .allocate(capacity: (length + 7) / 8)
+                initBits!.initialize(repeating: 0, count: (length + 7) / 8)
+            }
+            return initBits
+        }
+    }
 }
 
 /// A kernel of a compiled library: its launcher and its parameter reflection.
