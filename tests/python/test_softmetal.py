@@ -1007,6 +1007,57 @@ def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
         softmetal.compile("struct S { virtual float f(); };\nkernel void k(device float* y [[buffer(0)]]) { }\n")
 
 
+_RESTRICTED_CPP = """\
+int fact(int n) { return n <= 1 ? 1 : n * fact(n - 1); }
+int odd(int n);
+int even(int n) { return n == 0 ? 1 : odd(n - 1); }
+int odd(int n) { return n == 0 ? 0 : even(n - 1); }
+template <int K> int depth(int n) { if constexpr (K > 0) { return depth<K - 1>(n) + 1; } else { return n; } }
+template <typename T> T twice(T x) { return x + x; }
+template <typename T, int (*f)(int)> T apply(T x) { return f(x); }
+kernel void k(device int* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+    int (*fp)(int) = i ? twice<int> : fact;
+    auto add = [&](int x) { return x + (int)i; };
+    out[i] = fact(4) + even(4) + depth<3>(1) + fp(1) + add(1) + apply<int, twice<int>>(1);
+}
+"""
+
+
+@pytest.mark.parametrize("version,refused", [
+    (220, ["function pointers: k calls through one (line 11)", "lambda expressions: the lambda at line 10",
+           "recursion: even calls odd (line 3), odd calls even (line 4)", "recursion: fact calls itself (line 1)"]),
+    (230, ["lambda", "recursion: even calls odd", "recursion: fact calls itself"]),
+    (240, ["lambda expressions: the lambda at line 10"]),
+    (310, ["lambda expressions: the lambda at line 10"]),
+    (320, []),
+])
+def test_recursion_function_pointers_and_lambdas_follow_the_msl_version(version, refused):
+    # MSL specification (version 4), section 1.5.4: lambdas from MSL 3.2 on, function
+    # pointers from 2.3 on, recursion in compute functions from 2.4 on. A template calling
+    # another instance of itself (depth<3> -> depth<2>) is not recursion, and a function
+    # pointer as a template argument (apply<int, twice<int>>) is a direct call.
+    if not refused:
+        out = np.zeros(4, np.int32)
+        softmetal.compile(_RESTRICTED_CPP, metal_version=version).launch(
+            "k", [out], threadgroups=(1,), threads_per_threadgroup=(4,))
+        np.testing.assert_array_equal(out, [24 + 1 + 4 + 1 + 1 + 2] + [24 + 1 + 4 + 2 + 1 + i + 2 for i in (1, 2, 3)])
+        return
+    with pytest.raises(softmetal.CompileError) as e:
+        softmetal.compile(_RESTRICTED_CPP, metal_version=version)
+    message = str(e.value)
+    for part in refused:
+        assert part in message, message
+    assert f"MSL {version // 100}.{version % 100 // 10} does not allow" in message, message
+    assert ("recursion" in message) == (version < 240) and ("function pointers" in message) == (version < 230), message
+
+
+def test_strict_cpp_applies_every_restriction(monkeypatch):
+    monkeypatch.setenv("SOFTMETAL_STRICT_CPP", "1")
+    with pytest.raises(softmetal.CompileError, match=r"source.metal:1: error: MSL before 2.4 does not allow recursion: "
+                       r"fact calls itself \(line 1\)"):
+        softmetal.compile(_RESTRICTED_CPP, metal_version=320)
+
+
 def test_parameters_the_kernel_never_uses_need_not_be_bound():
     # As in Metal: an argument the body never names may stay unbound; a used one may not.
     lib = softmetal.compile("""

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define SM_ABI_VERSION 4
+#define SM_ABI_VERSION 5
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 
@@ -75,7 +75,7 @@ typedef struct sm_dispatch {
 #define SM_CHECK_NONE 0
 #define SM_CHECK_BOUNDS 1         /* an access outside every bound buffer, threadgroup allocation and the thread's own memory */
 #define SM_CHECK_RACE 2           /* two threads, one writing, touched a byte with nothing ordering them */
-#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote */
+#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote, or of buffer bytes never written */
 #define SM_REGION_NONE (-1000)
 #define SM_REGION_ARENA (-100)    /* threadgroup variables declared in the kernel */
 /* The last writer and last reader of one byte (device memory: within the dispatch;
@@ -110,6 +110,10 @@ typedef struct sm_check {
     uint32_t group, other_group;               /* linear threadgroup number + 1 */
     uint32_t thread, other_thread;
     uint32_t epoch, other_epoch;
+    /* One bit per byte of the buffer bound at i (bit 0: the bound pointer), persistent across
+     * dispatches: set once host or kernel wrote it. NULL: every byte counts as written. */
+    uint8_t* buffer_init[SM_MAX_BUFFERS];
+    uint64_t buffer_init_bit[SM_MAX_BUFFERS];   /* the bound pointer's bit in buffer_init[i] */
 } sm_check;
 
 typedef int32_t (*sm_launcher)(sm_dispatch*);
@@ -122,6 +126,10 @@ static inline void csm_set_buffer(sm_dispatch* d, int32_t i, void* p, uint64_t l
 /* Bytes of the per-thread arena for `threadgroup` variables declared in kernels. */
 #define SM_THREADGROUP_ARENA_CAPACITY (64 * 1024)
 static inline void csm_check_set_buffer_shadow(sm_check* c, int32_t i, sm_shadow* shadow) { c->buffer_shadow[i] = shadow; }
+static inline void csm_check_set_buffer_init(sm_check* c, int32_t i, uint8_t* bits, uint64_t bit) {
+    c->buffer_init[i] = bits;
+    c->buffer_init_bit[i] = bit;
+}
 static inline void csm_check_set_threadgroup_shadow(sm_check* c, int32_t i, sm_shadow* shadow) { c->tg_shadow[i] = shadow; }
 static inline void csm_set_threadgroup_length(sm_dispatch* d, int32_t i, uint64_t length) {
     d->tg_mem_lengths[i] = length;

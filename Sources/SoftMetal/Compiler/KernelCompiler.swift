@@ -1,5 +1,6 @@
 #if os(Linux)
 import CSoftMetal
+import Dispatch
 import Glibc
 
 /// Compiles translated MSL with clang++ into a shared object, cached on disk by a hash of
@@ -88,6 +89,56 @@ final class KernelCompiler: @unchecked Sendable {
         }
         lock.withLock { loaded[key] = (handle, so) }
         return (handle, so)
+    }
+
+    /// `load(translated:)` and the language check of the same text (see MSLLanguageCheck),
+    /// the two clang++ runs side by side when neither is cached.
+    func loadChecked(translated: String) throws -> (handle: UnsafeMutableRawPointer, path: String, findings: [MSLLanguageCheck.Finding]) {
+        var loaded: Result<(handle: UnsafeMutableRawPointer, path: String), Error>!
+        var findings: [MSLLanguageCheck.Finding] = []
+        DispatchQueue.concurrentPerform(iterations: 2) { i in
+            if i == 0 {
+                loaded = Result { try self.load(translated: translated) }
+            } else {
+                findings = self.languageFindings(translated: translated)
+            }
+        }
+        let (handle, path) = try loaded.get()
+        return (handle, path, findings)
+    }
+
+    static let languageCheckFlags = [
+        "-std=c++17", "-O0", "-S", "-emit-llvm", "-gline-tables-only", "-fno-exceptions", "-fno-rtti",
+        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=1",
+    ]
+
+    /// The language check's findings for a translated source, cached on disk beside the
+    /// shared objects. A source that clang++ rejects has none (the build reports the error).
+    func languageFindings(translated: String) -> [MSLLanguageCheck.Finding] {
+        guard let compiler = try? KernelCompiler.findCompiler() else { return [] }
+        let flags = KernelCompiler.languageCheckFlags
+        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "language-check-2"])
+        let dir = KernelCompiler.cacheDirectory
+        let cached = "\(dir)/\(key).lang"
+        if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
+            return text.split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
+        }
+        guard (try? SMFile.makeDirectories(dir)) != nil else { return [] }
+        let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
+        let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
+        if access(header, R_OK) != 0 {
+            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return [] }
+        }
+        let source = "\(dir)/\(key).\(unique).lang.cpp"
+        let ir = "\(dir)/\(key).\(unique).ll"
+        let log = "\(dir)/\(key).\(unique).lang.log"
+        defer { unlink(source); unlink(ir); unlink(log) }
+        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil,
+              SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log) == 0,
+              let text = try? SMFile.read(ir) else { return [] }
+        let findings = MSLLanguageCheck.findings(ir: text, translated: translated)
+        try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
+        return findings
     }
 
     private func compile(_ translated: String, key: String, dir: String, compiler: String, flags: [String], output: String) throws {

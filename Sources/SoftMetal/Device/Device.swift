@@ -74,6 +74,7 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
         softMetalIsGuarded = guarded != 0
         owned = true
         deallocator = nil
+        allInitialized = false
     }
 
     /// The memory is SoftMetal's (csm_buffer_alloc), not the caller's (bytesNoCopy).
@@ -87,13 +88,42 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
         softMetalIsGuarded = false
         owned = false
         self.deallocator = deallocator
+        allInitialized = true
     }
 
     deinit {
         if owned { csm_buffer_free(storage, length, softMetalIsGuarded ? 1 : 0) } else { deallocator?(storage, length) }
+        initBits?.deallocate()
     }
 
-    public func contents() -> UnsafeMutableRawPointer { storage }
+    /// The host may write through the pointer, which nothing here can see: from now on
+    /// every byte counts as written (the memory check's rule for device memory).
+    public func contents() -> UnsafeMutableRawPointer {
+        markAllInitialized()
+        return storage
+    }
+
+    // The memory check's record of which bytes hold data, one bit per byte, kept across
+    // dispatches: written by checked dispatches' stores; unused (every byte counts as
+    // written) once the host took contents(), for makeBuffer(bytes:) and bytesNoCopy
+    // buffers, and once an unchecked dispatch bound the buffer (its stores are not seen).
+    private let initLock = SMLock()
+    private var allInitialized: Bool
+    private var initBits: UnsafeMutablePointer<UInt8>?
+
+    func markAllInitialized() { initLock.withLock { allInitialized = true } }
+
+    /// The bitmap for a checked dispatch, or nil when every byte counts as written.
+    func initializationBits() -> UnsafeMutablePointer<UInt8>? {
+        initLock.withLock {
+            if allInitialized { return nil }
+            if initBits == nil {
+                initBits = .allocate(capacity: (length + 7) / 8)
+                initBits!.initialize(repeating: 0, count: (length + 7) / 8)
+            }
+            return initBits
+        }
+    }
 }
 
 /// A kernel of a compiled library: its launcher and its parameter reflection.
@@ -187,6 +217,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     let handle: UnsafeMutableRawPointer?
     private let source: String
     private let translated: MSLTranslator.Output
+    /// `__METAL_VERSION__` of the compile options: which C++ restrictions apply.
+    private let metalVersion: Int
 
     /// Preprocesses, translates, compiles (or finds in the cache) and loads the source.
     init(device: any MTLDevice, source: String, options: MSLPreprocessor.Options = .init()) throws {
@@ -204,15 +236,20 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             // kernel by kernel, when makeFunction asks for one; here only its code outside
             // the kernel templates' instances is compiled, which reports the errors there.
             do {
-                handle = try KernelCompiler.shared.load(
-                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:]) + translated.body).handle
+                let built = try KernelCompiler.shared.loadChecked(
+                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:]) + translated.body)
+                if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: options.metalVersion) {
+                    throw SoftMetalError.compile(errors)
+                }
+                handle = built.handle
             } catch let SoftMetalError.compile(message) {
                 throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
             }
             kernels = [:]
         } else {
-            (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source)
+            (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source, metalVersion: options.metalVersion)
         }
+        metalVersion = options.metalVersion
         functionNames = translated.kernels.map(\.name)
         softMetalTranslatedSource = translated.source
     }
@@ -225,7 +262,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     /// Compiles (or finds in the cache) the translated source specialised for `constants`
     /// (index -> C++ value expression) and finds its kernels (`only`: just that one kernel's).
     private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], source: String,
-                             only: String? = nil) throws
+                             metalVersion: Int, only: String? = nil) throws
         -> (UnsafeMutableRawPointer, [String: CompiledKernel]) {
         let handle: UnsafeMutableRawPointer
         var text = constantsPrefix(translated.functionConstants, constants)
@@ -238,7 +275,11 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         }
         let checked = CheckedBuild(text: text)
         do {
-            handle = try KernelCompiler.shared.load(translated: text).handle
+            let built = try KernelCompiler.shared.loadChecked(translated: text)
+            if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: metalVersion) {
+                throw SoftMetalError.compile(errors)
+            }
+            handle = built.handle
         } catch let SoftMetalError.compile(message) {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
         }
@@ -301,7 +342,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             return SoftMetalFunction(device: device, kernel: k)
         }
         let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: values, source: source,
-                                                          only: isLazy ? name : nil)
+                                                          metalVersion: metalVersion, only: isLazy ? name : nil)
         lock.withLock {
             variants[key] = kernels
             variantHandles.append(handle)
@@ -315,7 +356,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         if let known = lock.withLock({ lazyKernels[name] }) { return known }
         let result: Result<CompiledKernel, SoftMetalError>
         do {
-            let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source, only: name)
+            let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source, metalVersion: metalVersion, only: name)
             lock.withLock { variantHandles.append(handle) }
             result = .success(kernels[name]!)
         } catch let e as SoftMetalError {

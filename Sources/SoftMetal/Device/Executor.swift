@@ -74,7 +74,7 @@ enum Executor {
             guard offset >= 0, offset % 4 == 0, offset <= buffer.length - 12 else {
                 throw SoftMetalError.invalidUsage("kernel \(kernel.name): indirect buffer offset \(offset) needs 12 bytes inside a buffer of \(buffer.length) (4-byte aligned)")
             }
-            let p = (buffer.contents() + offset).assumingMemoryBound(to: UInt32.self)
+            let p = (buffer.storage + offset).assumingMemoryBound(to: UInt32.self)
             groups = (Int(p[0]), Int(p[1]), Int(p[2]))
             grid = (checkedProduct(groups.0, t.width) ?? .max, checkedProduct(groups.1, t.height) ?? .max,
                     checkedProduct(groups.2, t.depth) ?? .max)
@@ -154,11 +154,11 @@ enum Executor {
     }
 
     private static func snapshot(_ b: SoftMetalBuffer) -> [UInt8] {
-        Array(UnsafeRawBufferPointer(start: b.contents(), count: b.length))
+        Array(UnsafeRawBufferPointer(start: b.storage, count: b.length))
     }
 
     private static func restore(_ b: SoftMetalBuffer, _ bytes: [UInt8]) {
-        bytes.withUnsafeBytes { b.contents().copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+        bytes.withUnsafeBytes { b.storage.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
     }
 
     private static func gcd(_ a: Int, _ b: Int) -> Int { b == 0 ? a : gcd(b, a % b) }
@@ -174,6 +174,10 @@ enum Executor {
     private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
                                 bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?,
                                 checked: Bool = false) throws {
+        if !checked {
+            // Its stores are not seen: the memory check takes its buffers as written.
+            for binding in bindings { binding?.buffer.markAllInitialized() }
+        }
         if checked {
             let (launcher, path) = try kernel.checkedLauncher()
             try MemoryCheck.lock.withLock {

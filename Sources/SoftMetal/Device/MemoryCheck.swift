@@ -25,7 +25,14 @@ final class MemoryCheck {
             guard let binding else { continue }
             let key = ObjectIdentifier(binding.buffer)
             if shadows[key] == nil { shadows[key] = map(cells: binding.buffer.length) }
-            if let shadow = shadows[key]! { csm_check_set_buffer_shadow(state, Int32(i), shadow + binding.offset) }
+            if let shadow = shadows[key]! {
+                csm_check_set_buffer_shadow(state, Int32(i), shadow + binding.offset)
+                if let bits = binding.buffer.initializationBits() {
+                    csm_check_set_buffer_init(state, Int32(i), bits, UInt64(binding.offset))
+                }
+            } else {
+                binding.buffer.markAllInitialized()  // untracked: its stores would not be recorded
+            }
         }
         withUnsafeBytes(of: dispatch.tg_mem_lengths) { raw in
             for (i, length) in raw.bindMemory(to: UInt64.self).enumerated() where length > 0 {
@@ -93,6 +100,9 @@ final class MemoryCheck {
                 : "threadgroups of one dispatch are not ordered (only atomics are)"
             return "kernel \(kernel.name): data race on \(place): \(me) \(c.is_write != 0 ? "writes" : "reads") it at \(lines[0]), "
                 + "\(other) \(c.other_is_write != 0 ? "wrote" : "read") it at \(lines[1]), \(why)"
+        case SM_CHECK_UNINITIALIZED where c.region >= 0:
+            return "kernel \(kernel.name): read of \(place) that was never written, by \(me) at \(lines[0]) "
+                + "(neither the host, through makeBuffer(bytes:) or contents(), nor an earlier dispatch wrote it)"
         case SM_CHECK_UNINITIALIZED:
             return "kernel \(kernel.name): read of \(place) that no thread of the threadgroup has written, by \(me) at \(lines[0]) "
                 + "(threadgroup memory starts undefined on a GPU)"

@@ -60,7 +60,7 @@
 
 // ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
 extern "C" {
-#define SM_ABI_VERSION 4
+#define SM_ABI_VERSION 5
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 #define SM_FLAG_POISON 1u
@@ -102,7 +102,7 @@ typedef struct sm_dispatch {
 #define SM_CHECK_NONE 0
 #define SM_CHECK_BOUNDS 1         /* an access outside every bound buffer, threadgroup allocation and the thread's own memory */
 #define SM_CHECK_RACE 2           /* two threads, one writing, touched a byte with nothing ordering them */
-#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote */
+#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote, or of buffer bytes never written */
 #define SM_REGION_NONE (-1000)
 #define SM_REGION_ARENA (-100)    /* threadgroup variables declared in the kernel */
 /* The last writer and last reader of one byte (device memory: within the dispatch;
@@ -137,6 +137,10 @@ typedef struct sm_check {
     uint32_t group, other_group;               /* linear threadgroup number + 1 */
     uint32_t thread, other_thread;
     uint32_t epoch, other_epoch;
+    /* One bit per byte of the buffer bound at i (bit 0: the bound pointer), persistent across
+     * dispatches: set once host or kernel wrote it. NULL: every byte counts as written. */
+    uint8_t* buffer_init[SM_MAX_BUFFERS];
+    uint64_t buffer_init_bit[SM_MAX_BUFFERS];   /* the bound pointer's bit in buffer_init[i] */
 } sm_check;
 #define SM_PARAM_BUFFER 1
 #define SM_PARAM_THREADGROUP 2
@@ -1243,10 +1247,25 @@ SM_UNTRACED static inline bool unordered(Group* g, Lane* L, bool device, uint32_
     return true;
 }
 
+// A device byte written by this dispatch (or an atomic) sets its bit in the buffer's
+// persistent initialisation bitmap, which later dispatches read.
+SM_UNTRACED static inline void mark_initialized(sm_check* c, int32_t region, uint64_t offset, uint32_t size) {
+    uint8_t* bits = c->buffer_init[region];
+    if (!bits) return;
+    for (uint64_t k = c->buffer_init_bit[region] + offset, e = k + size; k < e; k++) bits[k >> 3] |= (uint8_t)(1u << (k & 7));
+}
+SM_UNTRACED static inline bool initialized(const sm_check* c, int32_t region, uint64_t offset) {
+    const uint8_t* bits = c->buffer_init[region];
+    if (!bits) return true;
+    const uint64_t k = c->buffer_init_bit[region] + offset;
+    return (bits[k >> 3] >> (k & 7)) & 1u;
+}
+
 // An atomic marks its bytes written (so later reads are initialised) and never races.
 SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool device, int32_t region, uint64_t offset,
                          uintptr_t a, uint32_t size, bool write, uintptr_t pc, bool atomic) {
     sm_check* c = g->d->check;
+    if (device && write) mark_initialized(c, region, offset, size);
     if (atomic) {
         for (uint32_t b = 0; b < size; b++) {
             cells[b].w_group = g->id;
@@ -1258,7 +1277,7 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
     for (uint32_t b = 0; b < size; b++) {
         sm_shadow* x = cells + b;
         if (x->w_group == 0) {
-            if (!write && !device && c->uninitialized)
+            if (!write && c->uninitialized && (!device || !initialized(c, region, offset + b)))
                 check_report(g, L, SM_CHECK_UNINITIALIZED, region, offset + b, a + b, size, write, pc);
         } else if (c->races && unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
             c->other_is_write = 1;

@@ -42,6 +42,10 @@ kernel void group_sums(device const uint* x [[buffer(0)]], device uint* y [[buff
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (tid == 0) y[group] = partial[0] + partial[1];
 }
+
+kernel void fill_index(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+    y[gid] = float(gid);
+}
 """
 
 final class SoftMetalChecksTests: XCTestCase {
@@ -148,6 +152,46 @@ final class SoftMetalChecksTests: XCTestCase {
         guard case .uninitializedRead(let r)? = racy.error as? SoftMetalError else { return XCTFail(message(racy)) }
         XCTAssertTrue(r.contains("neighbour_without_barrier") && r.contains("MSL line 19"), r)
         XCTAssertGreaterThan(SoftMetalOptions.statistics.memoryCheckedDispatches, 0)
+    }
+
+    func testMemoryCheckFindsReadsOfBufferBytesNeverWritten() throws {
+        let checked: (SoftMetalComputeCommandEncoder) -> Void = { $0.softMetalCheckMemory = true }
+        var shift: Int32 = 0
+        // Planted: a kernel reads a scratch buffer nobody wrote (makeBuffer(length:), whose
+        // contents() the host never took).
+        let scratch = device.makeBuffer(length: 64 * 4)!, y = device.makeBuffer(length: 64 * 4)!
+        let cb = try run("copy_shifted", groups: 2, threads: 32, configure: checked, [{
+            $0.setBuffer(scratch, offset: 0, index: 0); $0.setBuffer(y, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2)
+        }])
+        guard case .uninitializedRead(let m)? = cb.error as? SoftMetalError else { return XCTFail(message(cb)) }
+        XCTAssertTrue(m.contains("read of buffer(0) at byte offset 0") && m.contains("never written") && m.contains("MSL line 6"), m)
+        // The host's pointer counts as a write (what it did through it cannot be seen).
+        _ = scratch.contents()
+        XCTAssertEqual(try run("copy_shifted", groups: 2, threads: 32, configure: checked, [{
+            $0.setBuffer(scratch, offset: 0, index: 0); $0.setBuffer(y, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2)
+        }]).status, .completed)
+
+        // Planted: an off-by-one read into the unwritten tail of a pool's buffer (rounded up
+        // to 128 floats), which an earlier dispatch filled for 64 floats only; the bounds
+        // check cannot see it (the byte is inside the buffer).
+        let pooled = device.makeBuffer(length: 128 * 4)!
+        let out = device.makeBuffer(length: 128 * 4)!
+        let fill = try run("fill_index", groups: 2, threads: 32, configure: checked, [{ $0.setBuffer(pooled, offset: 0, index: 0) }])
+        XCTAssertEqual(fill.status, .completed, message(fill))
+        shift = 0
+        XCTAssertEqual(try run("copy_shifted", groups: 2, threads: 32, configure: checked, [{
+            $0.setBuffer(pooled, offset: 0, index: 0); $0.setBuffer(out, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2)
+        }]).status, .completed, "bytes an earlier checked dispatch wrote are initialised")
+        shift = 1
+        let offByOne = try run("copy_shifted", groups: 2, threads: 32, configure: checked, [{
+            $0.setBuffer(pooled, offset: 0, index: 0); $0.setBuffer(out, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2)
+        }])
+        guard case .uninitializedRead(let t)? = offByOne.error as? SoftMetalError else { return XCTFail(message(offByOne)) }
+        XCTAssertTrue(t.contains("read of buffer(0) at byte offset 256") && t.contains("thread 31 of threadgroup (1, 0, 0)"), t)
+        // Without the memory check the same dispatch passes (the tail is zeros).
+        XCTAssertEqual(try run("copy_shifted", groups: 2, threads: 32, [{
+            $0.setBuffer(pooled, offset: 0, index: 0); $0.setBuffer(out, offset: 0, index: 1); $0.setBytes(&shift, length: 4, index: 2)
+        }]).status, .completed)
     }
 
     func testPoisonedThreadgroupMemoryShowsUnwrittenReads() throws {
