@@ -66,6 +66,10 @@ int main(void) {
         }
         for (int split = 0; split <= 1; split++) { fails += !check(4, 4, 32, 0, split, 6, 96, m); fails += !check(4, 4, 32, 0, split, 3, 32 * 300, m); n += 2; }
         fails += !check(3, 4, 32, 1, 1, 2, 32 * 600, m); n++;  // more groups than one segment
+        // Factored affine products (AVX-512): 16 groups of scales at a time plus a tail, and
+        // rows with more groups than their stack buffer holds (the table path serves those).
+        fails += !check(3, 8, 32, 2, 0, 3, 32 * 17, m); fails += !check(3, 4, 64, 0, 1, 3, 64 * 33, m);
+        fails += !check(3, 4, 32, 1, 1, 2, 32 * 1100, m); n += 3;
     }
     printf("%d of %d cases failed\n", fails, n);
     return fails != 0;
