@@ -1,0 +1,164 @@
+// The worker pool of moe_cpu_pool.h.
+//
+// One job at a time. Its fields are published by an even generation number; an odd one
+// means "being rewritten". A worker enters a job by counting itself in `inside` and then
+// checking that the generation is still the one it saw, so the caller, which waits for
+// `inside` to drop to zero after making the generation odd, never rewrites a job that a
+// worker is still reading. Every atomic is sequentially consistent: a job has a handful of
+// them against milliseconds of work.
+#if defined(__linux__)
+#define _GNU_SOURCE  // sched_getaffinity, CPU_COUNT: before any system header
+#endif
+#include "moe_cpu_pool.h"
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+// How long a worker spins after a job before sleeping: the gap between the stages of a
+// call is microseconds, between the layers of a decode step (attention in between) tens to
+// hundreds. Spinning past that only burns a core the caller is not using.
+enum { SPIN_NS = 300 * 1000, MAX_WORKERS = 255 };
+
+static struct {
+    pthread_mutex_t start_lock;
+    int started;
+    int workers;
+    atomic_flag busy;              // held by the thread whose job is running
+    _Atomic uint32_t generation;   // even: job published; odd: job being rewritten
+    atomic_int inside;             // workers between entering and leaving a job
+    atomic_int sleepers;           // workers in futex_wait
+    // The job.
+    moe_cpu_pool_body body;
+    void* context;
+    int64_t count;
+    _Atomic int64_t next;          // next index to claim
+    _Atomic int64_t done;          // indices finished
+} pool = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .busy = ATOMIC_FLAG_INIT};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void run_items(void) {
+    for (;;) {
+        const int64_t i = atomic_fetch_add(&pool.next, 1);
+        if (i >= pool.count) return;
+        pool.body(pool.context, i);
+        atomic_fetch_add(&pool.done, 1);
+    }
+}
+
+// Returns the first even generation other than `seen`, spinning, then sleeping.
+static uint32_t wait_for_job(uint32_t seen) {
+    const int64_t until = now_ns() + SPIN_NS;
+    for (int spins = 0;; spins++) {
+        const uint32_t g = atomic_load(&pool.generation);
+        if (g != seen && (g & 1) == 0) return g;
+        if ((spins & 255) == 255 && now_ns() > until) {
+            atomic_fetch_add(&pool.sleepers, 1);
+            // Returns at once if the generation moved on after it was read.
+            syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
+            atomic_fetch_sub(&pool.sleepers, 1);
+        } else {
+            cpu_relax();
+        }
+    }
+}
+
+static void* worker_main(void* unused) {
+    (void)unused;
+    uint32_t seen = atomic_load(&pool.generation);
+    for (;;) {
+        const uint32_t g = wait_for_job(seen);
+        seen = g;
+        atomic_fetch_add(&pool.inside, 1);
+        if (atomic_load(&pool.generation) == g) run_items();
+        atomic_fetch_sub(&pool.inside, 1);
+    }
+    return NULL;
+}
+
+// A forked child has the memory of the pool but none of its threads.
+static void forget_workers_in_child(void) {
+    pool.started = 0;
+    pool.workers = 0;
+    atomic_store(&pool.generation, 0);  // even: a fork inside a job may have left it odd
+    atomic_store(&pool.inside, 0);
+    atomic_store(&pool.sleepers, 0);
+    atomic_flag_clear(&pool.busy);
+    pthread_mutex_init(&pool.start_lock, NULL);
+}
+
+static int usable_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static void start_workers(void) {
+    pthread_mutex_lock(&pool.start_lock);
+    if (!pool.started) {
+        static int registered;
+        if (!registered) registered = pthread_atfork(NULL, NULL, forget_workers_in_child) == 0;
+        int want = usable_cores() - 1;
+        if (want > MAX_WORKERS) want = MAX_WORKERS;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        for (int i = 0; i < want; i++) {
+            pthread_t thread;
+            if (pthread_create(&thread, &attr, worker_main, NULL) != 0) break;  // fewer workers
+            pool.workers++;
+        }
+        pthread_attr_destroy(&attr);
+        pool.started = 1;
+    }
+    pthread_mutex_unlock(&pool.start_lock);
+}
+
+int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
+    if (atomic_flag_test_and_set(&pool.busy)) return 0;
+    if (!pool.started) start_workers();
+    // Retire the previous job: make it unenterable, then wait for the workers still in it.
+    const uint32_t g = atomic_load(&pool.generation);
+    atomic_store(&pool.generation, g + 1);
+    while (atomic_load(&pool.inside) > 0) cpu_relax();
+    pool.body = body;
+    pool.context = context;
+    pool.count = count;
+    atomic_store(&pool.next, 0);
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.generation, g + 2);
+    if (atomic_load(&pool.sleepers) > 0)
+        syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAKE_PRIVATE, pool.workers, NULL, NULL, 0);
+    run_items();
+    while (atomic_load(&pool.done) < count) cpu_relax();
+    atomic_flag_clear(&pool.busy);
+    return 1;
+}
+
+#else
+
+int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
+    (void)count, (void)context, (void)body;
+    return 0;
+}
+
+#endif
