@@ -668,6 +668,29 @@ def test_missing_barrier_is_a_race(bugs):
     np.testing.assert_array_equal(y, np.roll(x, -1))
 
 
+def test_a_threadgroup_variables_initializer_is_not_relied_on():
+    """Apple's compiler accepts `threadgroup T x[N] = {...};`, but neither the MSL specification
+    nor Metal says it runs (Sources/SoftMetal/README.md): SoftMetal drops it, so the variable
+    starts poisoned and a read before any write is reported by the memory check."""
+    lib = softmetal.compile("""
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(device float* y [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float partial[32] = {0};
+    threadgroup float written[32] = {
+        1.0f };
+    written[tid] = 2.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[tid] = written[31 - tid] + partial[tid];
+}
+""")
+    y = np.zeros(32, np.float32)
+    lib.launch("k", [y], threadgroups=(1,), threads_per_threadgroup=(32,))
+    assert np.isnan(y).all()  # poison, not the initializer's zeros
+    with pytest.raises(softmetal.UninitializedReadError, match="MSL line 10"):
+        lib.launch("k", [y], threadgroups=(1,), threads_per_threadgroup=(32,), check_memory=True)
+
+
 TICKETS = """
 #include <metal_stdlib>
 using namespace metal;
