@@ -391,13 +391,13 @@ def _compile_patched(text):
 RMS_BODY = "    sumf = simd_sum(sumf);\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    if (tiisg == 0) {\n        shmem_f32[sgitg] = sumf;\n    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    sumf = shmem_f32[tiisg];\n    sumf = simd_sum(sumf);\n\n    const float mean  = sumf/args.ne00;"
 
 
-def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None):
+def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None, schedule="round-robin"):
     x = RNG.standard_normal((rows, ne00)).astype(np.float32) if x is None else x
     out = np.zeros((rows, ne00), np.float32) if out is None else out
     args = _norm_args(ne00, ne00, rows, 1e-5, ne00 * 4)
     lib.launch("kernel_rms_norm_f32", buffers=[args, x, x, x, out], threadgroups=(rows, 1, 1),
                threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4},
-               check_races=check_races, check_memory=check_memory)
+               check_races=check_races, check_memory=check_memory, schedule=schedule)
     return x, out
 
 
@@ -418,6 +418,10 @@ def test_bug_rms_norm_barrier_removed(ggml_source, which):
     lib = _compile_patched(text)
     with pytest.raises(sm.RaceError):
         _rms_launch(lib, check_memory=True)
+    # Either barrier: simdgroup 1 running ahead to the end stores its sum before simdgroup 0
+    # zeroes shmem (first) or simdgroup 0 reads the sums before simdgroup 1 stores (second).
+    with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
+        _rms_launch(lib, schedule="run-ahead")
     if which == "second":
         # The race check's reordering catches it too: the late simdgroup reads the value
         # or the poison (NaN) depending on the order.
@@ -477,9 +481,10 @@ def test_bug_soft_max_sum_barrier_removed(ggml_source):
     args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=1, nb01=nb01, nb02=nb01 * rows,
                  nb03=nb01 * rows, ne11=rows, ne12=1, ne13=1, nb11=nb01, nb12=nb01 * rows, nb13=nb01 * rows,
                  nb1=nb01, nb2=nb01 * rows, nb3=nb01 * rows, scale=1.0, max_bias=0.0, n_head_log2=1)
-    with pytest.raises(sm.RaceError):
-        lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
-                   threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, check_memory=True)
+    for checks in ({"check_memory": True}, {"schedule": "run-ahead"}):
+        with pytest.raises(sm.RaceError):
+            lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
+                       threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, **checks)
 
 
 MV_REDUCE_FIRST_BARRIER = (
