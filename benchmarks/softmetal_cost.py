@@ -105,6 +105,8 @@ def main() -> dict:
     results["gemm_max_abs_error"] = float(np.abs(c - a @ b).max())
     results["gemm_gflops"] = 2 * M * N * K / results["gemm_64x512x512_s"] / 1e9
     results["gemm_race_checked_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], check_races=True, **args), 3)
+    results["gemm_run_ahead_reverse_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], schedule="run-ahead-reverse", **args))
+    results["gemm_run_ahead_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], schedule="run-ahead", **args), 3)
     lib.launch("sg_gemm", [a, b, c, dims], check_memory=True, **args)  # compiles the checked build
     results["gemm_memory_checked_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], check_memory=True, **args), 3)
 
@@ -114,6 +116,7 @@ def main() -> dict:
     results["tg_heavy_poison_s"] = best(lambda: lib.launch("tg_heavy", [y], **tg))
     results["tg_heavy_no_poison_s"] = best(lambda: lib.launch("tg_heavy", [y], poison_threadgroup_memory=False, **tg))
     results["tg_heavy_race_checked_s"] = best(lambda: lib.launch("tg_heavy", [y], check_races=True, **tg))
+    results["tg_heavy_run_ahead_s"] = best(lambda: lib.launch("tg_heavy", [y], schedule="run-ahead", **tg))
     results["tg_heavy_memory_checked_s"] = best(lambda: lib.launch("tg_heavy", [y], check_memory=True, **tg), 3)
 
     # Guard pages cost nothing while kernels run (the MMU checks); they cost a mapping per

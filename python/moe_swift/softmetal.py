@@ -3,7 +3,8 @@
     lib = moe_swift.softmetal.compile(msl_source, include_dirs=(), defines=None)
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
-               threadgroup_memory={0: nbytes}, check_races=False, check_memory=False)
+               threadgroup_memory={0: nbytes}, check_races=False, check_memory=False,
+               schedule="round-robin")
 
 NumPy arrays are copied into guarded Metal buffers and their contents copied back after
 the dispatch (in place; arrays must be C-contiguous and writeable). Anything else that
@@ -21,6 +22,14 @@ converted to the constant's declared type and must be exact in it.
 every load and store is checked against the buffer or threadgroup variable it must fall
 in (however far out), races are found on shadow memory whatever the output, and reading
 threadgroup memory no thread wrote is an error; the message names both MSL lines.
+
+`schedule` says how the simdgroups of a threadgroup interleave between threadgroup
+barriers: "round-robin" (default, or SOFTMETAL_SCHEDULE) lets every thread take a turn at
+each barrier and simd operation; "run-ahead" runs the dispatch twice from the same inputs,
+each simdgroup running to its next threadgroup barrier before the next one starts, in
+forward and then in reverse simdgroup order, and raises RaceError if the outputs differ
+(a missing barrier between simdgroups shows in the output, without the memory check);
+"run-ahead-forward" and "run-ahead-reverse" run once in that order.
 
 Errors raise a SoftMetalError subclass whose message says which: CompileError,
 OutOfBoundsError, BarrierDivergenceError, RaceError, UninitializedReadError,
@@ -51,6 +60,10 @@ __all__ = [
     "InvalidUsageError",
     "available",
 ]
+
+
+# moe_softmetal_launch_desc.schedule
+_SCHEDULES = {"round-robin": 0, "run-ahead": 1, "run-ahead-forward": 2, "run-ahead-reverse": 3}
 
 
 class SoftMetalError(MoEError):
@@ -203,7 +216,7 @@ class Library:
 
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
                threadgroup_memory=None, check_races=False, grid=None, indirect=None,
-               poison_threadgroup_memory=True, check_memory=None, constants=None) -> float:
+               poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -264,6 +277,11 @@ class Library:
         if check_memory is None:
             check_memory = os.environ.get("SOFTMETAL_CHECK_MEMORY") == "1"
         desc.check_memory = 1 if check_memory else 0
+        if schedule is None:
+            schedule = os.environ.get("SOFTMETAL_SCHEDULE") or "round-robin"
+        if schedule not in _SCHEDULES:
+            raise InvalidUsageError(f"schedule must be one of {', '.join(_SCHEDULES)}, got {schedule!r}")
+        desc.schedule = _SCHEDULES[schedule]
         if constants:
             if not isinstance(constants, Mapping):
                 raise TypeError(f"constants must be a dict {{index or name: value}}, got {type(constants).__name__}")

@@ -668,6 +668,77 @@ def test_missing_barrier_is_a_race(bugs):
     np.testing.assert_array_equal(y, np.roll(x, -1))
 
 
+def test_a_threadgroup_variables_initializer_is_not_relied_on():
+    """Apple's compiler accepts `threadgroup T x[N] = {...};`, but neither the MSL specification
+    nor Metal says it runs (Sources/SoftMetal/README.md): SoftMetal drops it, so the variable
+    starts poisoned and a read before any write is reported by the memory check."""
+    lib = softmetal.compile("""
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(device float* y [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float partial[32] = {0};
+    threadgroup float written[32] = {
+        1.0f };
+    written[tid] = 2.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[tid] = written[31 - tid] + partial[tid];
+}
+""")
+    y = np.zeros(32, np.float32)
+    lib.launch("k", [y], threadgroups=(1,), threads_per_threadgroup=(32,))
+    assert np.isnan(y).all()  # poison, not the initializer's zeros
+    with pytest.raises(softmetal.UninitializedReadError, match="MSL line 10"):
+        lib.launch("k", [y], threadgroups=(1,), threads_per_threadgroup=(32,), check_memory=True)
+
+
+TICKETS = """
+#include <metal_stdlib>
+using namespace metal;
+// Each thread takes a ticket before a simd operation, one after it, and one after a
+// threadgroup barrier: the tickets show the order in which the schedule ran the threads.
+kernel void tickets(device uint* t [[buffer(0)]], uint tid [[thread_index_in_threadgroup]],
+                    uint n [[threads_per_threadgroup]]) {
+    threadgroup atomic_uint counter;
+    if (tid == 0) atomic_store_explicit(&counter, 0, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    t[tid] = atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
+    uint one = simd_sum(1u) / 32;
+    t[n + tid] = atomic_fetch_add_explicit(&counter, one, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    t[2 * n + tid] = atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
+}
+"""
+
+
+@pytest.mark.parametrize("schedule,order", [("run-ahead-forward", [0, 1, 2]), ("run-ahead-reverse", [2, 1, 0])])
+def test_run_ahead_runs_each_simdgroup_to_the_barrier_before_the_next(schedule, order):
+    lib = softmetal.compile(TICKETS)
+    t = np.zeros((3, 3, 32), np.uint32)  # [ticket, simdgroup, lane]
+    lib.launch("tickets", [t], threadgroups=(1,), threads_per_threadgroup=(96,), schedule=schedule)
+    for rank, sg in enumerate(order):
+        # Both tickets before the barrier, through the simd_sum, before any other simdgroup's;
+        # after the barrier the same order again.
+        assert sorted(t[:2, sg].ravel()) == list(range(64 * rank, 64 * rank + 64))
+        assert sorted(t[2, sg]) == list(range(192 + 32 * rank, 192 + 32 * rank + 32))
+    round_robin = np.zeros_like(t)
+    lib.launch("tickets", [round_robin], threadgroups=(1,), threads_per_threadgroup=(96,))
+    assert round_robin[1, 0].max() > round_robin[0, 1].min()  # simdgroups interleave at the simd_sum
+
+
+def test_run_ahead_compares_forward_and_reverse_order(bugs):
+    x = np.arange(64, dtype=np.float32)
+    y = np.zeros(64, np.float32)
+    with pytest.raises(softmetal.RaceError, match="forward order and one in reverse order"):
+        bugs.launch("missing_barrier", [x, y], threadgroups=(1,), threads_per_threadgroup=(64,),
+                    threadgroup_memory={0: 256}, schedule="run-ahead")
+    bugs.launch("with_barrier", [x, y], threadgroups=(1,), threads_per_threadgroup=(64,),
+                threadgroup_memory={0: 256}, schedule="run-ahead")
+    np.testing.assert_array_equal(y, np.roll(x, -1))
+    with pytest.raises(softmetal.InvalidUsageError, match="schedule must be one of"):
+        bugs.launch("with_barrier", [x, y], threadgroups=(1,), threads_per_threadgroup=(64,),
+                    threadgroup_memory={0: 256}, schedule="sometimes")
+
+
 def test_racing_threadgroups_are_a_race(bugs):
     y = np.zeros(8, np.uint32)
     bugs.launch("last_group_wins", [y], threadgroups=(64,), threads_per_threadgroup=(4,))  # silent without the check

@@ -391,13 +391,13 @@ def _compile_patched(text):
 RMS_BODY = "    sumf = simd_sum(sumf);\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    if (tiisg == 0) {\n        shmem_f32[sgitg] = sumf;\n    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    sumf = shmem_f32[tiisg];\n    sumf = simd_sum(sumf);\n\n    const float mean  = sumf/args.ne00;"
 
 
-def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None):
+def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None, schedule="round-robin"):
     x = RNG.standard_normal((rows, ne00)).astype(np.float32) if x is None else x
     out = np.zeros((rows, ne00), np.float32) if out is None else out
     args = _norm_args(ne00, ne00, rows, 1e-5, ne00 * 4)
     lib.launch("kernel_rms_norm_f32", buffers=[args, x, x, x, out], threadgroups=(rows, 1, 1),
                threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4},
-               check_races=check_races, check_memory=check_memory)
+               check_races=check_races, check_memory=check_memory, schedule=schedule)
     return x, out
 
 
@@ -418,6 +418,10 @@ def test_bug_rms_norm_barrier_removed(ggml_source, which):
     lib = _compile_patched(text)
     with pytest.raises(sm.RaceError):
         _rms_launch(lib, check_memory=True)
+    # Either barrier: simdgroup 1 running ahead to the end stores its sum before simdgroup 0
+    # zeroes shmem (first) or simdgroup 0 reads the sums before simdgroup 1 stores (second).
+    with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
+        _rms_launch(lib, schedule="run-ahead")
     if which == "second":
         # The race check's reordering catches it too: the late simdgroup reads the value
         # or the poison (NaN) depending on the order.
@@ -477,6 +481,48 @@ def test_bug_soft_max_sum_barrier_removed(ggml_source):
     args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=1, nb01=nb01, nb02=nb01 * rows,
                  nb03=nb01 * rows, ne11=rows, ne12=1, ne13=1, nb11=nb01, nb12=nb01 * rows, nb13=nb01 * rows,
                  nb1=nb01, nb2=nb01 * rows, nb3=nb01 * rows, scale=1.0, max_bias=0.0, n_head_log2=1)
-    with pytest.raises(sm.RaceError):
-        lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
-                   threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, check_memory=True)
+    for checks in ({"check_memory": True}, {"schedule": "run-ahead"}):
+        with pytest.raises(sm.RaceError):
+            lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
+                       threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, **checks)
+
+
+MV_REDUCE_FIRST_BARRIER = (
+    "        sumf[row] = simd_sum(sumf[row]);\n    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n"
+    "    for (short row = 0; row < NR0; ++row) {\n        if (tiisg == 0) {",
+    "        sumf[row] = simd_sum(sumf[row]);\n    }\n\n"
+    "    for (short row = 0; row < NR0; ++row) {\n        if (tiisg == 0) {")
+
+
+def test_bug_mul_mv_reduction_barrier_removed(ggml_source):
+    """helper_mv_reduce_and_write (every ggml mat-vec) without its first barrier: simdgroup 0
+    zeroes shmem[row][lane] before its simd_sum, the others store shmem[row][sgitg] after
+    theirs. A simdgroup that runs ahead across the simd_sum stores its sum, and simdgroup 0
+    then zeroes it. Round robin never lets a simdgroup get that far ahead: the output is
+    right, and the permutation check catches it only by chance (a few percent of launches);
+    running the simdgroups ahead in reverse order loses the sums in the output."""
+    text = _patched(ggml_source, *MV_REDUCE_FIRST_BARRIER, after="static inline void helper_mv_reduce_and_write(")
+    lib = _compile_patched(text)
+    ne00, ne01, ne11, nr0, nsg = 300, 38, 3, 2, 2
+    w = (RNG.standard_normal((ne01, ne00)) * 0.1).astype(np.float32)
+    x = RNG.standard_normal((ne11, ne00)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    args = kargs("ggml_metal_kargs_mul_mv", ne00=ne00, ne01=ne01, ne02=1, nb00=4, nb01=ne00 * 4, nb02=w.nbytes,
+                 nb03=w.nbytes, ne10=ne00, ne11=ne11, ne12=1, nb10=4, nb11=ne00 * 4, nb12=x.nbytes, nb13=x.nbytes,
+                 ne0=ne01, ne1=ne11, nr0=nr0, r2=1, r3=1)
+    fc = _define("FC_MUL_MV")
+
+    def launch(**checks):
+        dst = np.zeros((ne11, ne01), np.float32)
+        lib.launch("kernel_mul_mv_f32_f32", buffers=[args, w, x, dst], threadgroups=(ne01 // nr0, ne11, 1),
+                   threads_per_threadgroup=(32 * nsg, 1, 1), threadgroup_memory={0: 32 * nr0 * 4},
+                   constants={fc: nsg, fc + 1: 0, fc + 2: 1, fc + 3: 1, fc + 4: 1}, **checks)
+        return np.allclose(dst, ref, rtol=1e-5, atol=1e-5)
+
+    assert launch()  # missed: round robin
+    assert launch(schedule="run-ahead-forward")  # simdgroup 0 zeroes before the others store
+    assert not launch(schedule="run-ahead-reverse")  # simdgroup 1's sums are zeroed: wrong output
+    with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
+        launch(schedule="run-ahead")
+    with pytest.raises(sm.RaceError, match="data race on threadgroup"):
+        launch(check_memory=True)

@@ -260,6 +260,82 @@ def test_mlx_rms_norm(host_name, axis, threads, w_stride):
     np.testing.assert_allclose(out, expected * (w if w_stride else w[0]), rtol=1e-5, atol=1e-6)
 
 
+# ---- layer_norm.metal: out = (x - mean) / sqrt(var + eps) * w[i * w_stride] + b[i * b_stride] ----
+# Launched as MLX's LayerNorm::eval_gpu does: the single-row kernel with 32 * ceil(ceil(axis / 8)
+# / 32) threads, the looped one with 1024. `threadgroup float local_buffer[SIMD_SIZE] = {0};`
+# compiles: the initializer is dropped (see Sources/SoftMetal/README.md), and the kernel zeroes
+# the buffer itself (initialize_buffer) before any read, so the memory check finds nothing
+# uninitialised.
+
+def _layer_norm_ref(x, w, b, eps):
+    x64 = x.astype(np.float64)
+    return (x64 - x64.mean(axis=1, keepdims=True)) / np.sqrt(x64.var(axis=1, keepdims=True) + eps) * w + b
+
+
+@pytest.mark.parametrize("host_name,dtype,axis,threads,strides,checks", [
+    ("layer_normfloat32", np.float32, 256, 32, 1, {"check_memory": True}),
+    ("layer_normfloat32", np.float32, 1024, 128, 1, {"check_memory": True, "schedule": "run-ahead"}),
+    ("layer_normfloat32", np.float32, 1000, 128, 0, {"schedule": "run-ahead"}),  # see the next test
+    ("layer_normfloat16", np.float16, 512, 64, 1, {}),
+    ("layer_norm_loopedfloat32", np.float32, 8000, 1024, 1, {}),
+])
+def test_mlx_layer_norm(host_name, dtype, axis, threads, strides, checks):
+    rows, eps = 3, 1e-5
+    x = RNG.standard_normal((rows, axis)).astype(dtype)
+    w = RNG.standard_normal(axis if strides else 1).astype(dtype)
+    b = RNG.standard_normal(axis if strides else 1).astype(dtype)
+    out = np.zeros_like(x)
+    mlx_library("layer_norm.metal").launch(
+        host_name,
+        buffers=[x, w, b, out, scalar(eps, np.float32), scalar(axis, np.uint32), scalar(strides, np.uint32),
+                 scalar(strides, np.uint32)],
+        threadgroups=(rows, 1, 1), threads_per_threadgroup=(threads, 1, 1), **checks)
+    ref = _layer_norm_ref(x, w.astype(np.float64), b.astype(np.float64), eps)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=2e-3, atol=4e-3)
+    np.testing.assert_allclose(out.astype(np.float64), ref, **tol)
+
+
+def test_mlx_layer_norm_writes_before_a_thread_private_array():
+    """A finding in unmodified layer_norm_single_row: with MLX's own launch for an axis of
+    1000 (125 threads needed, 128 launched), threads 126 and 127 have n = axis - lid * 8 < 0
+    and run `for (int i = n; i < N_READS; i++) thread_x[i] = mean;`, writing thread_x[-8..-1]
+    and thread_x[-16..-1]: outside a thread-private array. The output is still right here (see
+    test_mlx_layer_norm); in the memory check's build the stray stores overwrite the saved
+    threadgroup pointer of threadgroup_sum, whose next read is reported as wild (MSL line 42)."""
+    axis, rows = 1000, 2
+    x = RNG.standard_normal((rows, axis)).astype(np.float32)
+    w = np.ones(axis, np.float32)
+    out = np.zeros_like(x)
+    with pytest.raises(sm.OutOfBoundsError, match=r"layer_normfloat32: out-of-bounds read .* by thread 12[67] .*MSL line 42"):
+        mlx_library("layer_norm.metal").launch(
+            "layer_normfloat32",
+            buffers=[x, w, w, out, scalar(1e-5, np.float32), scalar(axis, np.uint32), scalar(1, np.uint32),
+                     scalar(1, np.uint32)],
+            threadgroups=(rows, 1, 1), threads_per_threadgroup=(128, 1, 1), check_memory=True)
+
+
+def test_mlx_vjp_layer_norm():
+    """The gradient: gx = rstd * (w g - mean(w g)) - xhat * rstd * mean(w g xc) / (var + eps),
+    and gw per row = g * xhat (MLX sums the rows in a second kernel)."""
+    rows, axis, eps = 3, 256, 1e-5
+    x = RNG.standard_normal((rows, axis)).astype(np.float32)
+    w = RNG.standard_normal(axis).astype(np.float32)
+    g = RNG.standard_normal((rows, axis)).astype(np.float32)
+    gx = np.zeros_like(x)
+    gw = np.zeros_like(x)
+    mlx_library("layer_norm.metal").launch(
+        "vjp_layer_normfloat32",
+        buffers=[x, w, g, gx, gw, scalar(eps, np.float32), scalar(axis, np.uint32), scalar(1, np.uint32)],
+        threadgroups=(rows, 1, 1), threads_per_threadgroup=(32, 1, 1), constants={20: True}, check_memory=True)
+    x64, w64, g64 = x.astype(np.float64), w.astype(np.float64), g.astype(np.float64)
+    xc = x64 - x64.mean(axis=1, keepdims=True)
+    rstd = 1 / np.sqrt((xc ** 2).mean(axis=1, keepdims=True) + eps)
+    wg = w64 * g64
+    ref_gx = rstd * (wg - wg.mean(axis=1, keepdims=True)) - xc * rstd ** 3 * (wg * xc).mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gw, g64 * xc * rstd, rtol=1e-5, atol=1e-6)
+
+
 # ---- arg_reduce.metal: argmin / argmax along the last axis ----
 
 @pytest.mark.parametrize("host_name,dtype", [("argmax_float32", np.float32), ("argmin_float32", np.float32),

@@ -61,6 +61,11 @@ typedef struct moe_softmetal_launch_desc {
     const char* const* constant_names;     /* used where the index is -1 */
     const double* constant_values;         /* converted to each constant's declared type (bool:
                                               != 0); must be exact in it */
+    int32_t schedule;                      /* how simdgroups interleave between threadgroup barriers:
+                                              0 round robin; 1 run-ahead: each simdgroup runs to its
+                                              next barrier before the next starts, in forward then in
+                                              reverse order, results compared (MOE_SOFTMETAL_RACE);
+                                              2 run-ahead forward only; 3 run-ahead reverse only */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

@@ -20,12 +20,14 @@
 extern "C" {
 #endif
 
-#define SM_ABI_VERSION 5
+#define SM_ABI_VERSION 6
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 
 /* Flags of sm_dispatch.flags */
 #define SM_FLAG_POISON 1u      /* fill threadgroup memory with 0xFF before each threadgroup */
+#define SM_FLAG_RUN_AHEAD 2u   /* each simdgroup runs to its next threadgroup barrier before the next starts */
+#define SM_FLAG_REVERSE_SIMDGROUPS 4u  /* with SM_FLAG_RUN_AHEAD: the last simdgroup first */
 
 /* Error kinds (sm_dispatch.error_kind, csm_run's result) */
 #define SM_OK 0
@@ -56,7 +58,7 @@ typedef struct sm_dispatch {
     uint32_t grid[3];                           /* threads per grid (edge threadgroups are partial) */
     uint32_t first_group, end_group;
     uint32_t order_mul, order_add;
-    uint64_t seed;                              /* lane order: 0 = natural order, else a permutation */
+    uint64_t seed;                              /* lane order: 0 = natural order, else a permutation (run-ahead: within each simdgroup) */
     void* stacks;                               /* stack_count blocks of stack_size bytes, each aligned */
     uint64_t stack_size;                        /*   to stack_size, guard page at the bottom */
     uint32_t stack_count;

@@ -202,6 +202,13 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
             e.softMetalCheckRaces = d.check_races != 0
             e.softMetalPoisonThreadgroupMemory = d.poison_threadgroup_memory != 0
             e.softMetalCheckMemory = d.check_memory != 0
+            switch d.schedule {
+            case 0: e.softMetalSchedule = .roundRobin
+            case 1: e.softMetalSchedule = .runAhead
+            case 2: e.softMetalSchedule = .runAheadForward
+            case 3: e.softMetalSchedule = .runAheadReverse
+            default: throw usage("schedule \(d.schedule) is not 0...3")
+            }
         }
         encoder.setComputePipelineState(pipeline)
         for b in buffers { encoder.setBuffer(b.buffer, offset: 0, index: b.index) }

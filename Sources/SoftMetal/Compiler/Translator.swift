@@ -833,7 +833,24 @@ struct MSLTranslator {
             j += 1
         }
         let declaration = string(end, j)
-        let isStatement = j < text.count && text[j] == 59
+        // `threadgroup T x[N] = {0};` (MLX's layer_norm): Apple's compiler accepts an
+        // initializer, but neither the MSL specification nor Metal promises that it runs
+        // (an empty initializer leaves threadgroup memory as it was; see README), so it is
+        // dropped: the variable starts poisoned like any other until a thread writes it.
+        var initializer: (start: Int, end: Int)?
+        if j < text.count && text[j] == 61 {
+            var k = j + 1
+            var nesting = 0
+            while k < text.count {
+                let c = text[k]
+                if c == 40 || c == 91 || c == 123 { nesting += 1 }
+                if c == 41 || c == 93 || c == 125 { if nesting == 0 { break }; nesting -= 1 }
+                if nesting == 0 && (c == 59 || c == 44) { break }
+                k += 1
+            }
+            if k < text.count && text[k] == 59 { initializer = (j, k) }
+        }
+        let isStatement = j < text.count && (text[j] == 59 || initializer != nil)
         let previous = skipSpaceBack(i - 1)
         let atStatementStart = previous < 0 || [59, 123, 125].contains(text[previous])
         // A pointer, reference or function declarator shows before the array bounds; inside
@@ -864,10 +881,11 @@ struct MSLTranslator {
                 replacement = "\(type) (&\(name))\(dims) = *reinterpret_cast<\(type) (*)\(dims)>(::metal::__sm::tg_var(\(slot), sizeof(\(arrayType)), alignof(\(type))))"
             }
             edits.append((i, j, replacement + newlines))
+            if let initializer {
+                edits.append((initializer.start, initializer.end, MSLTranslator.blank(text[initializer.start..<initializer.end])))
+                return initializer.end
+            }
             return j
-        }
-        if j < text.count && text[j] == 61 && atStatementStart && isVariable {
-            throw fail(i, "a threadgroup variable cannot have an initializer (`threadgroup\(declaration) = ...`): assign it in the kernel body, then use a barrier")
         }
         if j < text.count && text[j] == 44 && atStatementStart && isVariable {
             throw fail(i, "declare one threadgroup variable per statement")

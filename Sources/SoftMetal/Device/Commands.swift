@@ -117,6 +117,7 @@ struct DispatchCommand {
     var checkRaces: Bool
     var poison: Bool
     var checkMemory = false
+    var schedule = SoftMetalSchedule.roundRobin
 }
 
 public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @unchecked Sendable {
@@ -145,6 +146,11 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// compiled once more, instrumented; the dispatch runs on one core.
     /// Default: SoftMetalOptions.checkMemory.
     public var softMetalCheckMemory = SoftMetalOptions.checkMemory
+    /// SoftMetal only: how threads of different simdgroups interleave between threadgroup
+    /// barriers (SoftMetalSchedule; `.runAhead` runs each dispatch in forward and reverse
+    /// simdgroup order and fails with SoftMetalError.race if the results differ).
+    /// Default: SoftMetalOptions.schedule.
+    public var softMetalSchedule = SoftMetalOptions.schedule
 
     init(commandBuffer: SoftMetalCommandBuffer) { self.commandBuffer = commandBuffer }
 
@@ -191,7 +197,8 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         commandBuffer.append(DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
-            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory, checkMemory: softMetalCheckMemory))
+            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory, checkMemory: softMetalCheckMemory,
+            schedule: softMetalSchedule))
     }
 
     public func dispatchThreadgroups(_ threadgroupsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize) {

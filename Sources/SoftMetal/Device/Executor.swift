@@ -6,7 +6,7 @@ import Glibc
 /// Runs recorded dispatches: validates them like Metal's validation layer, splits the
 /// threadgroups into chunks that Dispatch spreads over the cores (each chunk runs on one
 /// OS thread through csm_run and the kernel's launcher), turns the runtime's error kinds
-/// into SoftMetalError, and implements the race check.
+/// into SoftMetalError, and implements the race check and the run-ahead comparison.
 enum Executor {
     static let cores: Int = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     static let errorCapacity = 2048
@@ -15,7 +15,8 @@ enum Executor {
     nonisolated(unsafe) private static var _stats = SoftMetalOptions.Statistics()
     static var stats: SoftMetalOptions.Statistics { statsLock.withLock { _stats } }
 
-    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool, memoryChecked: Bool) {
+    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool, memoryChecked: Bool,
+                               runAheadChecked: Bool) {
         statsLock.withLock {
             _stats.dispatches += 1
             _stats.threadgroups += groups
@@ -23,6 +24,7 @@ enum Executor {
             _stats.seconds += seconds
             if raceChecked { _stats.raceCheckedDispatches += 1 }
             if memoryChecked { _stats.memoryCheckedDispatches += 1 }
+            if runAheadChecked { _stats.runAheadCheckedDispatches += 1 }
         }
     }
 
@@ -44,7 +46,7 @@ enum Executor {
             if let counted {
                 record(groups: counted.groups, threads: counted.threads,
                        seconds: Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, raceChecked: c.checkRaces,
-                       memoryChecked: c.checkMemory)
+                       memoryChecked: c.checkMemory, runAheadChecked: c.schedule == .runAhead)
             }
         }
         if let failure = c.failure { throw failure }
@@ -126,12 +128,28 @@ enum Executor {
         base.order_mul = 1
         base.max_threads = UInt32(perGroup)
 
-        if !c.checkRaces {
+        let runAhead = UInt32(SM_FLAG_RUN_AHEAD), reverse = UInt32(SM_FLAG_REVERSE_SIMDGROUPS)
+        switch c.schedule {
+        case .roundRobin: break
+        case .runAhead, .runAheadForward: base.flags |= runAhead
+        case .runAheadReverse: base.flags |= runAhead | reverse
+        }
+        // Reruns from the same inputs; each must give the first run's bytes in every bound buffer.
+        var reruns: [(flags: UInt32, seed: UInt64?, what: String, cause: String)] = []
+        if c.schedule == .runAhead {
+            reruns.append((base.flags | reverse, nil,
+                           "a run with simdgroups running ahead in forward order and one in reverse order",
+                           "a missing threadgroup barrier between one simdgroup's access to threadgroup (or device) memory and another simdgroup's, or a data race between simdgroups"))
+        }
+        if c.checkRaces {
+            reruns.append((base.flags, UInt64.random(in: 1..<UInt64.max),
+                           "a run in order and a run with permuted threads and threadgroups",
+                           "a missing barrier, a data race between threads or threadgroups, or an order-dependent atomic"))
+        }
+        if reruns.isEmpty {
             try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory)
             return
         }
-        // Race check: the same dispatch in order, then from the same inputs with threads and
-        // threadgroups permuted; every bound buffer must come out the same.
         var distinct: [SoftMetalBuffer] = []
         for case let binding? in c.buffers where !distinct.contains(where: { $0 === binding.buffer }) {
             distinct.append(binding.buffer)
@@ -139,17 +157,20 @@ enum Executor {
         let before = distinct.map { snapshot($0) }
         try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory)
         let first = distinct.map { snapshot($0) }
-        for (b, saved) in zip(distinct, before) { restore(b, saved) }
-        let seed = UInt64.random(in: 1..<UInt64.max)
-        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: seed)
-        for (b, expected) in zip(distinct, first) {
-            let now = snapshot(b)
-            guard let at = now.indices.first(where: { now[$0] != expected[$0] }) else { continue }
-            let names = c.buffers.enumerated().compactMap { i, binding -> String? in
-                guard let binding, binding.buffer === b else { return nil }
-                return "buffer(\(i)) at byte offset \(at - binding.offset)"
+        for rerun in reruns {
+            for (b, saved) in zip(distinct, before) { restore(b, saved) }
+            var d = base
+            d.flags = rerun.flags
+            try execute(kernel, d, total: total, lanes: perGroup, bindings: c.buffers, permutation: rerun.seed)
+            for (b, expected) in zip(distinct, first) {
+                let now = snapshot(b)
+                guard let at = now.indices.first(where: { now[$0] != expected[$0] }) else { continue }
+                let names = c.buffers.enumerated().compactMap { i, binding -> String? in
+                    guard let binding, binding.buffer === b else { return nil }
+                    return "buffer(\(i)) at byte offset \(at - binding.offset)"
+                }
+                throw SoftMetalError.race("kernel \(kernel.name): the result depends on execution order: \(names.joined(separator: ", ")) differs between \(rerun.what) (byte \(expected[at]) vs \(now[at])); \(rerun.cause)")
             }
-            throw SoftMetalError.race("kernel \(kernel.name): the result depends on execution order: \(names.joined(separator: ", ")) differs between a run in order and a run with permuted threads and threadgroups (byte \(expected[at]) vs \(now[at])); a missing barrier, a data race between threads or threadgroups, or an order-dependent atomic")
         }
     }
 

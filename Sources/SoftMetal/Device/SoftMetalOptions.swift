@@ -1,6 +1,36 @@
 #if os(Linux)
 import Glibc
 
+/// How the GPU threads of a threadgroup take turns between threadgroup barriers. A GPU
+/// gives no order between simdgroups: code that needs one simdgroup's writes to be seen by
+/// another needs a threadgroup barrier, and a schedule that lets one simdgroup run far
+/// ahead of another shows where one is missing.
+public enum SoftMetalSchedule: Sendable, Equatable {
+    /// Threads take turns at every blocking point (barrier, simd operation): simdgroups
+    /// advance in near lockstep, one simd operation per turn.
+    case roundRobin
+    /// The dispatch runs twice from the same inputs: each simdgroup runs to its next
+    /// threadgroup barrier (through its simd operations) before the next one starts, first
+    /// in forward simdgroup order, then in reverse; if any bound buffer differs the command
+    /// buffer fails with SoftMetalError.race. The buffers keep the reverse run's result.
+    case runAhead
+    /// One run, simdgroups run ahead in forward order (0 first after every barrier).
+    case runAheadForward
+    /// One run, simdgroups run ahead in reverse order (the last simdgroup first).
+    case runAheadReverse
+
+    /// The names of SOFTMETAL_SCHEDULE and of the Python harness's `schedule=`.
+    public init?(environment name: String?) {
+        switch name {
+        case "round-robin": self = .roundRobin
+        case "run-ahead": self = .runAhead
+        case "run-ahead-forward": self = .runAheadForward
+        case "run-ahead-reverse": self = .runAheadReverse
+        default: return nil
+        }
+    }
+}
+
 /// SoftMetal-only switches and measurements; none of this exists in Apple's Metal, so
 /// code shared with the Metal backend must not use it (tests and harnesses may).
 public enum SoftMetalOptions {
@@ -8,6 +38,7 @@ public enum SoftMetalOptions {
     nonisolated(unsafe) private static var _checkRaces = SMEnv.get("SOFTMETAL_CHECK_RACES") == "1"
     nonisolated(unsafe) private static var _poison = SMEnv.get("SOFTMETAL_POISON") != "0"
     nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1"
+    nonisolated(unsafe) private static var _schedule = SoftMetalSchedule(environment: SMEnv.get("SOFTMETAL_SCHEDULE")) ?? .roundRobin
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalCheckRaces for new encoders
     /// (initially: $SOFTMETAL_CHECK_RACES == 1). Costs about twice the dispatch time
@@ -22,6 +53,14 @@ public enum SoftMetalOptions {
     public static var checkMemory: Bool {
         get { lock.withLock { _checkMemory } }
         set { lock.withLock { _checkMemory = newValue } }
+    }
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalSchedule for new encoders
+    /// (initially from $SOFTMETAL_SCHEDULE: `round-robin`, `run-ahead`, `run-ahead-forward`,
+    /// `run-ahead-reverse`; anything else is round-robin).
+    public static var schedule: SoftMetalSchedule {
+        get { lock.withLock { _schedule } }
+        set { lock.withLock { _schedule = newValue } }
     }
 
     /// Default of softMetalPoisonThreadgroupMemory for new encoders (initially on, unless
@@ -39,6 +78,7 @@ public enum SoftMetalOptions {
         public var dispatches = 0
         public var raceCheckedDispatches = 0
         public var memoryCheckedDispatches = 0
+        public var runAheadCheckedDispatches = 0
         public var threadgroups = 0
         /// GPU threads (partial edge threadgroups counted whole).
         public var threads = 0

@@ -8,6 +8,8 @@
 // Layout of execution: a dispatch runs threadgroups; one threadgroup runs as N fibers on
 // the calling OS thread, scheduled round-robin: a lane runs until it blocks (a barrier, a
 // simd operation) or returns, then the next runnable lane in the run order continues.
+// With SM_FLAG_RUN_AHEAD a simdgroup runs until all its lanes wait at a threadgroup
+// barrier (or returned) before the next simdgroup (in forward or reverse order) starts.
 // Collective operations complete eagerly in the lane that arrives last. Each lane's state
 // (struct Lane) lives at the top of its stack block; stack blocks are aligned to their
 // power-of-two size, so the running lane is found from the stack pointer (no TLS).
@@ -60,10 +62,12 @@
 
 // ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
 extern "C" {
-#define SM_ABI_VERSION 5
+#define SM_ABI_VERSION 6
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 #define SM_FLAG_POISON 1u
+#define SM_FLAG_RUN_AHEAD 2u
+#define SM_FLAG_REVERSE_SIMDGROUPS 4u
 #define SM_OK 0
 #define SM_ERROR_OUT_OF_BOUNDS 1
 #define SM_ERROR_DIVERGENCE 2
@@ -970,6 +974,7 @@ struct Lane {
     uint32_t pos[3];     // thread_position_in_threadgroup
     uint32_t line;       // where it waits (MSL line)
     uint32_t next, prev; // the ring of unfinished lanes, in run order
+    uint32_t rank;       // run-ahead: position in its simdgroup's block of Group::order
     const char* op;      // what it waits in
     complete_fn fn;      // which collective (with line: the place)
 };
@@ -988,6 +993,9 @@ struct Group {
     void (*body)(Lane*);
     void* main_sp;
     uint32_t n, live, nsg, bar_arrived, error;
+    // Run-ahead schedule: on, simdgroups in reverse order, and the position (in that
+    // order) of the simdgroup running now; those before it wait at the barrier or are done.
+    uint32_t run_ahead, reverse_sg, ra_pos;
     uint32_t size[3], gpos[3];
     uint32_t sg_live[32];
     uint64_t arena_used, dynamic_tg;
@@ -1406,10 +1414,34 @@ SM_UNTRACED static void check_atomic(const void* p, uint32_t size) {
 #endif
 
 // ---- scheduling ----
+// Run-ahead: the first runnable lane from simdgroup position g->ra_pos on, in run order
+// within each simdgroup (after `self` in its own), or null. Each simdgroup's lanes are
+// the block order[32 * sg ...] (launch keeps lane permutations inside simdgroups).
+static inline Lane* run_ahead_next(Group* g, Lane* self) {
+    for (uint32_t k = g->ra_pos; k < g->nsg; k++) {
+        const uint32_t sg = g->reverse_sg ? g->nsg - 1 - k : k;
+        const uint32_t base = sg * 32, count = g->n - base < 32 ? g->n - base : 32;
+        const uint32_t start = self && self->sg == sg ? self->rank + 1 : 0;
+        for (uint32_t j = 0; j < count; j++) {
+            Lane* L = g->lanes[g->order[base + (start + j) % count]];
+            if (L->state == RUNNABLE) {
+                g->ra_pos = k;
+                return L;
+            }
+        }
+    }
+    return nullptr;
+}
+
 // Switches from `self` (blocked or finished) to the next runnable lane in run order, or
 // back to the dispatch loop when none is runnable (all finished, or a deadlock).
 static inline void switch_from(Lane* self) {
     Group* g = self->g;
+    if (g->run_ahead) {
+        Lane* L = g->live ? run_ahead_next(g, self) : nullptr;
+        if (L != self) __sm_switch(&self->sp, L ? L->sp : g->main_sp);
+        return;
+    }
     if (g->live) {
         uint32_t i = self->next;
         for (uint32_t c = 0; c <= g->n; c++) {
@@ -1471,6 +1503,7 @@ static inline void barrier_release(Group* g) {
         if (g->lanes[t]->state == AT_BARRIER) g->lanes[t]->state = RUNNABLE;
     g->bar_arrived = 0;
     g->epoch++;
+    g->ra_pos = 0;
 }
 
 static inline void barrier(uint32_t line, const char* op) {
@@ -1482,6 +1515,12 @@ static inline void barrier(uint32_t line, const char* op) {
     L->state = AT_BARRIER;
     if (++g->bar_arrived == g->live) {
         barrier_release(g);
+        // Run-ahead: after the barrier the first simdgroup in the order goes first again,
+        // not the one whose lane happened to arrive last.
+        if (g->run_ahead) {
+            Lane* first = run_ahead_next(g, nullptr);
+            if (first != L) __sm_switch(&L->sp, first->sp);
+        }
         return;
     }
     switch_from(L);
@@ -1601,6 +1640,9 @@ static inline int32_t launch(sm_dispatch* d, void (*body)(Lane*)) {
         g->nsg = (n + 31) / 32;
         g->bar_arrived = 0;
         g->error = 0;
+        g->run_ahead = (d->flags & SM_FLAG_RUN_AHEAD) ? 1 : 0;
+        g->reverse_sg = (d->flags & SM_FLAG_REVERSE_SIMDGROUPS) ? 1 : 0;
+        g->ra_pos = 0;
         g->arena_used = 0;
         g->arena_apple = 0;
         g->id = (uint32_t)linear + 1;
@@ -1640,18 +1682,24 @@ static inline int32_t launch(sm_dispatch* d, void (*body)(Lane*)) {
         }
         if (d->seed) {
             uint64_t x = d->seed ^ (linear * 0x9e3779b97f4a7c15ull);
-            for (uint32_t t = n - 1; t > 0; t--) {
-                uint32_t j = (uint32_t)(splitmix(x) % (t + 1));
-                uint32_t tmp = g->order[t];
-                g->order[t] = g->order[j];
-                g->order[j] = tmp;
+            // Run-ahead orders whole simdgroups itself: lanes are shuffled within theirs.
+            const uint32_t block = g->run_ahead ? 32 : n;
+            for (uint32_t base = 0; base < n; base += block) {
+                const uint32_t end = base + block < n ? base + block : n;
+                for (uint32_t t = end - 1; t > base; t--) {
+                    uint32_t j = base + (uint32_t)(splitmix(x) % (t - base + 1));
+                    uint32_t tmp = g->order[t];
+                    g->order[t] = g->order[j];
+                    g->order[j] = tmp;
+                }
             }
         }
         for (uint32_t i = 0; i < n; i++) {
             g->lanes[g->order[i]]->next = g->order[(i + 1) % n];
             g->lanes[g->order[i]]->prev = g->order[(i + n - 1) % n];
+            g->lanes[g->order[i]]->rank = i % 32;
         }
-        __sm_switch(&g->main_sp, g->lanes[g->order[0]]->sp);
+        __sm_switch(&g->main_sp, (g->run_ahead ? run_ahead_next(g, nullptr) : g->lanes[g->order[0]])->sp);
         if (g->error) return d->error_kind = g->error;
         if (g->live) {
             begin_message(g, "barrier divergence (deadlock)");

@@ -46,6 +46,24 @@ kernel void group_sums(device const uint* x [[buffer(0)]], device uint* y [[buff
 kernel void fill_index(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
     y[gid] = float(gid);
 }
+
+// Planted: the barrier between simdgroup 0 zeroing `partial` and the others storing their
+// sums into it is missing (ggml's mat-vec reduction has this shape).
+kernel void zero_then_store_without_barrier(device const uint* x [[buffer(0)]], device uint* y [[buffer(1)]],
+                                            uint tid [[thread_index_in_threadgroup]],
+                                            uint lane [[thread_index_in_simdgroup]],
+                                            uint sg [[simdgroup_index_in_threadgroup]]) {
+    threadgroup uint partial[32];
+    if (sg == 0) partial[lane] = 0;
+    uint s = simd_sum(x[tid]);
+    if (lane == 0) partial[sg] = s;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) {
+        uint total = 0;
+        for (uint i = 0; i < 32; i++) total += partial[i];
+        y[0] = total;
+    }
+}
 """
 
 final class SoftMetalChecksTests: XCTestCase {
@@ -133,6 +151,31 @@ final class SoftMetalChecksTests: XCTestCase {
         XCTAssertEqual(checked.status, .error)
         guard case .race(let m)? = checked.error as? SoftMetalError else { return XCTFail(message(checked)) }
         XCTAssertTrue(m.contains("depends on execution order") && m.contains("buffer(0)"), m)
+    }
+
+    func testRunAheadScheduleIsRequestedOnTheSoftMetalEncoder() throws {
+        let x = device.makeBuffer(length: 64 * 4)!, y = device.makeBuffer(length: 4)!
+        let xs = x.contents().bindMemory(to: UInt32.self, capacity: 64)
+        for i in 0..<64 { xs[i] = UInt32(i) }
+        let bind: (any MTLComputeCommandEncoder) -> Void = {
+            $0.setBuffer(x, offset: 0, index: 0)
+            $0.setBuffer(y, offset: 0, index: 1)
+        }
+        let total = y.contents().bindMemory(to: UInt32.self, capacity: 1)
+        // Round robin: simdgroup 0 zeroes before simdgroup 1 gets past its simd_sum.
+        XCTAssertEqual(try run("zero_then_store_without_barrier", groups: 1, threads: 64, [bind]).status, .completed)
+        XCTAssertEqual(total.pointee, 2016)
+        let reverse = try run("zero_then_store_without_barrier", groups: 1, threads: 64,
+                              configure: { $0.softMetalSchedule = .runAheadReverse }, [bind])
+        XCTAssertEqual(reverse.status, .completed)
+        XCTAssertEqual(total.pointee, 496, "simdgroup 1 ran ahead and simdgroup 0 zeroed its sum")
+        let both = try run("zero_then_store_without_barrier", groups: 1, threads: 64,
+                           configure: { $0.softMetalSchedule = .runAhead }, [bind])
+        guard case .race(let m)? = both.error as? SoftMetalError else { return XCTFail(message(both)) }
+        XCTAssertTrue(m.contains("forward order and one in reverse order") && m.contains("buffer(1) at byte offset 0"), m)
+        XCTAssertGreaterThan(SoftMetalOptions.statistics.runAheadCheckedDispatches, 0)
+        XCTAssertEqual(SoftMetalSchedule(environment: "run-ahead"), .runAhead)
+        XCTAssertNil(SoftMetalSchedule(environment: "sometimes"))
     }
 
     func testMemoryCheckIsRequestedOnTheSoftMetalEncoder() throws {
