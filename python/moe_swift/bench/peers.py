@@ -77,7 +77,7 @@ def _probe(name: str) -> str | None:
             import moe_swift
             if "cpu" not in moe_swift.available_backends():
                 return "CPU backend unavailable"
-            _INFO[name] = f"moe_swift {moe_swift.__version__}, backend cpu (BLAS + Dispatch)"
+            _INFO[name] = f"moe_swift {moe_swift.__version__}, backend cpu (BLAS, own kernels and worker threads)"
         elif name == "numpy":
             _INFO[name] = f"NumPy {np.__version__} float32, grouped per expert, BLAS matmuls"
         else:

@@ -321,6 +321,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             res[name]["expert_bytes"] = fn.expert_bytes()
         if t > 2.0:
             log(f"{tag}: {name} checked ({t:.1f} s per call)")
+        getattr(fn, "pause", lambda: None)()
     log(f"{tag}: checks done (" + ", ".join(
         f"{n} {r['t_check'] * 1e3:.1f} ms" for n, r in res.items() if r["status"] == "ok") + ")")
 
@@ -348,11 +349,13 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             js = range(rnd * per, min(n, (rnd + 1) * per))
             if not js:
                 continue
+            getattr(fn, "resume", lambda: None)()
             time.sleep(args.settle)
             if res[name]["t_check"] < args.budget / 2:  # slower calls: the check call was their warm-up
                 fn(xs[1])
             for j in js:
                 times[name].append(timed(fn, xs[2 + j])[0])
+            getattr(fn, "pause", lambda: None)()
         if rounds > 1:
             log(f"{tag}: timing round {rnd + 1}/{rounds} done")
 
