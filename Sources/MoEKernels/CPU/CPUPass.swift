@@ -184,10 +184,11 @@ final class CPUPass: MoEPass {
         }
     }
 
-    /// Runs `body` with dequantization scratch for one work item of `ffn` (nil for float32
-    /// weights, or if it cannot be allocated: the product then dequantizes in registers).
-    private func withTile(_ ffn: PackedFFN, _ body: (UnsafeMutablePointer<Float>?) -> Void) {
-        let count = ffn.tileCount
+    /// Runs `body` with dequantization scratch for one work item of `ffn` that multiplies
+    /// `rows` activation rows (nil for float32 weights, for rows the product dequantizes in
+    /// registers anyway, which is every decode item, or if it cannot be allocated).
+    private func withTile(_ ffn: PackedFFN, rows: Int, _ body: (UnsafeMutablePointer<Float>?) -> Void) {
+        let count = rows > WeightMatrix.registerRowLimit ? ffn.tileCount : 0
         let bytes = ScratchArena.bytes(for: [(count, MemoryLayout<Float>.stride)])
         guard count > 0, let arena = try? backend.tiles.checkOut(bytes: bytes) else {
             body(nil)
@@ -222,7 +223,7 @@ final class CPUPass: MoEPass {
             let width = ffn.inner
             let (c0, w) = ffn.blockColumns(block)
             // Block outputs: (rows, 2w) at column 2 * c0 of each row: gate, then up.
-            withTile(ffn) { tile in
+            withTile(ffn, rows: rows) { tile in
                 ffn.gate.matrix.multiply(m: rows, rows: ffn.gate.row(expert: index, column: c0), count: w,
                                          a: input, lda: h, c: out + 2 * c0, ldc: 2 * width, tile: tile)
                 ffn.up.matrix.multiply(m: rows, rows: ffn.up.row(expert: index, column: c0), count: w,
@@ -259,7 +260,7 @@ final class CPUPass: MoEPass {
                 index = expert
             }
             let width = ffn.inner
-            withTile(ffn) { tile in
+            withTile(ffn, rows: rows) { tile in
                 ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, a: input, lda: width,
                                   c: out + h0, ldc: h, tile: tile)
             }
