@@ -263,6 +263,22 @@ def test_stream_read_probe():
     assert c == dict(GBps=7.0, GEMV_GBps=6.0, stream_GBps=7.0, GFLOPs=2.0)
 
 
+def test_native_read_probe():
+    """moe_measure_read_bandwidth, the native part of the roof: a rate on 64 MiB with the
+    CPU kernels' loads, and each bad argument named."""
+    import moe_swift
+    from moe_swift import _native
+    ffi, lib, _ = _native.load()
+    out = ffi.new("double *")
+    assert lib.moe_measure_read_bandwidth(64 << 20, 2, out) == lib.MOE_OK and out[0] > 0.1
+    gbps, isa = roofline.native_read(64 << 20, 1)
+    assert gbps > 0.1 and isa == moe_swift.cpu_instruction_set()
+    for args, words in [((1 << 20, 1, out), "at least 64 MiB"), ((64 << 20, 0, out), "repeats"),
+                        ((64 << 20, 1, ffi.NULL), "gb_per_s is NULL")]:
+        assert lib.moe_measure_read_bandwidth(*args) == lib.MOE_ERROR_INVALID_ARGUMENT
+        assert words in ffi.string(lib.moe_last_error()).decode()
+
+
 def test_cli_formats(tmp_path, monkeypatch, capsys):
     import moe_swift.bench.__main__ as cli
     monkeypatch.setitem(cli.SHAPES, "tiny-qwen", replace(tiny_formats(), name="tiny-qwen"))

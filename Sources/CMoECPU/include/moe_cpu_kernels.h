@@ -31,4 +31,10 @@ __attribute__((visibility("hidden")))
 void moe_cpu_gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                      const float* b, int64_t ldb, float* c, int64_t ldc);
 
+/* ORs together the 64-bit words of [p, p + bytes) (p 64-byte aligned, bytes a multiple of
+ * 256) with the widest loads of this CPU and four independent accumulators: the read
+ * probe behind moe_measure_read_bandwidth. */
+__attribute__((visibility("hidden")))
+uint64_t moe_cpu_stream_read(const void* p, int64_t bytes);
+
 #endif

@@ -69,6 +69,14 @@ public func moe_cpu_instruction_set() -> UnsafePointer<CChar> {
     UnsafeRawPointer(MoELayer.cpuInstructionSet.utf8Start).assumingMemoryBound(to: CChar.self)
 }
 
+@_cdecl("moe_measure_read_bandwidth")
+public func moe_measure_read_bandwidth(_ bytes: Int64, _ repeats: Int32, _ out: UnsafeMutablePointer<Double>?) -> moe_status {
+    status {
+        guard let out else { throw MoEError.invalidArgument("gb_per_s is NULL") }
+        out.pointee = try ReadProbe.gigabytesPerSecond(bytes: Int(bytes), repeats: Int(repeats))
+    }
+}
+
 @_cdecl("moe_layer_desc_init")
 public func moe_layer_desc_init(_ desc: UnsafeMutablePointer<moe_layer_desc>?) {
     desc?.pointee = LayerDescriptor.defaults

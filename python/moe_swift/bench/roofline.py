@@ -1,13 +1,15 @@
-"""The machine's roofline, measured in the same run with NumPy on all cores: read
-bandwidth (a STREAM-like read probe, and a large matrix-vector product) and the peak of
-a large SGEMM.
+"""The machine's roofline, measured in the same run on all cores: read bandwidth (a
+STREAM-like read probe with NumPy and with the native library, and a large NumPy
+matrix-vector product) and the peak of a large SGEMM.
 
-The bandwidth roof is the best of the two read measurements: the probe streams a 1 GiB
+The bandwidth roof is the best of the read measurements: the probe streams a 1 GiB
 buffer with one thread per core, each reducing its contiguous part with a NumPy
 reduction (bitwise or of uint64 words and a float32 sum; NumPy's SIMD loops, GIL
-released), which reads faster than OpenBLAS's GEMV on the machines tried (GEMV also
-writes and blocks). No implementation can read its weights faster than that, so
-"% of roof" is a real ceiling; a peer above 100% is flagged.
+released), and with the native library's own probe (moe_measure_read_bandwidth: the CPU
+backend's worker threads and its kernels' widest loads, on huge pages); OpenBLAS's GEMV
+over a 1 GiB matrix is measured too and counts when it reads faster. No implementation
+should read its weights faster than the best of these, so "% of roof" is a ceiling; a
+peer above 100% is flagged (the roof is then wrong, or its bytes over-counted).
 
 Decode points (T <= DECODE_MAX_T) are compared with the bandwidth: bytes of weights a
 forward must read (the distinct experts chosen across the T tokens x gate, up and down
@@ -107,8 +109,28 @@ def stream_read(buf, *, runs=10, settle=0.05, threads=None) -> dict:
             out[name] = gbs
             if best is None or max(gbs) > max(out[best]):
                 best = name
+    native = native_read(flat.nbytes, runs)
+    if native is not None:
+        name = f"libMoESwift {native[1]} loads"
+        out[name] = [native[0]]
+        if native[0] > max(out[best]):
+            best = name
     return dict(best=max(out[best]), median=float(np.median(out[best])),
                 method=f"{best}, {threads} threads over {flat.nbytes / 2**30:.2f} GiB", all=out)
+
+
+def native_read(nbytes: int, repeats: int):
+    """(best GB/s, instruction set) of moe_measure_read_bandwidth: the CPU backend's own
+    worker threads streaming `nbytes` with its kernels' widest loads; None if the library
+    cannot be loaded (its ABI error is not a roofline)."""
+    try:
+        from .. import _native
+        ffi, lib, _ = _native.load()
+        out = ffi.new("double *")
+        _native.check(lib.moe_measure_read_bandwidth(nbytes, repeats, out))
+        return float(out[0]), ffi.string(lib.moe_cpu_instruction_set()).decode()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def combine(first: dict, last: dict | None) -> dict:

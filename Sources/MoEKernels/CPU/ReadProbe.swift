@@ -1,0 +1,45 @@
+import CMoECPU
+#if canImport(Darwin)
+import Darwin
+#else
+import Glibc
+#endif
+
+/// The machine's read bandwidth as the CPU backend's kernels see it (moe_measure_read_bandwidth):
+/// the worker threads stream a buffer on huge pages with the kernels' widest loads. It is
+/// the benchmark's bandwidth roof, measured with the same threads and loads as the
+/// products, so a product "above the roof" means the roof is wrong, not the product fast.
+enum ReadProbe {
+    /// Slices per pass: enough that every thread gets several and none waits long at the end.
+    static let slices = 64
+
+    static func gigabytesPerSecond(bytes: Int, repeats: Int) throws -> Double {
+        guard bytes >= 64 << 20 else {
+            throw MoEError.invalidArgument("the read probe needs at least 64 MiB (a buffer the caches cannot hold), got \(bytes) bytes")
+        }
+        guard repeats >= 1 else { throw MoEError.invalidArgument("repeats must be at least 1, got \(repeats)") }
+        let slice = bytes / slices / 256 * 256
+        let buffer = try AlignedBuffer<UInt8>(count: slice * slices, what: "the read probe's buffer")
+        buffer.pointer.initialize(repeating: 1, count: buffer.count)  // every page touched before timing
+        let base = UnsafeRawPointer(buffer.pointer)
+        var best = Double.infinity
+        var sink: UInt64 = 0
+        for _ in 0..<repeats {
+            let start = now()
+            let parts = UnsafeMutablePointer<UInt64>.allocate(capacity: slices)
+            defer { parts.deallocate() }
+            parallelFor(slices) { i in parts[i] = moe_cpu_stream_read(base + i * slice, Int64(slice)) }
+            best = Swift.min(best, now() - start)
+            for i in 0..<slices { sink |= parts[i] }
+        }
+        // The reads' result is used, so no compiler may drop them; it is 1s everywhere.
+        guard sink == 0x0101_0101_0101_0101 else { throw MoEError.internalError("the read probe read \(sink)") }
+        return Double(buffer.count) / best / 1e9
+    }
+
+    private static func now() -> Double {
+        var t = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &t)
+        return Double(t.tv_sec) + Double(t.tv_nsec) * 1e-9
+    }
+}
