@@ -270,6 +270,26 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
         }
 }
 
+// The factored row of kind K for mm activation rows, specialised on the group size too:
+// a group loop of constant length unrolls (measured +6% for 4-bit codes at K = 2048, +12%
+// at K = 768). Other group sizes cannot reach here (WeightFormat validates them); GS 0 reads
+// it at run time all the same.
+#define AFFINE_ROW(ISA, K, MM, GS) row_affine_##ISA(K, MM, GS, w, row0 + j, ai, lda, xs, ci, ldc)
+#define AFFINE_MM(ISA, K, GS)                   \
+    switch (mm) {                               \
+    case 1: AFFINE_ROW(ISA, K, 1, GS); break;   \
+    case 2: AFFINE_ROW(ISA, K, 2, GS); break;   \
+    case 3: AFFINE_ROW(ISA, K, 3, GS); break;   \
+    default: AFFINE_ROW(ISA, K, 4, GS); break;  \
+    }
+#define AFFINE_GS(ISA, K)                        \
+    switch (w->group_size) {                     \
+    case 32: AFFINE_MM(ISA, K, 32) break;        \
+    case 64: AFFINE_MM(ISA, K, 64) break;        \
+    case 128: AFFINE_MM(ISA, K, 128) break;      \
+    default: AFFINE_MM(ISA, K, 0) break;         \
+    }
+
 // The drivers of one instruction set, written once over its row kernel
 // (row_ISA(kind, MM, ...): one weight row against MM <= 4 activation rows) and its chunk
 // store (store_chunk_ISA); `kind` and MM become constants in every specialisation.
@@ -288,28 +308,14 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
         float xsum[FACTORED_SUMS];                                                                    \
         for (int64_t i0 = 0; i0 < m; i0 += block) {                                                   \
             const int64_t mb = MIN(block, m - i0);                                                    \
-            group_sums(a + i0 * lda, lda, mb, w->cols, w->group_size, xsum);               \
+            group_sums(a + i0 * lda, lda, mb, w->cols, w->group_size, xsum);                          \
             for (int64_t j = 0; j < n; j++)                                                           \
                 for (int64_t i1 = 0; i1 < mb; i1 += 4) {                                              \
                     const float* ai = a + (i0 + i1) * lda;                                            \
                     const float* xs = xsum + i1 * groups;                                             \
                     float* ci = c + (i0 + i1) * ldc + j;                                              \
                     const int mm = (int)MIN(4, mb - i1);                                              \
-                    if (kind == K_Q4) {                                                               \
-                        switch (mm) {                                                                 \
-                        case 1: row_affine_##ISA(K_Q4, 1, w, row0 + j, ai, lda, xs, ci, ldc); break;  \
-                        case 2: row_affine_##ISA(K_Q4, 2, w, row0 + j, ai, lda, xs, ci, ldc); break;  \
-                        case 3: row_affine_##ISA(K_Q4, 3, w, row0 + j, ai, lda, xs, ci, ldc); break;  \
-                        default: row_affine_##ISA(K_Q4, 4, w, row0 + j, ai, lda, xs, ci, ldc); break; \
-                        }                                                                             \
-                    } else {                                                                          \
-                        switch (mm) {                                                                 \
-                        case 1: row_affine_##ISA(K_Q8, 1, w, row0 + j, ai, lda, xs, ci, ldc); break;  \
-                        case 2: row_affine_##ISA(K_Q8, 2, w, row0 + j, ai, lda, xs, ci, ldc); break;  \
-                        case 3: row_affine_##ISA(K_Q8, 3, w, row0 + j, ai, lda, xs, ci, ldc); break;  \
-                        default: row_affine_##ISA(K_Q8, 4, w, row0 + j, ai, lda, xs, ci, ldc); break; \
-                        }                                                                             \
-                    }                                                                                 \
+                    if (kind == K_Q4) { AFFINE_GS(ISA, K_Q4) } else { AFFINE_GS(ISA, K_Q8) }          \
                 }                                                                                     \
         }                                                                                             \
         return 1;                                                                                     \
@@ -505,12 +511,12 @@ INLINE T512 __m512 load_scalars(const void* p, int type, int64_t g, int64_t n) {
 
 // One affine weight row (kind K_Q4 or K_Q8) against MM <= 4 activation rows whose group
 // sums are xsum[i * groups + g].
-INLINE T512 void row_affine_avx512(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
+INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, const moe_cpu_matrix* w, int64_t r,
                                    const float* a, int64_t lda, const float* xsum, float* c, int64_t ldc) {
-    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int64_t cols = w->cols, gs = GS ? GS : w->group_size, groups = cols / gs;
     const group_cursor gc = group_cursor_for(w, r);
     const uint8_t* row = row_data(w, r);
-    const __m512i nibble = _mm512_set1_epi32(15);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float scales[FACTORED_SUMS / 4 + 16];  // whole vectors are stored
     // The row's scales as floats first: converting one per group inside the loop costs
     // more than the group's FMAs (measured 8.9 -> 11.8 GB/s for 4-bit codes).
@@ -526,7 +532,7 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const moe_cpu_m
             __m512 q0, q1;
             if (kind == K_Q4) {  // split layout: low nibbles are elements 0-15, high 16-31
                 const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + (k >> 1))));
-                q0 = _mm512_cvtepi32_ps(_mm512_and_si512(codes, nibble));
+                q0 = _mm512_permutexvar_ps(codes, iota);  // reads only the low nibble
                 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(codes, 4));
             } else {
                 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + k))));
@@ -672,9 +678,9 @@ INLINE T256 void store_chunk_avx2(const int kind, const moe_cpu_matrix* w, const
 }
 
 // The factored affine row of row_affine_avx512, 8 lanes wide.
-INLINE T256 void row_affine_avx2(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
+INLINE T256 void row_affine_avx2(const int kind, const int MM, const int GS, const moe_cpu_matrix* w, int64_t r,
                                  const float* a, int64_t lda, const float* xsum, float* c, int64_t ldc) {
-    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int64_t cols = w->cols, gs = GS ? GS : w->group_size, groups = cols / gs;
     const group_cursor gc = group_cursor_for(w, r);
     const uint8_t* row = row_data(w, r);
     float scales[FACTORED_SUMS / 4];
