@@ -219,9 +219,8 @@ class GGMLLayer:
         return self.nbytes // self.E
 
     # The runner pauses a peer's threads between its blocks of timed calls, as llama.cpp
-    # pauses its threadpool when idle: left running, ggml's workers slowed the next peer's
-    # block to half speed now and then (measured: ours' q4 decode 1.4 ms in most blocks,
-    # 3.0 ms in a block after ggml's).
+    # pauses its threadpool when idle, so that ggml's polling workers are not running
+    # during the other peers' blocks.
     def pause(self):
         self.L.threadpool_pause(self.pool)
 
