@@ -693,13 +693,22 @@ INLINE T256 void row_affine_avx2(const int kind, const int MM, const int GS, con
         __m256 acc[4][2];
         for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
         for (int64_t k = k0; k < k0 + gs; k += CHUNK) {
-            __m128i e[4];
-            chunk_codes_avx2(kind, row, k, e);
-            for (int q = 0; q < 4; q++) {
-                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e[q]));
-                for (int i = 0; i < MM; i++)
-                    acc[i][q & 1] = _mm256_fmadd_ps(v, _mm256_loadu_ps(a + i * lda + k + 8 * q), acc[i][q & 1]);
+            __m256 v[4];
+            if (kind == K_Q4) {
+                // Split layout: widening 8 bytes gives elements j (low nibbles) and j + 16
+                // (high nibbles) of 8 lanes at once, one mask or shift apart.
+                for (int h = 0; h < 2; h++) {
+                    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(row + (k >> 1) + 8 * h)));
+                    v[h] = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+                    v[2 + h] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+                }
+            } else {
+                for (int q = 0; q < 4; q++)
+                    v[q] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(row + k + 8 * q))));
             }
+            for (int q = 0; q < 4; q++)
+                for (int i = 0; i < MM; i++)
+                    acc[i][q & 1] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(a + i * lda + k + 8 * q), acc[i][q & 1]);
         }
         const __m256 scale = _mm256_set1_ps(scales[g]);
         for (int i = 0; i < MM; i++) {
