@@ -290,9 +290,10 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
     default: AFFINE_MM(ISA, K, 0) break;         \
     }
 
-// The drivers of one instruction set, written once over its row kernel
-// (row_ISA(kind, MM, ...): one weight row against MM <= 4 activation rows) and its chunk
-// store (store_chunk_ISA); `kind` and MM become constants in every specialisation.
+// The drivers of one instruction set, written once over its row kernels (row_ISA(kind,
+// MM, ...) and, for affine 4/8-bit codes, row_affine_ISA(kind, MM, GS, ...): one weight
+// row against MM <= 4 activation rows) and its chunk store (store_chunk_ISA); `kind`, MM
+// and GS become constants in every specialisation.
 #define DEFINE_DRIVERS(ISA, TARGET)                                                                   \
     /* The factored product (row_affine_ISA) for K_Q4 / K_Q8; 0 (nothing done) for other      \
        kinds, or rows with more groups than the stack buffer of sums holds (the table path     \
@@ -459,8 +460,8 @@ INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* 
             // start of every row (measured on one core: 15 -> 19 GB/s for bf16).
             if (kind == K_F16 || kind == K_BF16) _mm_prefetch((const char*)row_data(w, r) + 2 * k0 + 128, _MM_HINT_T0);
             // Packed codes are consumed slower than the prefetcher ramps up on a new row:
-            // fetching 1 KiB ahead (the next row, near a row's end) measured 8.7 -> 11.6
-            // GB/s on one core for 4-bit codes.
+            // fetching 1 KiB ahead (the next row, near a row's end) measured 9.7 -> 10.8
+            // GB/s on one core for mxfp4 (8.7 -> 11.6 for affine 4-bit, row_affine_avx512).
             if (kind == K_MXFP4) _mm_prefetch((const char*)row_data(w, r) + (k0 >> 1) + CODE_PREFETCH, _MM_HINT_T0);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0, v);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0 + CHUNK, v + 2);
@@ -492,15 +493,17 @@ INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* 
 // so the inner loop only widens codes to floats and does one FMA per element (no per-group
 // table, no bias), the scale is applied once per group, and sum_i x_i is computed once per
 // activation row (group_sums) and dotted with the row's biases at the end. On one
-// Zen 4 core (K = 2048, 4-bit, in L2) this measured 9.6 -> 12.2 GB/s of codes; the table
+// Zen 4 core (K = 2048, 4-bit, in L2) this measured 9.6 -> 12.7 GB/s of codes; the table
 // path is shuffle-bound. The rounding differs from the table path but stays float32 with
 // float32 accumulation, well inside the spec's tolerance.
 
 // Scale or bias elements [g, g + n) as floats in the first n lanes (n <= 16), zeros in the
 // others: masked loads, so short rows (a down projection's 12 groups) convert theirs in
 // one step and nothing past the row is read.
+INLINE __mmask16 first_lanes(int64_t n) { return (__mmask16)((1u << n) - 1u); }
+
 INLINE T512 __m512 load_scalars(const void* p, int type, int64_t g, int64_t n) {
-    const __mmask16 m = (__mmask16)((1u << n) - 1u);
+    const __mmask16 m = first_lanes(n);
     switch (type) {
     case MOE_CPU_SCALAR_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t*)p + g));
     case MOE_CPU_SCALAR_BF16:
@@ -556,7 +559,7 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
         for (int64_t g = 0; g < groups; g += 16) {
             const int64_t n = MIN(16, groups - g);
             biased = _mm512_fmadd_ps(load_scalars(gc.biases, gc.type, g, n),
-                                     _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), xs + g), biased);
+                                     _mm512_maskz_loadu_ps(first_lanes(n), xs + g), biased);
         }
         c[i * ldc] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(total[i][0], total[i][1]), biased));
     }
@@ -575,22 +578,6 @@ DEFINE_DRIVERS(avx512, T512)
 
 // ---- AVX2 + FMA + F16C --------------------------------------------------------------
 #define T256 __attribute__((target("avx2,fma,f16c")))
-
-// The 32 codes of the chunk at element k0 (kind K_Q8, or a split 4-bit layout), 8 per
-// e[q] as one byte per code in its low 8 bytes.
-INLINE T256 void chunk_codes_avx2(const int kind, const uint8_t* row, int64_t k0, __m128i* e) {
-    if (kind == K_Q8) {
-        for (int q = 0; q < 4; q++) e[q] = _mm_loadl_epi64((const __m128i*)(row + k0 + 8 * q));
-    } else {  // split layout: low nibbles are elements 0-15, high nibbles 16-31
-        const __m128i x = _mm_loadu_si128((const __m128i*)(row + (k0 >> 1)));
-        const __m128i mask = _mm_set1_epi8(0x0f);
-        const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
-        e[0] = lo;
-        e[1] = _mm_srli_si128(lo, 8);
-        e[2] = hi;
-        e[3] = _mm_srli_si128(hi, 8);
-    }
-}
 
 // Chunk -> v[0..3] (8 elements each), scale and bias applied.
 INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
@@ -619,8 +606,18 @@ INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, const grou
     }
     const int64_t g = (k0 - seg) >> gc->shift;
     const float s = p->s[g], b = kind == K_MXFP4 ? 0.0f : p->b[g];
-    __m128i e[4];
-    chunk_codes_avx2(kind, row, k0, e);
+    __m128i e[4];  // 8 codes each, one byte per code, in the low 8 bytes
+    if (kind == K_Q8) {
+        for (int q = 0; q < 4; q++) e[q] = _mm_loadl_epi64((const __m128i*)(row + k0 + 8 * q));
+    } else {  // split layout: low nibbles are elements 0-15, high nibbles 16-31
+        const __m128i x = _mm_loadu_si128((const __m128i*)(row + (k0 >> 1)));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+        e[0] = lo;
+        e[1] = _mm_srli_si128(lo, 8);
+        e[2] = hi;
+        e[3] = _mm_srli_si128(hi, 8);
+    }
     if (kind == K_MXFP4) {
         const __m256 magnitudes = _mm256_loadu_ps(e2m1_values), scale = _mm256_set1_ps(s);
         for (int q = 0; q < 4; q++) {

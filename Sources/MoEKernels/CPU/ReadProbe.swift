@@ -1,9 +1,5 @@
 import CMoECPU
-#if canImport(Darwin)
-import Darwin
-#else
-import Glibc
-#endif
+import Dispatch
 
 /// The machine's read bandwidth as the CPU backend's kernels see it (moe_measure_read_bandwidth):
 /// the worker threads stream a buffer on huge pages with the kernels' widest loads. It is
@@ -22,24 +18,19 @@ enum ReadProbe {
         let buffer = try AlignedBuffer<UInt8>(count: slice * slices, what: "the read probe's buffer")
         buffer.pointer.initialize(repeating: 1, count: buffer.count)  // every page touched before timing
         let base = UnsafeRawPointer(buffer.pointer)
-        var best = Double.infinity
+        let parts = UnsafeMutablePointer<UInt64>.allocate(capacity: slices)
+        defer { parts.deallocate() }
+        var best = UInt64.max
         var sink: UInt64 = 0
         for _ in 0..<repeats {
-            let start = now()
-            let parts = UnsafeMutablePointer<UInt64>.allocate(capacity: slices)
-            defer { parts.deallocate() }
+            let start = DispatchTime.now().uptimeNanoseconds
             parallelFor(slices) { i in parts[i] = moe_cpu_stream_read(base + i * slice, Int64(slice)) }
-            best = Swift.min(best, now() - start)
+            best = Swift.min(best, DispatchTime.now().uptimeNanoseconds - start)
             for i in 0..<slices { sink |= parts[i] }
         }
         // The reads' result is used, so no compiler may drop them; it is 1s everywhere.
         guard sink == 0x0101_0101_0101_0101 else { throw MoEError.internalError("the read probe read \(sink)") }
-        return Double(buffer.count) / best / 1e9
+        return Double(buffer.count) / Double(best)
     }
 
-    private static func now() -> Double {
-        var t = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &t)
-        return Double(t.tv_sec) + Double(t.tv_nsec) * 1e-9
-    }
 }
