@@ -10,6 +10,8 @@
 #include "moe_cpu_kernels.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -339,6 +341,7 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
     }                                                                                                 \
     TARGET static void matmul_##ISA(int64_t m, int64_t n, const float* a, int64_t lda,                \
                                     const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc) {   \
+        if (matmul_fixed_##ISA(m, n, a, lda, w, row0, c, ldc)) return;                                \
         if (matmul_factored_##ISA(m, n, a, lda, w, row0, c, ldc)) return;                             \
         switch (kernel_kind(w)) {                                                                     \
         case K_F32: matmul_##ISA##_kind(K_F32, m, n, a, lda, w, row0, c, ldc); break;                 \
@@ -565,6 +568,261 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
     }
 }
 
+// ---- Affine codes against fixed-point activations (AVX-512) -------------------------
+// The factored product above is bound by its float work: one conversion and one FMA per
+// weight. Integer multiply-adds do 32 products per instruction instead of 16, so here each
+// activation group is first written in fixed point, exactly enough that nothing is lost
+// against float32 arithmetic:
+//   x_k = d * (h_k + l_k / 2^15) + e_k,   d = max|x in group| / 32767,  h, l int16,
+// with |e_k| <= d * 2^-16 = max * 2^-31 (float32 rounds each product to 2^-24 of itself;
+// a dot product's error is dominated by its largest terms, where this is 2^7 finer).
+// Codes times h and l accumulate exactly in int32 (vpdpwssd, or vpmaddwd + vpaddd without
+// AVX512-VNNI: the same integers), and per group
+//   sum_k (s q_k + b) x_k = s d (H + L / 2^15) + b sum_k x_k,   H = sum q h, L = sum q l,
+// with sum_k x_k summed from the float activations. Measured on one Zen 4 core, 4-bit codes
+// in L2, K = 2048: 12.7 GB/s for the float factored row, 17.4 GB/s here.
+// A row of activations with a non-finite value keeps the float path (IEEE propagation).
+
+enum { FIXED_ONE = 32767, FIXED_MAX_GROUPS = 1024 };
+
+// Scratch for one call's prepared activations: per thread, kept between calls (a decode
+// step makes a few hundred calls), freed when the thread exits.
+static pthread_key_t fixed_scratch_key;
+static pthread_once_t fixed_scratch_once = PTHREAD_ONCE_INIT;
+typedef struct {
+    size_t capacity;
+    void* data;
+} fixed_scratch;
+
+static void fixed_scratch_free(void* p) {
+    fixed_scratch* s = p;
+    free(s->data);
+    free(s);
+}
+static void fixed_scratch_key_create(void) { (void)pthread_key_create(&fixed_scratch_key, fixed_scratch_free); }
+
+// `bytes` of 64-byte-aligned scratch for this thread, or NULL if it cannot be allocated.
+static void* fixed_scratch_take(size_t bytes) {
+    (void)pthread_once(&fixed_scratch_once, fixed_scratch_key_create);
+    fixed_scratch* s = pthread_getspecific(fixed_scratch_key);
+    if (s == NULL) {
+        if ((s = calloc(1, sizeof *s)) == NULL) return NULL;
+        if (pthread_setspecific(fixed_scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->capacity < bytes) {
+        free(s->data);
+        s->capacity = 0;
+        const size_t rounded = (bytes + 4095) & ~(size_t)4095;
+        if ((s->data = aligned_alloc(64, rounded)) == NULL) return NULL;
+        s->capacity = rounded;
+    }
+    return s->data;
+}
+
+// Activation rows in fixed point, in the order the codes of `kind` unpack: 8-bit codes in
+// element order; 4-bit codes (split layout) per 64 elements as 0-15, 32-47, 16-31, 48-63,
+// which is what widening 32 code bytes to words and masking / shifting the nibbles yields
+// (a last block of 32 stays in order). Row i: hi[i * cols + k], lo likewise, d[i * groups
+// + g], xsum likewise.
+typedef struct {
+    int16_t* hi;
+    int16_t* lo;
+    float* d;
+    float* xsum;
+} fixed_rows;
+
+// Element of the prepared order -> element of the row, per 16 elements.
+INLINE int64_t fixed_source(const int kind, int64_t k, int64_t cols) {
+    if (kind != K_Q4 || (k | 63) >= cols) return k;
+    static const int8_t block16[4] = {0, 32, 16, 48};
+    return (k & ~(int64_t)63) + block16[(k >> 4) & 3] + (k & 15);
+}
+
+// 1 if every value is finite (the rows are then prepared), else 0.
+INLINE T512 int prepare_fixed_avx512(const int kind, int64_t m, const float* a, int64_t lda, int64_t cols,
+                                     int64_t gs, const fixed_rows* out) {
+    const int64_t groups = cols / gs;
+    float inv[FIXED_MAX_GROUPS];
+    for (int64_t i = 0; i < m; i++) {
+        const float* x = a + i * lda;
+        float* d = out->d + i * groups;
+        for (int64_t g = 0; g < groups; g++) {
+            __m512 big = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+            for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+                const __m512 v = _mm512_loadu_ps(x + k);
+                big = _mm512_max_ps(big, _mm512_abs_ps(v));
+                sum = _mm512_add_ps(sum, v);
+            }
+            const float top = _mm512_reduce_max_ps(big);
+            if (!(top <= 3.4028235e38f)) return 0;  // inf or NaN
+            d[g] = top / FIXED_ONE;
+            inv[g] = top > 0 ? FIXED_ONE / top : 0.0f;
+            out->xsum[i * groups + g] = _mm512_reduce_add_ps(sum);
+        }
+        int16_t* hi = out->hi + i * cols;
+        int16_t* lo = out->lo + i * cols;
+        for (int64_t k = 0; k < cols; k += 16) {
+            const int64_t src = fixed_source(kind, k, cols), g = src / gs;
+            const __m512 v = _mm512_loadu_ps(x + src), scale = _mm512_set1_ps(inv[g]);
+            const __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(v, scale), _MM_FROUND_TO_NEAREST_INT);
+            const __m512 rest = _mm512_fnmadd_ps(h, _mm512_set1_ps(d[g]), v);  // exact: v - h d
+            const __m512 l = _mm512_mul_ps(_mm512_mul_ps(rest, scale), _mm512_set1_ps(32768.0f));
+            _mm256_storeu_si256((__m256i*)(hi + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(h)));
+            _mm256_storeu_si256((__m256i*)(lo + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(l)));
+        }
+    }
+    return 1;
+}
+
+// acc + the pairwise products of int16 lanes a and b, in int32 lanes. Inline assembly for
+// VNNI: an always-inline function with the intrinsic could not also serve the
+// non-VNNI build of the same row kernel.
+INLINE T512 __m512i dot_words(const int vnni, __m512i acc, __m512i a, __m512i b) {
+    if (vnni) {
+        __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+        return acc;
+    }
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
+
+// One 4-bit (K_Q4) or 8-bit (K_Q8) affine weight row against MM <= 4 prepared activation
+// rows: 32 code bytes a step (64 elements of 4 bits, 32 of 8 bits). Integer sums run over
+// a whole group (or, for 4-bit codes in groups of 32, over the two groups of a step, lanes
+// 0-7 and 8-15) before their conversion to float.
+INLINE T512 void row_fixed_avx512(const int kind, const int MM, const int GS, const int vnni, const moe_cpu_matrix* w,
+                                  int64_t r, const fixed_rows* x, float* c, int64_t ldc) {
+    const int64_t cols = w->cols, gs = GS ? GS : w->group_size, groups = cols / gs;
+    const group_cursor gc = group_cursor_for(w, r);
+    const uint8_t* row = row_data(w, r);
+    float cs[4][FIXED_MAX_GROUPS + 16];  // scale * d per activation row and group
+    __m512 hi_total[4][2], lo_total[4][2], biased[4];
+    for (int i = 0; i < MM; i++) {
+        biased[i] = _mm512_setzero_ps();
+        hi_total[i][0] = hi_total[i][1] = lo_total[i][0] = lo_total[i][1] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < groups; g += 16) {
+        const int64_t n = MIN(16, groups - g);
+        const __m512 s = load_scalars(gc.scales, gc.type, g, n), b = load_scalars(gc.biases, gc.type, g, n);
+        for (int i = 0; i < MM; i++) {
+            _mm512_storeu_ps(cs[i] + g, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(first_lanes(n), x->d + i * groups + g)));
+            biased[i] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(first_lanes(n), x->xsum + i * groups + g), biased[i]);
+        }
+    }
+    const __m512i nibble = _mm512_set1_epi16(15);
+    const int step = kind == K_Q4 ? 64 : 32;                // elements per 32 code bytes
+    const int64_t span = kind == K_Q4 && gs == 32 ? 64 : gs;  // elements per conversion
+    // Integer sums of elements [k, k + span), converted and scaled into totals[u]; two
+    // totals per activation row keep two FMA chains in flight.
+#define FIXED_SPAN(u)                                                                                         \
+    {                                                                                                         \
+        __m512i hs[4], ls[4];                                                                                 \
+        for (int i = 0; i < MM; i++) hs[i] = ls[i] = _mm512_setzero_si512();                                  \
+        for (int64_t e = k; e < k + span; e += step) {                                                        \
+            const uint8_t* p = row + (kind == K_Q4 ? e >> 1 : e);                                             \
+            if (kind == K_Q4) _mm_prefetch((const char*)p + CODE_PREFETCH, _MM_HINT_T0);                      \
+            const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));               \
+            const __m512i low = _mm512_and_si512(codes, nibble), high = _mm512_srli_epi16(codes, 4);          \
+            for (int i = 0; i < MM; i++) {                                                                    \
+                const __m512i* h = (const __m512i*)(x->hi + i * cols + e);                                    \
+                const __m512i* l = (const __m512i*)(x->lo + i * cols + e);                                    \
+                if (kind == K_Q4) {                                                                           \
+                    hs[i] = dot_words(vnni, dot_words(vnni, hs[i], low, _mm512_loadu_si512(h)), high,         \
+                                      _mm512_loadu_si512(h + 1));                                             \
+                    ls[i] = dot_words(vnni, dot_words(vnni, ls[i], low, _mm512_loadu_si512(l)), high,         \
+                                      _mm512_loadu_si512(l + 1));                                             \
+                } else {                                                                                      \
+                    hs[i] = dot_words(vnni, hs[i], codes, _mm512_loadu_si512(h));                             \
+                    ls[i] = dot_words(vnni, ls[i], codes, _mm512_loadu_si512(l));                             \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        const int64_t g = k / gs;                                                                             \
+        for (int i = 0; i < MM; i++) {                                                                        \
+            /* two groups of 32 (4-bit codes): lanes 0-7 and 8-15 */                                          \
+            const __m512 scale = span == gs ? _mm512_set1_ps(cs[i][g])                                        \
+                                            : _mm512_permutexvar_ps(pair, _mm512_castpd_ps(                   \
+                                                  _mm512_set1_pd(*(const double*)(cs[i] + g))));              \
+            hi_total[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[i]), scale, hi_total[i][u]);               \
+            lo_total[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ls[i]), scale, lo_total[i][u]);               \
+        }                                                                                                     \
+        k += span;                                                                                            \
+    }
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t k = 0;
+    while (k + 2 * span <= cols) {
+        FIXED_SPAN(0)
+        FIXED_SPAN(1)
+    }
+    if (k + span <= cols) FIXED_SPAN(0)
+#undef FIXED_SPAN
+    const int u = 1;
+    if (k < cols) {  // 4-bit codes, groups of 32, a last group of 32 elements: 8 lanes
+        const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(row + (k >> 1))));
+        const __m256i low = _mm256_and_si256(codes, _mm256_set1_epi16(15)), high = _mm256_srli_epi16(codes, 4);
+        for (int i = 0; i < MM; i++) {
+            const int16_t* h = x->hi + i * cols + k;
+            const int16_t* l = x->lo + i * cols + k;
+            const __m256i hs = _mm256_add_epi32(_mm256_madd_epi16(low, _mm256_loadu_si256((const __m256i*)h)),
+                                                _mm256_madd_epi16(high, _mm256_loadu_si256((const __m256i*)(h + 16))));
+            const __m256i ls = _mm256_add_epi32(_mm256_madd_epi16(low, _mm256_loadu_si256((const __m256i*)l)),
+                                                _mm256_madd_epi16(high, _mm256_loadu_si256((const __m256i*)(l + 16))));
+            const __m512 scale = _mm512_set1_ps(cs[i][k / gs]);
+            hi_total[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(hs)), scale, hi_total[i][u]);
+            lo_total[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(ls)), scale, lo_total[i][u]);
+        }
+    }
+    for (int i = 0; i < MM; i++) {
+        const __m512 hi = _mm512_add_ps(hi_total[i][0], hi_total[i][1]), lo = _mm512_add_ps(lo_total[i][0], lo_total[i][1]);
+        c[i * ldc] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_fmadd_ps(lo, _mm512_set1_ps(0x1p-15f), hi), biased[i]));
+    }
+}
+
+#define FIXED_ROW(K, MM, GS)                                                          \
+    (vnni ? row_fixed_avx512(K, MM, GS, 1, w, row0 + j, &x, c + i0 * ldc + j, ldc)    \
+          : row_fixed_avx512(K, MM, GS, 0, w, row0 + j, &x, c + i0 * ldc + j, ldc))
+#define FIXED_MM(K, GS)                         \
+    switch (mm) {                               \
+    case 1: FIXED_ROW(K, 1, GS); break;         \
+    case 2: FIXED_ROW(K, 2, GS); break;         \
+    case 3: FIXED_ROW(K, 3, GS); break;         \
+    default: FIXED_ROW(K, 4, GS); break;        \
+    }
+#define FIXED_GS(K)                              \
+    switch (w->group_size) {                     \
+    case 32: FIXED_MM(K, 32) break;              \
+    case 64: FIXED_MM(K, 64) break;              \
+    case 128: FIXED_MM(K, 128) break;            \
+    default: FIXED_MM(K, 0) break;               \
+    }
+
+// The fixed-point product for K_Q4 / K_Q8, four activation rows at a time; 0 (nothing
+// done) for other kinds, rows with too many groups, activations that are not all finite
+// or scratch that cannot be allocated: the float factored product then serves.
+static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                                    int64_t row0, float* c, int64_t ldc) {
+    const int kind = kernel_kind(w);
+    if (kind != K_Q4 && kind != K_Q8) return 0;
+    const int64_t cols = w->cols, groups = cols / w->group_size;
+    if (groups > FIXED_MAX_GROUPS) return 0;
+    const int vnni = moe_cpu_isa_level() == MOE_CPU_ISA_AVX512_VNNI;
+    const int64_t rows = MIN(m, 4);
+    uint8_t* scratch = fixed_scratch_take((size_t)rows * (4 * cols + 8 * groups));
+    if (scratch == NULL) return 0;
+    const fixed_rows x = {(int16_t*)scratch, (int16_t*)scratch + rows * cols,
+                          (float*)(scratch + 4 * rows * cols), (float*)(scratch + 4 * rows * cols) + rows * groups};
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+        const int mm = (int)MIN(4, m - i0);
+        if (!prepare_fixed_avx512(kind, mm, a + i0 * lda, lda, cols, w->group_size, &x)) return 0;
+        for (int64_t j = 0; j < n; j++) {
+            if (kind == K_Q4) { FIXED_GS(K_Q4) } else { FIXED_GS(K_Q8) }
+        }
+    }
+    return 1;
+}
+
 // One chunk stored as floats (the tile dequantization of prefill).
 INLINE T512 void store_chunk_avx512(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
                                     const segment_params* p, int64_t seg, int64_t k0, float* o) {
@@ -720,6 +978,13 @@ INLINE T256 void row_affine_avx2(const int kind, const int MM, const int GS, con
     }
 }
 
+// No fixed-point product on AVX2 yet: the float factored row serves.
+INLINE int matmul_fixed_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w, int64_t row0,
+                             float* c, int64_t ldc) {
+    (void)m, (void)n, (void)a, (void)lda, (void)w, (void)row0, (void)c, (void)ldc;
+    return 0;
+}
+
 DEFINE_DRIVERS(avx2, T256)
 
 
@@ -727,6 +992,7 @@ void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
                               int64_t row0, float* c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
     switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: matmul_avx512(m, n, a, lda, w, row0, c, ldc); break;
     case MOE_CPU_ISA_AVX2: matmul_avx2(m, n, a, lda, w, row0, c, ldc); break;
     default: matmul_portable(m, n, a, lda, w, row0, c, ldc); break;
@@ -736,6 +1002,7 @@ void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
 void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
     if (rows <= 0) return;
     switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: dequantize_avx512(w, row0, rows, out); break;
     case MOE_CPU_ISA_AVX2: dequantize_avx2(w, row0, rows, out); break;
     default: dequantize_rows_portable(w, row0, rows, out); break;

@@ -110,6 +110,7 @@ typedef void (*gemm_fn)(int64_t, int64_t, int64_t, const float*, int64_t, const 
 
 static gemm_fn select_kernel(void) {
     switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: return gemm_nt_avx512;
     case MOE_CPU_ISA_AVX2: return gemm_nt_avx2;
     default: return 0;

@@ -48,6 +48,7 @@ __attribute__((target("avx2"))) static uint64_t stream_read_avx2(const uint8_t* 
 
 uint64_t moe_cpu_stream_read(const void* p, int64_t bytes) {
     switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: return stream_read_avx512(p, bytes);
     case MOE_CPU_ISA_AVX2: return stream_read_avx2(p, bytes);
     default: return stream_read_portable(p, bytes);

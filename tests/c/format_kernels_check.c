@@ -9,6 +9,10 @@
 // bitwise the same whatever other activation rows share the call.
 static uint32_t rng = 12345;
 static uint32_t rnd(void) { rng = rng * 1664525u + 1013904223u; return rng >> 8; }
+// Activations: 0 uniform in [-1, 1); 1 with exponents spread over 2^-20..2^20 and the first
+// 64 values zero (fixed-point groups whose largest value is 0 or dwarfs the rest); 2 the
+// first activation row's element 5 NaN, whose outputs must all be NaN.
+static int activations = 0;
 int check(int fmt, int bits, int gs, int stype, int split, int64_t rows, int64_t cols, int m) {
     moe_cpu_matrix w = {0};
     w.format = fmt; w.bits = bits; w.group_size = gs; w.scale_type = stype; w.cols = cols; w.split_nibbles = split;
@@ -35,10 +39,17 @@ int check(int fmt, int bits, int gs, int stype, int split, int64_t rows, int64_t
     moe_cpu_dequantize_rows(&w, 0, rows, deq);
     float* a = malloc(m * cols * 4);
     for (int64_t i = 0; i < m * cols; i++) a[i] = (rnd() % 2000) / 1000.0f - 1;
+    if (activations == 1)
+        for (int64_t i = 0; i < m * cols; i++) a[i] = i % cols < 64 ? 0.0f : ldexpf(a[i], (int)(rnd() % 41) - 20);
+    if (activations == 2 && cols > 5) a[5] = NAN;
     float* c = malloc(m * rows * 4);
     moe_cpu_matmul_formatted(m, rows, a, cols, &w, 0, c, rows);
     double worst = 0, scale = 0;
     for (int i = 0; i < m; i++) for (int64_t j = 0; j < rows; j++) {
+        if (activations == 2 && cols > 5) {
+            if (i == 0 && !isnan(c[j])) { worst = INFINITY; printf("NaN activation, row %ld: %g\n", (long)j, c[j]); }
+            if (i == 0) continue;
+        }
         double ref = 0, mag = 0;
         for (int64_t x = 0; x < cols; x++) { ref += (double)a[i * cols + x] * deq[j * cols + x]; mag += fabs(a[i*cols+x]*deq[j*cols+x]); }
         double d = fabs(ref - c[i * rows + j]); if (d > worst) worst = d; if (mag > scale) scale = mag;
@@ -71,6 +82,15 @@ int main(void) {
         fails += !check(3, 8, 32, 2, 0, 3, 32 * 17, m); fails += !check(3, 4, 64, 0, 1, 3, 64 * 33, m);
         fails += !check(3, 4, 32, 1, 1, 2, 32 * 1100, m); n += 3;
     }
+    // Fixed-point activations (the affine 4- and 8-bit products): zero groups, a wide
+    // dynamic range, a NaN.
+    for (activations = 1; activations <= 2; activations++)
+        for (int mi = 0; mi < 6; mi++)
+            for (int gs = 32; gs <= 128; gs *= 2) {
+                fails += !check(3, 4, gs, 1, 1, 3, gs * 5, ms[mi]);
+                fails += !check(3, 8, gs, 2, 0, 3, gs * 5, ms[mi]);
+                n += 2;
+            }
     printf("%d of %d cases failed\n", fails, n);
     return fails != 0;
 }
