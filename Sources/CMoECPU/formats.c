@@ -726,18 +726,25 @@ INLINE T512 __m256i dot_bytes256(const int vnni, __m256i acc, __m256i u, __m256i
 
 // The per-row part of a fixed-point product: cs[i][g] = scale[g] * (d or D of activation
 // row i, group g), and bias . xsum of each activation row as a vector to fold into the total.
-INLINE T512 void fixed_row_scales(const int MM, const group_cursor* gc, int64_t groups, const fixed_rows* x,
-                                  float cs[][FIXED_MAX_GROUPS + 16], __m512* biased) {
+// 0 if some cs underflowed below float32's normal range (scales near 2^-126 times small
+// activations): the row then takes the float path, which does not form that product.
+INLINE T512 int fixed_row_scales(const int MM, const group_cursor* gc, int64_t groups,
+                                const fixed_rows* x, float cs[][FIXED_MAX_GROUPS + 16], __m512* biased) {
+    __mmask16 lost = 0;
     for (int i = 0; i < MM; i++) biased[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g += 16) {
         const int64_t n = MIN(16, groups - g);
         const __m512 s = load_scalars(gc->scales, gc->type, g, n), b = load_scalars(gc->biases, gc->type, g, n);
         for (int i = 0; i < MM; i++) {
-            const float* d = x->scale + i * groups + g;
-            _mm512_storeu_ps(cs[i] + g, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(first_lanes(n), d)));
+            const __m512 d = _mm512_maskz_loadu_ps(first_lanes(n), x->scale + i * groups + g);
+            const __m512 sd = _mm512_mul_ps(s, d);
+            _mm512_storeu_ps(cs[i] + g, sd);
+            lost |= _mm512_cmp_ps_mask(_mm512_abs_ps(sd), _mm512_set1_ps(0x1p-126f), _CMP_LT_OQ) &
+                    _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_NEQ_UQ) & _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ);
             biased[i] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(first_lanes(n), x->xsum + i * groups + g), biased[i]);
         }
     }
+    return lost == 0;
 }
 
 // Group g of an 8-bit row (32 codes a step), its integer sums converted and scaled into
@@ -793,9 +800,8 @@ INLINE T512 void spans_fixed_q4(const int NS, const int MM, const int64_t gs, co
             __m512 scale;
             if (span == gs) {
                 scale = _mm512_set1_ps(cs[i][g]);
-            } else {  // two groups of 32
-                const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-                scale = _mm512_permutexvar_ps(pair, _mm512_castpd_ps(_mm512_set1_pd(*(const double*)(cs[i] + g))));
+            } else {  // two groups of 32: lanes 0-3 and 8-11, 4-7 and 12-15
+                scale = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(cs[i][g]), _mm512_set1_ps(cs[i][g + 1]));
             }
             total[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[u]), scale, total[i][u]);
         }
@@ -803,18 +809,22 @@ INLINE T512 void spans_fixed_q4(const int NS, const int MM, const int64_t gs, co
 }
 
 // One affine weight row of kind K_Q8 or K_Q4 (split layout) against MM <= 4 prepared
-// activation rows. 4-bit codes go 32 code bytes (64 codes) a step, their nibbles as the
-// 64 bytes of one vector; a step's integer sum covers one group (GS 64), half of one
-// (GS 128: two steps), or two (GS 32: lanes 0-3 and 8-11, 4-7 and 12-15); a last block of
-// 32 codes (GS 32 only) takes 256-bit vectors. out[i] = the row's 16 lanes to sum.
-INLINE T512 void row_fixed_avx512(const int kind, const int MM, const int GS, const int vnni, const moe_cpu_matrix* w,
-                                  int64_t r, const fixed_rows* x, __m512* out) {
+// activation rows: out[i] = the row's 16 lanes to sum; 0 (out zero) if its scales
+// underflow (fixed_row_scales). 4-bit codes go 32 code bytes (64 codes) a step, their
+// nibbles as the 64 bytes of one vector; a step's integer sum covers one group (GS 64),
+// half of one (GS 128: two steps), or two (GS 32: lanes 0-3 and 8-11, 4-7 and 12-15); a
+// last block of 32 codes (GS 32 only) takes 256-bit vectors.
+INLINE T512 int row_fixed_avx512(const int kind, const int MM, const int GS, const int vnni, const moe_cpu_matrix* w,
+                                 int64_t r, const fixed_rows* x, __m512* out) {
     const int64_t cols = w->cols, gs = GS ? GS : w->group_size, groups = cols / gs;
     const group_cursor gc = group_cursor_for(w, r);
     const uint8_t* row = row_data(w, r);
     float cs[4][FIXED_MAX_GROUPS + 16];
     __m512 hi_total[4][2], lo_total[4][2], biased[4];  // lo: 8-bit codes only
-    fixed_row_scales(MM, &gc, groups, x, cs, biased);
+    if (!fixed_row_scales(MM, &gc, groups, x, cs, biased)) {
+        for (int i = 0; i < MM; i++) out[i] = _mm512_setzero_ps();
+        return 0;
+    }
     for (int i = 0; i < MM; i++) hi_total[i][0] = hi_total[i][1] = lo_total[i][0] = lo_total[i][1] = _mm512_setzero_ps();
     if (kind == K_Q8) {
         int64_t g = 0;
@@ -852,6 +862,7 @@ INLINE T512 void row_fixed_avx512(const int kind, const int MM, const int GS, co
         }
     }
     for (int i = 0; i < MM; i++) out[i] = _mm512_add_ps(_mm512_add_ps(hi_total[i][0], hi_total[i][1]), biased[i]);
+    return 1;
 }
 
 // The sum of v's 16 lanes by a fixed tree (lanes i + i+8, then i + i+4, i + i+2, i + i+1),
@@ -876,12 +887,18 @@ INLINE T512 __m128 sum_lanes4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
     return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), d));
 }
 
+// The float row of any kind, for the rare rows the fixed-point product leaves (one
+// instance: kind and activation rows are run-time values here).
+static T512 __attribute__((noinline)) void row_float_avx512(int kind, int mm, const moe_cpu_matrix* w, int64_t r,
+                                                            const float* a, int64_t lda, float* c, int64_t ldc) {
+    row_avx512(kind, mm, w, r, a, lda, c, ldc);
+}
+
 #define FIXED_ROW(K, MM, GS)                                                                      \
     do {                                                                                          \
-        for (int64_t q = 0; q < nb; q++) {                                                        \
-            if (vnni) row_fixed_avx512(K, MM, GS, 1, w, row0 + j + q, &x, v[q]);                  \
-            else row_fixed_avx512(K, MM, GS, 0, w, row0 + j + q, &x, v[q]);                       \
-        }                                                                                         \
+        for (int64_t q = 0; q < nb; q++)                                                          \
+            done[q] = vnni ? row_fixed_avx512(K, MM, GS, 1, w, row0 + j + q, &x, v[q])            \
+                           : row_fixed_avx512(K, MM, GS, 0, w, row0 + j + q, &x, v[q]);           \
     } while (0)
 #define FIXED_MM(K, GS)                         \
     switch (mm) {                               \
@@ -898,9 +915,10 @@ INLINE T512 __m128 sum_lanes4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
     default: FIXED_MM(K, 0) break;               \
     }
 
-// The fixed-point product for K_Q4 / K_Q8, four activation rows at a time; 0 (nothing
-// done) for other kinds, rows with too many groups, activations that are not all finite
-// or scratch that cannot be allocated: the float factored product then serves.
+// The fixed-point product for K_Q4 and K_Q8, four activation rows at a time; 0
+// (nothing done) for other kinds, rows with too many groups, activations that are not all
+// finite or scratch that cannot be allocated: the float product then serves. A weight row
+// whose scales underflow against these activations takes the float row.
 static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                     int64_t row0, float* c, int64_t ldc) {
     const int kind = kernel_kind(w);
@@ -920,6 +938,7 @@ static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_
         for (int64_t j = 0; j < n; j += 4) {
             const int64_t nb = MIN(4, n - j);
             __m512 v[4][4];  // [weight row][activation row]
+            int done[4];
             if (kind == K_Q4) { FIXED_GS(K_Q4) } else { FIXED_GS(K_Q8) }
             for (int i = 0; i < mm; i++) {
                 float* ci = c + (i0 + i) * ldc + j;
@@ -929,6 +948,8 @@ static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_
                     for (int64_t q = 0; q < nb; q++) ci[q] = sum_lanes(v[q][i]);
                 }
             }
+            for (int64_t q = 0; q < nb; q++)
+                if (!done[q]) row_float_avx512(kind, mm, w, row0 + j + q, a + i0 * lda, lda, c + i0 * ldc + j + q, ldc);
         }
     }
     return 1;
