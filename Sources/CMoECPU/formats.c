@@ -894,26 +894,30 @@ static T512 __attribute__((noinline)) void row_float_avx512(int kind, int mm, co
     row_avx512(kind, mm, w, r, a, lda, c, ldc);
 }
 
-#define FIXED_ROW(K, MM, GS)                                                                      \
-    do {                                                                                          \
-        for (int64_t q = 0; q < nb; q++)                                                          \
-            done[q] = vnni ? row_fixed_avx512(K, MM, GS, 1, w, row0 + j + q, &x, v[q])            \
-                           : row_fixed_avx512(K, MM, GS, 0, w, row0 + j + q, &x, v[q]);           \
-    } while (0)
-#define FIXED_MM(K, GS)                         \
-    switch (mm) {                               \
-    case 1: FIXED_ROW(K, 1, GS); break;         \
-    case 2: FIXED_ROW(K, 2, GS); break;         \
-    case 3: FIXED_ROW(K, 3, GS); break;         \
-    default: FIXED_ROW(K, 4, GS); break;        \
+// One function per specialisation (kind, activation rows, group size, VNNI): rows
+// [r0, r0 + nb) of a call, v[q][i] = row r0 + q against activation row i, done[q] = 0 for
+// a row left to the float path. Separate functions rather than one switch that inlines
+// all 48: compilers' per-function passes grow faster than linearly.
+typedef void fixed_rows_fn(const moe_cpu_matrix* w, int64_t r0, int64_t nb, const fixed_rows* x, __m512 (*v)[4],
+                           int* done);
+#define FIXED_ROWS(K, MM, GS, V)                                                                              \
+    static T512 void fixed_rows_##K##_##MM##_##GS##_##V(const moe_cpu_matrix* w, int64_t r0, int64_t nb,      \
+                                                        const fixed_rows* x, __m512 (*v)[4], int* done) {     \
+        for (int64_t q = 0; q < nb; q++) done[q] = row_fixed_avx512(K, MM, GS, V, w, r0 + q, x, v[q]);       \
     }
-#define FIXED_GS(K)                              \
-    switch (w->group_size) {                     \
-    case 32: FIXED_MM(K, 32) break;              \
-    case 64: FIXED_MM(K, 64) break;              \
-    case 128: FIXED_MM(K, 128) break;            \
-    default: FIXED_MM(K, 0) break;               \
-    }
+#define FIXED_ROWS_GS(K, MM, V) FIXED_ROWS(K, MM, 32, V) FIXED_ROWS(K, MM, 64, V) FIXED_ROWS(K, MM, 128, V)
+#define FIXED_ROWS_MM(K, V) FIXED_ROWS_GS(K, 1, V) FIXED_ROWS_GS(K, 2, V) FIXED_ROWS_GS(K, 3, V) FIXED_ROWS_GS(K, 4, V)
+FIXED_ROWS_MM(K_Q4, 0)
+FIXED_ROWS_MM(K_Q4, 1)
+FIXED_ROWS_MM(K_Q8, 0)
+FIXED_ROWS_MM(K_Q8, 1)
+#define FIXED_ENTRY_GS(K, MM, V) {fixed_rows_##K##_##MM##_32_##V, fixed_rows_##K##_##MM##_64_##V, fixed_rows_##K##_##MM##_128_##V}
+#define FIXED_ENTRY_MM(K, V) {FIXED_ENTRY_GS(K, 1, V), FIXED_ENTRY_GS(K, 2, V), FIXED_ENTRY_GS(K, 3, V), FIXED_ENTRY_GS(K, 4, V)}
+// [4-bit, 8-bit][VNNI][activation rows - 1][group size 32, 64, 128]
+static fixed_rows_fn* const fixed_rows_table[2][2][4][3] = {
+    {FIXED_ENTRY_MM(K_Q4, 0), FIXED_ENTRY_MM(K_Q4, 1)},
+    {FIXED_ENTRY_MM(K_Q8, 0), FIXED_ENTRY_MM(K_Q8, 1)},
+};
 
 // The fixed-point product for K_Q4 and K_Q8, four activation rows at a time; 0
 // (nothing done) for other kinds, rows with too many groups, activations that are not all
@@ -922,7 +926,8 @@ static T512 __attribute__((noinline)) void row_float_avx512(int kind, int mm, co
 static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                     int64_t row0, float* c, int64_t ldc) {
     const int kind = kernel_kind(w);
-    if (kind != K_Q4 && kind != K_Q8) return 0;
+    const int gsi = w->group_size == 32 ? 0 : w->group_size == 64 ? 1 : w->group_size == 128 ? 2 : -1;
+    if ((kind != K_Q4 && kind != K_Q8) || gsi < 0) return 0;
     const int64_t cols = w->cols, groups = cols / w->group_size;
     if (groups > FIXED_MAX_GROUPS) return 0;
     const int vnni = moe_cpu_isa_level() == MOE_CPU_ISA_AVX512_VNNI;
@@ -935,11 +940,12 @@ static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_
     for (int64_t i0 = 0; i0 < m; i0 += 4) {
         const int mm = (int)MIN(4, m - i0);
         if (!prepare_fixed_avx512(kind, mm, a + i0 * lda, lda, cols, w->group_size, &x)) return 0;
+        fixed_rows_fn* const rows_fn = fixed_rows_table[kind == K_Q8][vnni][mm - 1][gsi];
         for (int64_t j = 0; j < n; j += 4) {
             const int64_t nb = MIN(4, n - j);
             __m512 v[4][4];  // [weight row][activation row]
             int done[4];
-            if (kind == K_Q4) { FIXED_GS(K_Q4) } else { FIXED_GS(K_Q8) }
+            rows_fn(w, row0 + j, nb, &x, v, done);
             for (int i = 0; i < mm; i++) {
                 float* ci = c + (i0 + i) * ldc + j;
                 if (nb == 4) {
