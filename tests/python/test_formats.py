@@ -157,6 +157,23 @@ def test_mixed_formats_in_one_layer(backend):
         check(layer, args, x)
 
 
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_fixed_point_activations_with_outliers(fmt):
+    """The CPU's decode products of affine codes take the activations in fixed point per
+    group (docs/formats.md), scaled to the group's largest value: activations with outlier
+    channels 10^4 times the rest, as LLM activations have, and a stretch 10^6 times smaller
+    still meet the spec's tolerance, for 1 to 4 activation rows per product."""
+    args = convert(make_layer_args("qwen3_moe", H=256, I=128, E=8, k=2, seed=11), fmt)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    x[:, [3, 77, 200]] *= 1e4
+    x[1, 100:140] *= 1e-6
+    # (the reference's SiLU overflows exp for gates near -10^4: the value is 0 all the same)
+    with moe_swift.MoELayer(**args, backend="cpu") as layer, np.errstate(over="ignore"):
+        for T in (1, 2, 4):
+            check(layer, args, x[:T])
+
+
 def test_odd_dense_sizes():
     """float16 / bfloat16 rows that are not a multiple of 32 elements."""
     args = convert(make_layer_args("mixtral", H=45, I=23, E=5, k=2, seed=9), "f16")
