@@ -584,7 +584,7 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
 //   sum_k (s q_k + b) x_k = s d (H + L / 2^15) + b sum_k x_k   (or s D T + b sum_k x_k),
 // with sum_k x_k summed from the float activations. Without AVX512-VNNI the same integers
 // come from vpmaddwd / vpmaddubsw + vpmaddwd and adds. One Zen 4 core, codes in L2, K =
-// 2048: 4-bit 12.7 GB/s (float factored row) -> 21 GB/s here, 8-bit 24 -> 30 GB/s.
+// 2048: 4-bit 12.7 GB/s (float factored row) -> 19 GB/s here, 8-bit 24 -> 30 GB/s.
 // A row of activations with a non-finite value keeps the float path (IEEE propagation).
 
 enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
@@ -814,9 +814,9 @@ INLINE T512 void spans_fixed_q4(const int NS, const int MM, const int64_t gs, co
 // nibbles as the 64 bytes of one vector; a step's integer sum covers one group (GS 64),
 // half of one (GS 128: two steps), or two (GS 32: lanes 0-3 and 8-11, 4-7 and 12-15); a
 // last block of 32 codes (GS 32 only) takes 256-bit vectors.
-INLINE T512 int row_fixed_avx512(const int kind, const int MM, const int GS, const int vnni, const moe_cpu_matrix* w,
+INLINE T512 int row_fixed_avx512(const int kind, const int MM, const int gs, const int vnni, const moe_cpu_matrix* w,
                                  int64_t r, const fixed_rows* x, __m512* out) {
-    const int64_t cols = w->cols, gs = GS ? GS : w->group_size, groups = cols / gs;
+    const int64_t cols = w->cols, groups = cols / gs;
     const group_cursor gc = group_cursor_for(w, r);
     const uint8_t* row = row_data(w, r);
     float cs[4][FIXED_MAX_GROUPS + 16];
