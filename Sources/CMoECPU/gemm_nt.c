@@ -54,16 +54,10 @@ static void gemm_nt_avx512_##MR##x##NR(int64_t m, int64_t n, int64_t k, const fl
     }                                                                                           \
 }
 
-// One row (decode): more weight rows in flight, as the product only streams them.
-DEFINE_GEMM_AVX512(1, 8)
+// Decode products (M <= 4) do not come here: the row kernels of moe_cpu_formats.h serve
+// every format there, float32 included.
 DEFINE_GEMM_AVX512(4, 4)
-
-__attribute__((target("avx512f")))
-static void gemm_nt_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                           const float* b, int64_t ldb, float* c, int64_t ldc) {
-    if (m == 1) gemm_nt_avx512_1x8(m, n, k, a, lda, b, ldb, c, ldc);
-    else gemm_nt_avx512_4x4(m, n, k, a, lda, b, ldb, c, ldc);
-}
+#define gemm_nt_avx512 gemm_nt_avx512_4x4
 
 // ---- AVX2 + FMA: 2 x 4 blocks of 8-lane accumulators (16 ymm registers) ----------
 __attribute__((target("avx2,fma")))

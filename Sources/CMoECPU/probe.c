@@ -1,5 +1,6 @@
 // The read probe of moe_cpu_kernels.h: the benchmark's bandwidth roof measured with the
-// loads the kernels themselves use, so that no kernel of this library can be "above" it.
+// loads the kernels themselves use (512-bit for the quantized products on AVX-512, 256-bit
+// for dense ones everywhere), so that no kernel of this library can be "above" it.
 #include "moe_cpu_kernels.h"
 
 #include <string.h>
@@ -46,17 +47,18 @@ __attribute__((target("avx2"))) static uint64_t stream_read_avx2(const uint8_t* 
     return lanes[0] | lanes[1] | lanes[2] | lanes[3];
 }
 
-uint64_t moe_cpu_stream_read(const void* p, int64_t bytes) {
-    switch (moe_cpu_isa_level()) {
-    case MOE_CPU_ISA_AVX512_VNNI:
-    case MOE_CPU_ISA_AVX512: return stream_read_avx512(p, bytes);
-    case MOE_CPU_ISA_AVX2: return stream_read_avx2(p, bytes);
-    default: return stream_read_portable(p, bytes);
-    }
+uint64_t moe_cpu_stream_read(const void* p, int64_t bytes, int bits) {
+    const int level = moe_cpu_isa_level();
+    if (level >= MOE_CPU_ISA_AVX512 && bits >= 512) return stream_read_avx512(p, bytes);
+    if (level >= MOE_CPU_ISA_AVX2) return stream_read_avx2(p, bytes);
+    return stream_read_portable(p, bytes);
 }
 
 #else
 
-uint64_t moe_cpu_stream_read(const void* p, int64_t bytes) { return stream_read_portable(p, bytes); }
+uint64_t moe_cpu_stream_read(const void* p, int64_t bytes, int bits) {
+    (void)bits;
+    return stream_read_portable(p, bytes);
+}
 
 #endif

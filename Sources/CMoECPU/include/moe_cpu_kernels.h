@@ -1,7 +1,7 @@
 /* Small-M matrix products for the CPU backend (x86_64 with AVX2+FMA or AVX-512).
  *
- * An MoE layer multiplies each expert's weights by the few rows routed to it: M is 1 in
- * decode and typically 4-32 in prefill. OpenBLAS packs the weight matrix for every call,
+ * An MoE layer multiplies each expert's weights by the few rows routed to it: typically
+ * 4-32 in prefill (decode, M <= 4, takes the row kernels of moe_cpu_formats.h). OpenBLAS packs the weight matrix for every call,
  * which at such M costs more than the product: measured on this project's machines
  * (OpenBLAS 0.3.21, Zen 4, one thread, K = 2048) it streams weights at only 4-5 GB/s for
  * M = 4..16 and 33 GFLOP/s at M = 16, against ~26 GB/s of memory bandwidth and ~95
@@ -35,9 +35,10 @@ void moe_cpu_gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
                      const float* b, int64_t ldb, float* c, int64_t ldc);
 
 /* ORs together the 64-bit words of [p, p + bytes) (p 64-byte aligned, bytes a multiple of
- * 256) with the widest loads of this CPU and four independent accumulators: the read
- * probe behind moe_measure_read_bandwidth. */
+ * 256) with four independent accumulators and loads of `bits` bits (512 or 256; capped by
+ * what this CPU has, and the portable loop without AVX2): the read probe behind
+ * moe_measure_read_bandwidth, which keeps the better of the widths the kernels use. */
 __attribute__((visibility("hidden")))
-uint64_t moe_cpu_stream_read(const void* p, int64_t bytes);
+uint64_t moe_cpu_stream_read(const void* p, int64_t bytes, int bits);
 
 #endif

@@ -171,7 +171,8 @@ const char* moe_cpu_instruction_set(void);
 /* The read bandwidth of this machine in GB/s (1e9 bytes per second) as the CPU backend's
  * kernels see it: a buffer of `bytes` (at least 64 MiB; on huge pages where the system
  * has them) is read by every worker thread of the CPU backend with the loads of
- * moe_cpu_instruction_set(), `repeats` times; the best time counts. For a benchmark's
+ * moe_cpu_instruction_set() (on AVX-512: 512-bit loads, and 256-bit ones, which dense
+ * weights use), `repeats` times; the best time counts. For a benchmark's
  * roofline: no kernel here streams its weights faster. */
 moe_status moe_measure_read_bandwidth(int64_t bytes, int32_t repeats, double* gb_per_s);
 

@@ -65,14 +65,17 @@ final class WeightMatrix: @unchecked Sendable {
     func multiply(m: Int, rows row0: Int, count n: Int, a: UnsafePointer<Float>, lda: Int,
                   c: UnsafeMutablePointer<Float>, ldc: Int, tile: UnsafeMutablePointer<Float>?) {
         if m == 0 || n == 0 { return }
-        if format == .float32 {
-            MatrixProduct.gemmNT(m: m, n: n, k: cols, a: a, lda: lda, b: floatRows(row0), ldb: cols, c: c, ldc: ldc)
-            return
-        }
-        if m <= Self.registerRowLimit || tile == nil {
+        // Decode rows of every format, float32 included, go through the same row kernels:
+        // a product that only streams its weights (moe_cpu_matmul_formatted picks the
+        // vector width that streams fastest).
+        if m <= Self.registerRowLimit || (tile == nil && format != .float32) {
             withUnsafePointer(to: matrix) { w in
                 moe_cpu_matmul_formatted(Int64(m), Int64(n), a, Int64(lda), w, Int64(row0), c, Int64(ldc))
             }
+            return
+        }
+        if format == .float32 {
+            MatrixProduct.gemmNT(m: m, n: n, k: cols, a: a, lda: lda, b: floatRows(row0), ldb: cols, c: c, ldc: ldc)
             return
         }
         let tileRows = tileCount / cols

@@ -6,7 +6,7 @@ The bandwidth roof is the best of the read measurements: the probe streams a 1 G
 buffer with one thread per core, each reducing its contiguous part with a NumPy
 reduction (bitwise or of uint64 words and a float32 sum; NumPy's SIMD loops, GIL
 released), and with the native library's own probe (moe_measure_read_bandwidth: the CPU
-backend's worker threads and its kernels' widest loads, on huge pages); OpenBLAS's GEMV
+backend's worker threads and its kernels' loads, 512- and 256-bit, on huge pages); OpenBLAS's GEMV
 over a 1 GiB matrix is measured too and counts when it reads faster. No implementation
 should read its weights faster than the best of these, so "% of roof" is a ceiling; a
 peer above 100% is flagged (the roof is then wrong, or its bytes over-counted).
@@ -121,7 +121,7 @@ def stream_read(buf, *, runs=10, settle=0.05, threads=None) -> dict:
 
 def native_read(nbytes: int, repeats: int):
     """(best GB/s, instruction set) of moe_measure_read_bandwidth: the CPU backend's own
-    worker threads streaming `nbytes` with its kernels' widest loads; None if the library
+    worker threads streaming `nbytes` with its kernels' loads; None if the library
     cannot be loaded (its ABI error is not a roofline)."""
     try:
         from .. import _native
