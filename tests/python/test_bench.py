@@ -15,7 +15,7 @@ import pytest
 
 from moe_swift import reference
 from moe_swift.bench import grouped, peers, report, roofline
-from moe_swift.bench.__main__ import main
+from moe_swift.bench.__main__ import main, parse_args
 from moe_swift.bench.runner import bench_shape, tolerance
 from moe_swift.bench.shapes import SHAPES, Weights
 
@@ -28,7 +28,8 @@ def tiny(name, E=8):
 
 
 def args(**kw):
-    base = dict(seed=0, repeats=2, budget=0.05, max_call=30.0, rounds=2, settle=0.0, ref_tokens=3, ref_gb=0.1)
+    base = dict(seed=0, repeats=2, budget=0.05, max_call=30.0, rounds=2, settle=0.0, ref_tokens=3, ref_gb=0.1,
+                point_probe_mb=0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -189,6 +190,27 @@ def test_missing_peers_are_named_in_formats(monkeypatch):
     for n in ("mlx", "ggml", "ggml-k"):
         assert rows[0]["impl"][n]["status"] == f"not installed ({n} test)"
         assert f"{n}: not installed ({n} test)" in text
+
+
+def test_point_probe_gives_the_roof_at_the_moment():
+    """A decode point measures the native read probe in each of its rounds and reports ours
+    against the best of them (the '% now' column); a prefill point does not."""
+    rows = bench_shape(tiny_formats(), 8, [1, 16], ["ours"], args(point_probe_mb=64), lambda m: None, [],
+                       formats=["q8"])
+    decode, prefill = rows
+    assert decode["point_probe_GBps"] > 0.5 and prefill["point_probe_GBps"] is None
+    roof = dict(GBps=10.0, GFLOPs=100.0)
+    report.add_fractions(rows, roof)
+    ours = decode["impl"]["ours"]
+    assert ours["point_probe_fraction"] == pytest.approx(ours["GBps"] / decode["point_probe_GBps"])
+    assert "point_probe_fraction" not in prefill["impl"]["ours"]
+    text = report.formats_tables(rows, ["ours"], roof)
+    assert "% now" in text and f"{ours['point_probe_fraction'] * 100:.0f}%" in text
+
+
+def test_point_probe_size_is_checked():
+    with pytest.raises(SystemExit):
+        parse_args(["--point-probe-mb", "8"])
 
 
 def test_above_roof_is_flagged():

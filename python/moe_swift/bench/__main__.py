@@ -73,6 +73,9 @@ def parse_args(argv):
                    help="time the reference on at most this many tokens, scaled to T (default 8, --quick 2)")
     p.add_argument("--ref-gb", type=float, default=2.0,
                    help="most GB of float64 expert copies for the reference (fewer tokens if needed; default 2)")
+    p.add_argument("--point-probe-mb", type=int, default=256,
+                   help="MiB the native read probe reads at the start of every round of a decode point "
+                        "(the '%% now' column; default 256, at least 64; 0: no point probe)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="output JSON (default benchmarks/results/bench.json; --quick: bench_quick.json)")
     p.add_argument("--plot", help="output PNG (default: the JSON path with .png)")
@@ -87,6 +90,8 @@ def parse_args(argv):
     args.rounds = args.rounds or (2 if q else 3)
     args.settle = args.settle if args.settle is not None else (0.1 if q else 0.3)
     args.ref_tokens = args.ref_tokens or (2 if q else 8)
+    if args.point_probe_mb and args.point_probe_mb < 64:
+        p.error(f"--point-probe-mb must be 0 (off) or at least 64 (beyond the caches), got {args.point_probe_mb}")
     formats = None
     if args.formats:
         formats = args.formats.split(",")

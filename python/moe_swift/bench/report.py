@@ -58,6 +58,8 @@ def add_fractions(rows, roof):
                 d["GFLOPs"] = r["flops"] / (d["ms"] * 1e-3) / 1e9
                 d["bw_fraction"] = d["GBps"] / roof["GBps"]
                 d["above_roof"] = d["bw_fraction"] > 1.0
+                if r.get("point_probe_GBps"):
+                    d["point_probe_fraction"] = d["GBps"] / r["point_probe_GBps"]
 
 
 def _untimed(d):
@@ -141,6 +143,8 @@ Columns (--formats):
                 divided by the time
   % roof        GB/s / the bandwidth roof (best of the STREAM-like read probe and NumPy's GEMV, all cores);
                 at T > 8 the layer is compute-bound and this only says how far from the bandwidth limit it is
+  % now         GB/s / the native read probe run in the same rounds as this point (T <= 8; best of its
+                rounds): the roof at the moment the point was timed, as the bandwidth moves within a run
   numpy, mlx    peer ms / ours ms (>1: ours is faster). numpy: grouped NumPy float32 on the dequantized
                 weights; mlx: MLX CPU, mx.gather_qmm on the same quantized arrays (gather_mm for f32)
   ggml, ggml-k  peer ms / ours ms, ggml's mul_mat_id graph on ggml's own quantization of the float32
@@ -165,7 +169,7 @@ def formats_tables(rows, peer_names, roof) -> str:
     """The per-format table (rows with a "format"), the effective bandwidth of every
     implementation, and the footnotes."""
     names = [n for n in peer_names if n not in ("ours", "reference")]
-    head = ["shape", "format", "T", "ours ms", "GB/s", "% roof"]
+    head = ["shape", "format", "T", "ours ms", "GB/s", "% roof", "% now"]
     for n in names:
         head.append(SHORT[n])
     head.append("err ours/ggml")
@@ -187,7 +191,8 @@ def formats_tables(rows, peer_names, roof) -> str:
         lines.append([_shape_label(r), r.get("format", "f32"), r["T"],
                       "-" if ms is None else (f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"),
                       f"{o['GBps']:.1f}" if "GBps" in o else "-",
-                      f"{o['bw_fraction'] * 100:.0f}%" if "bw_fraction" in o else "-"] + cells + [err])
+                      f"{o['bw_fraction'] * 100:.0f}%" if "bw_fraction" in o else "-",
+                      f"{o['point_probe_fraction'] * 100:.0f}%" if "point_probe_fraction" in o else "-"] + cells + [err])
     out = [_fmt_table(head, lines)]
     out.append("")
     out.append(f"Effective read bandwidth (GB/s, each implementation's own bytes) against the roof "

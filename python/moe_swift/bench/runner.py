@@ -6,7 +6,11 @@ of each implementation are split into rounds; a round runs one block per impleme
 (ours, numpy, reference, torch-eager, torch-grouped, mlx); each block starts with a
 pause (`settle`) and an untimed warm-up call, then times back-to-back calls, each on a
 fresh input (the same inputs for every implementation, so in decode all of them read
-the same experts). Tables give medians. The pause matters on a small machine: NumPy's
+the same experts). Tables give medians. In decode (T <= 8) each round also starts with
+the native read probe (`--point-probe-mb`, 256 MiB), and the best of the point's rounds is kept as the roof
+at that moment: this machine's bandwidth moves by up to 2x within minutes, so the
+roofline of the whole run (best of its start and end) understates a point measured in a
+slow phase. The pause matters on a small machine: NumPy's
 OpenBLAS and torch's OpenMP worker threads spin for a while after a call and would
 otherwise take a core from the next block (alternating call by call made our decode
 look ~1.5x slower than it is).
@@ -32,6 +36,7 @@ import numpy as np
 from .. import reference
 from . import peers
 from . import grouped
+from . import roofline
 from .roofline import DECODE_MAX_T
 from .shapes import Weights
 from .weightformats import FormatWeights
@@ -342,7 +347,10 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             r["runs_planned"] = plan_runs(r["t_check"], max_runs, args.budget)
     rounds = max(1, min(args.rounds, max((r.get("runs_planned", 0) for r in res.values()), default=1)))
     times = {n: ([res[n]["t_check"]] if res[n]["runs_planned"] == 0 else []) for n in calls}
+    probes = []  # the native read probe in every round of a decode point: the roof at that moment
     for rnd in range(rounds):
+        if T <= DECODE_MAX_T and args.point_probe_mb and (p := roofline.native_read(args.point_probe_mb << 20, 2)):
+            probes.append(p[0])
         for name, fn in calls.items():
             n = res[name]["runs_planned"]
             per = -(-n // rounds)
@@ -369,6 +377,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                scale_note=shape.scale_note if w.E != shape.experts else "", T=T,
                distinct_experts=n_exp, expert_bytes=expert_bytes,
                bytes_read=n_exp * expert_bytes + w.fixed_bytes(),
+               point_probe_GBps=max(probes) if probes else None,
                flops=w.flops(T), near_tie_tokens=int((~keep).sum()), loadavg=loadavg(), impl={})
     for name in selected:
         r = res.get(name, dict(status="not selected"))
