@@ -581,7 +581,9 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
 //   sum_k (s q_k + b) x_k = s d (H + L / 2^15) + b sum_k x_k   (or s D T + b sum_k x_k),
 // with sum_k x_k summed from the float activations. Without AVX512-VNNI the same integers
 // come from vpmaddwd / vpmaddubsw + vpmaddwd and adds. One Zen 4 core, codes in L2, K =
-// 2048: 4-bit 12.7 GB/s (float factored row) -> 19 GB/s here, 8-bit 24 -> 30 GB/s.
+// 2048: 4-bit 12.7 GB/s (float factored row) -> 19 GB/s here, 8-bit 24 -> 30 GB/s with
+// 512-bit multiply-adds (23 GB/s with the 256-bit ones of group_fixed_q8, which stream
+// faster from memory).
 // A row of activations with a non-finite value keeps the float path (IEEE propagation).
 
 enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
@@ -750,7 +752,8 @@ INLINE T512 int fixed_row_scales(const int MM, const group_cursor* gc, int64_t g
 // step), joined into the 16 lanes of the 512-bit form only per group: the same integers
 // in the same lanes, but 8-bit codes stream from memory and, as with dense rows
 // (moe_cpu_matmul_formatted), 256-bit code streams faster: the Qwen3-30B-A3B-shaped
-// decode layer took 1.13x less time than with 512-bit multiply-adds.
+// decode layer took 1.13x less time than with 512-bit multiply-adds, although from L2 the
+// 512-bit form is faster (30 against 23 GB/s of codes on one core).
 INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, const int u, const uint8_t* row,
                                 int64_t g, int64_t cols, const fixed_rows* x, float cs[][FIXED_MAX_GROUPS + 16],
                                 __m512 hi_total[][2], __m512 lo_total[][2]) {
