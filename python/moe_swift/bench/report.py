@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from . import roofline
 
 SHORT = {"ours": "ours", "numpy": "numpy", "reference": "reference", "torch-eager": "torch-eager",
@@ -58,8 +60,12 @@ def add_fractions(rows, roof):
                 d["GFLOPs"] = r["flops"] / (d["ms"] * 1e-3) / 1e9
                 d["bw_fraction"] = d["GBps"] / roof["GBps"]
                 d["above_roof"] = d["bw_fraction"] > 1.0
-                if r.get("point_probe_GBps"):
-                    d["point_probe_fraction"] = d["GBps"] / r["point_probe_GBps"]
+                probes, rounds = r.get("point_probe_GBps"), d.get("ms_rounds")
+                if probes and rounds:
+                    # Each round's median against that round's probe (the same minute).
+                    per = [b / (ms * 1e-3) / 1e9 / p for ms, p in zip(rounds, probes) if ms]
+                    if per:
+                        d["point_probe_fraction"] = float(np.median(per))
 
 
 def _untimed(d):
@@ -143,8 +149,8 @@ Columns (--formats):
                 divided by the time
   % roof        GB/s / the bandwidth roof (best of the STREAM-like read probe and NumPy's GEMV, all cores);
                 at T > 8 the layer is compute-bound and this only says how far from the bandwidth limit it is
-  % now         GB/s / the native read probe run in the same rounds as this point (T <= 8; best of its
-                rounds): the roof at the moment the point was timed, as the bandwidth moves within a run
+  % now         T <= 8: in each round of the point, ours' median GB/s over the native read probe run at the
+                start of that round; the median over the rounds (the bandwidth moves within a run)
   numpy, mlx    peer ms / ours ms (>1: ours is faster). numpy: grouped NumPy float32 on the dequantized
                 weights; mlx: MLX CPU, mx.gather_qmm on the same quantized arrays (gather_mm for f32)
   ggml, ggml-k  peer ms / ours ms, ggml's mul_mat_id graph on ggml's own quantization of the float32

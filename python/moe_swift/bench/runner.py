@@ -7,12 +7,12 @@ of each implementation are split into rounds; a round runs one block per impleme
 pause (`settle`) and an untimed warm-up call, then times back-to-back calls, each on a
 fresh input (the same inputs for every implementation, so in decode all of them read
 the same experts). Tables give medians. In decode (T <= 8) each round also starts with
-the native read probe (`--point-probe-mb`, 256 MiB), and the best of the point's rounds is kept as the roof
-at that moment: this machine's bandwidth moves by up to 2x within minutes, so the
-roofline of the whole run (best of its start and end) understates a point measured in a
-slow phase. The pause matters on a small machine: NumPy's
-OpenBLAS and torch's OpenMP worker threads spin for a while after a call and would
-otherwise take a core from the next block (alternating call by call made our decode
+the native read probe (`--point-probe-mb`, 256 MiB): an implementation's median in a
+round over that round's probe, the median over the rounds, is its bandwidth fraction at
+that moment. This machine's bandwidth moves by up to 2x within minutes, so the roofline
+of the whole run (best of its start and end) understates a point measured in a slow
+phase. The pause matters on a small machine: NumPy's OpenBLAS and torch's OpenMP worker
+threads spin for a while after a call and would otherwise take a core from the next block (alternating call by call made our decode
 look ~1.5x slower than it is).
 
 Slow implementations get fewer runs: each has `budget` seconds of timed calls per point
@@ -348,6 +348,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
     rounds = max(1, min(args.rounds, max((r.get("runs_planned", 0) for r in res.values()), default=1)))
     times = {n: ([res[n]["t_check"]] if res[n]["runs_planned"] == 0 else []) for n in calls}
     probes = []  # the native read probe in every round of a decode point: the roof at that moment
+    round_of = {n: [] for n in calls}  # the round of each timed run
     for rnd in range(rounds):
         if T <= DECODE_MAX_T and args.point_probe_mb and (p := roofline.native_read(args.point_probe_mb << 20, 2)):
             probes.append(p[0])
@@ -363,6 +364,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                 fn(xs[1])
             for j in js:
                 times[name].append(timed(fn, xs[2 + j])[0])
+                round_of[name].append(rnd)
             getattr(fn, "pause", lambda: None)()
         if rounds > 1:
             log(f"{tag}: timing round {rnd + 1}/{rounds} done")
@@ -377,7 +379,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                scale_note=shape.scale_note if w.E != shape.experts else "", T=T,
                distinct_experts=n_exp, expert_bytes=expert_bytes,
                bytes_read=n_exp * expert_bytes + w.fixed_bytes(),
-               point_probe_GBps=max(probes) if probes else None,
+               point_probe_GBps=probes if len(probes) == rounds else None,
                flops=w.flops(T), near_tie_tokens=int((~keep).sum()), loadavg=loadavg(), impl={})
     for name in selected:
         r = res.get(name, dict(status="not selected"))
@@ -385,6 +387,9 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             scale = r.get("scale", 1.0)
             v = [t * scale * 1e3 for t in times[name]]
             r.update(ms=float(np.median(v)), ms_min=float(min(v)), runs=len(v), ms_all=v)
+            if len(round_of.get(name, [])) == len(v):  # the check call, if it counts, has no round
+                r["ms_rounds"] = [float(np.median([t for t, k in zip(v, round_of[name]) if k == rnd]))
+                                  if rnd in round_of[name] else None for rnd in range(rounds)]
             last[name] = (T, float(np.median(v)) / 1e3)
         r.pop("runs_planned", None)
         if "expert_bytes" in r:  # ggml: its own type's bytes
