@@ -65,7 +65,7 @@ def parse_args(argv):
     p.add_argument("--max-call", type=float, default=30.0,
                    help="skip an implementation at a T where one call is predicted (linearly from the "
                         "previous T) to take longer than this many seconds (default 30)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds of alternating blocks (default 3, --quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of alternating blocks, twice as many for T <= 8 (default 3, --quick 2)")
     p.add_argument("--settle", type=float, default=None,
                    help="pause in seconds before each block so that BLAS/OpenMP threads of the previous one "
                         "go idle (default 0.3, --quick 0.1)")
