@@ -64,9 +64,10 @@ static void run_items(void) {
     }
 }
 
-// Returns the first even generation other than `seen`, spinning, then sleeping.
+// Returns the first even generation other than `seen`, spinning, then sleeping; a wake-up
+// without a new job (moe_cpu_pool_prepare) spins again for SPIN_NS.
 static uint32_t wait_for_job(uint32_t seen) {
-    const int64_t until = now_ns() + SPIN_NS;
+    int64_t until = now_ns() + SPIN_NS;
     for (int spins = 0;; spins++) {
         const uint32_t g = atomic_load(&pool.generation);
         if (g != seen && (g & 1) == 0) return g;
@@ -75,6 +76,7 @@ static uint32_t wait_for_job(uint32_t seen) {
             // Returns at once if the generation moved on after it was read.
             syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
             atomic_fetch_sub(&pool.sleepers, 1);
+            until = now_ns() + SPIN_NS;
         } else {
             cpu_relax();
         }
@@ -133,6 +135,11 @@ static void start_workers(void) {
     pthread_mutex_unlock(&pool.start_lock);
 }
 
+void moe_cpu_pool_prepare(void) {
+    if (pool.started && atomic_load(&pool.sleepers) > 0)
+        syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAKE_PRIVATE, pool.workers, NULL, NULL, 0);
+}
+
 int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
     if (atomic_flag_test_and_set(&pool.busy)) return 0;
     if (!pool.started) start_workers();
@@ -155,6 +162,8 @@ int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
 }
 
 #else
+
+void moe_cpu_pool_prepare(void) {}
 
 int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
     (void)count, (void)context, (void)body;

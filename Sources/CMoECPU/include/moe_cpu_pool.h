@@ -23,4 +23,9 @@ typedef void (*moe_cpu_pool_body)(void* context, int64_t index);
 __attribute__((visibility("hidden")))
 int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body);
 
+/* Wakes workers that sleep, without a job: they spin for a while, so that a job a caller
+ * is about to start (after some serial work of its own) finds them awake. */
+__attribute__((visibility("hidden")))
+void moe_cpu_pool_prepare(void);
+
 #endif
