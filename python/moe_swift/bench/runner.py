@@ -12,8 +12,10 @@ round over that round's probe, the median over the rounds, is its bandwidth frac
 that moment. This machine's bandwidth moves by up to 2x within minutes, so the roofline
 of the whole run (best of its start and end) understates a point measured in a slow
 phase. The pause matters on a small machine: NumPy's OpenBLAS and torch's OpenMP worker
-threads spin for a while after a call and would otherwise take a core from the next block (alternating call by call made our decode
-look ~1.5x slower than it is).
+threads spin for a while after a call and would otherwise take a core from the next block
+(alternating call by call made our decode look ~1.5x slower than it is). Every
+implementation starts its block from the same idle pause: ggml's threadpool is resumed
+after it.
 
 Slow implementations get fewer runs: each has `budget` seconds of timed calls per point
 (at least 3 runs, 1 when a single call takes longer than the budget, at most `repeats`,
@@ -362,8 +364,11 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             js = range(rnd * per, min(n, (rnd + 1) * per))
             if not js:
                 continue
-            getattr(fn, "resume", lambda: None)()
             time.sleep(args.settle)
+            # After the pause, not before: ggml's resumed threadpool polls, and polling through
+            # the pause would keep this VM's cores warm for ggml alone (calls after 0.3 s of
+            # idle run up to 2x slower here, for every implementation).
+            getattr(fn, "resume", lambda: None)()
             if res[name]["t_check"] < args.budget / 2:  # slower calls: the check call was their warm-up
                 fn(xs[1])
             for j in js:
