@@ -57,7 +57,6 @@ static void gemm_nt_avx512_##MR##x##NR(int64_t m, int64_t n, int64_t k, const fl
 // Decode products (M <= 4) do not come here: the row kernels of moe_cpu_formats.h serve
 // every format there, float32 included.
 DEFINE_GEMM_AVX512(4, 4)
-#define gemm_nt_avx512 gemm_nt_avx512_4x4
 
 // ---- AVX2 + FMA: 2 x 4 blocks of 8-lane accumulators (16 ymm registers) ----------
 __attribute__((target("avx2,fma")))
@@ -105,7 +104,7 @@ typedef void (*gemm_fn)(int64_t, int64_t, int64_t, const float*, int64_t, const 
 static gemm_fn select_kernel(void) {
     switch (moe_cpu_isa_level()) {
     case MOE_CPU_ISA_AVX512_VNNI:
-    case MOE_CPU_ISA_AVX512: return gemm_nt_avx512;
+    case MOE_CPU_ISA_AVX512: return gemm_nt_avx512_4x4;
     case MOE_CPU_ISA_AVX2: return gemm_nt_avx2;
     default: return 0;
     }

@@ -23,8 +23,10 @@ enum ReadProbe {
         defer { parts.deallocate() }
         var best = UInt64.max
         var sink: UInt64 = 0
+        // 512-bit loads only where they exist: elsewhere both widths would read 256 bits.
+        let widths: [Int32] = moe_cpu_isa_level() >= MOE_CPU_ISA_AVX512 ? [512, 256] : [256]
         for _ in 0..<repeats {
-            for bits: Int32 in [512, 256] {
+            for bits in widths {
                 let start = DispatchTime.now().uptimeNanoseconds
                 parallelFor(slices) { i in parts[i] = moe_cpu_stream_read(base + i * slice, Int64(slice), bits) }
                 best = Swift.min(best, DispatchTime.now().uptimeNanoseconds - start)
