@@ -587,6 +587,9 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
 // A row of activations with a non-finite value keeps the float path (IEEE propagation).
 
 enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
+// Instruction levels of the fixed-point rows (as table indices): AVX-512 alone, with
+// VNNI, with VNNI and GFNI.
+enum { FIXED_PLAIN, FIXED_VNNI, FIXED_GFNI };
 
 // Scratch for one call's prepared activations: per thread, kept between calls (a decode
 // step makes a few hundred calls), freed when the thread exits.
@@ -777,23 +780,42 @@ INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, 
     }
 }
 
+// The 64 codes of 32 bytes in the split layout (low nibbles, then high nibbles) as the
+// bytes of one vector. With GFNI, one bit-matrix transform per 64-bit lane of a broadcast
+// keeps the low nibbles in the lower half and moves the high nibbles down in the upper
+// half: one instruction where mask, shift, mask and insert take four (the Qwen3-30B-A3B-
+// shaped 4-bit decode layer measured 1.03-1.045x faster; the same codes). Inline assembly
+// for the reason dot_bytes gives.
+INLINE T512 __m512i nibble_codes(const int gfni, const uint8_t* p) {
+    if (gfni) {
+        const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)p));
+        // Byte 7 - i of a lane's matrix selects the source bits of result bit i.
+        const __m512i low = _mm512_set1_epi64(0x0102040800000000), high = _mm512_set1_epi64(0x1020408000000000);
+        const __m512i m = _mm512_inserti64x4(low, _mm512_castsi512_si256(high), 1);
+        __m512i q;
+        __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(q) : "v"(b), "v"(m));
+        return q;
+    }
+    const __m256i b = _mm256_loadu_si256((const __m256i*)p), nibble = _mm256_set1_epi8(15);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
+                              _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
+}
+
 // NS (1 or 2) spans of a 4-bit row from element k, each span's integer sum converted and
 // scaled into totals [its index]: the two spans' dependency chains (three multiply-adds,
 // two shifts, a conversion, an FMA) interleave, as two FMA chains per activation row do.
-INLINE T512 void spans_fixed_q4(const int NS, const int MM, const int64_t gs, const int64_t span, const int vnni,
+INLINE T512 void spans_fixed_q4(const int NS, const int MM, const int64_t gs, const int64_t span, const int level,
                                 const uint8_t* row, int64_t k, int64_t cols, const fixed_rows* x,
                                 float cs[][FIXED_MAX_GROUPS + 16], __m512 total[][2]) {
-    const __m256i nibble = _mm256_set1_epi8(15);
     const int steps = span == 128 ? 2 : 1;  // steps of 64 codes per span
+    const int vnni = level >= FIXED_VNNI;
     __m512i q[2][2];
     for (int u = 0; u < NS; u++)
         for (int h = 0; h < steps; h++) {
             const uint8_t* p = row + ((k + u * span + 64 * h) >> 1);
             // One prefetch per cache line (k is a multiple of 128 when NS is 2).
             if (NS == 1 || (u * span + 64 * h) % 128 == 0) _mm_prefetch((const char*)p + CODE_PREFETCH, _MM_HINT_T0);
-            const __m256i b = _mm256_loadu_si256((const __m256i*)p);
-            q[u][h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
-                                         _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
+            q[u][h] = nibble_codes(level == FIXED_GFNI, p);
         }
     for (int i = 0; i < MM; i++) {
         __m512i t[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -822,8 +844,9 @@ INLINE T512 void spans_fixed_q4(const int NS, const int MM, const int64_t gs, co
 // nibbles as the 64 bytes of one vector; a step's integer sum covers one group (GS 64),
 // half of one (GS 128: two steps), or two (GS 32: lanes 0-3 and 8-11, 4-7 and 12-15); a
 // last block of 32 codes (GS 32 only) takes 256-bit vectors.
-INLINE T512 int row_fixed_avx512(const int kind, const int MM, const int gs, const int vnni, const moe_cpu_matrix* w,
+INLINE T512 int row_fixed_avx512(const int kind, const int MM, const int gs, const int level, const moe_cpu_matrix* w,
                                  int64_t r, const fixed_rows* x, __m512* out) {
+    const int vnni = level >= FIXED_VNNI;
     const int64_t cols = w->cols, groups = cols / gs;
     const group_cursor gc = group_cursor_for(w, r);
     const uint8_t* row = row_data(w, r);
@@ -848,9 +871,9 @@ INLINE T512 int row_fixed_avx512(const int kind, const int MM, const int gs, con
     } else {
         const int64_t span = gs == 32 ? 64 : gs;  // elements per integer sum
         int64_t k = 0;
-        for (; k + 2 * span <= cols; k += 2 * span) spans_fixed_q4(2, MM, gs, span, vnni, row, k, cols, x, cs, hi_total);
+        for (; k + 2 * span <= cols; k += 2 * span) spans_fixed_q4(2, MM, gs, span, level, row, k, cols, x, cs, hi_total);
         if (k + span <= cols) {
-            spans_fixed_q4(1, MM, gs, span, vnni, row, k, cols, x, cs, hi_total);
+            spans_fixed_q4(1, MM, gs, span, level, row, k, cols, x, cs, hi_total);
             k += span;
         }
         if (k < cols) {  // groups of 32 and a last group of 32 codes
@@ -902,10 +925,10 @@ static T512 __attribute__((noinline)) void row_float_avx512(int kind, int mm, co
     row_avx512(kind, mm, w, r, a, lda, c, ldc);
 }
 
-// One function per specialisation (kind, activation rows, group size, VNNI): rows
+// One function per specialisation (kind, activation rows, group size, level): rows
 // [r0, r0 + nb) of a call, v[q][i] = row r0 + q against activation row i, done[q] = 0 for
 // a row left to the float path. Separate functions rather than one switch that inlines
-// all 48: compilers' per-function passes grow faster than linearly.
+// all 60: compilers' per-function passes grow faster than linearly.
 typedef void fixed_rows_fn(const moe_cpu_matrix* w, int64_t r0, int64_t nb, const fixed_rows* x, __m512 (*v)[4],
                            int* done);
 #define FIXED_ROWS(K, MM, GS, V)                                                                              \
@@ -915,16 +938,18 @@ typedef void fixed_rows_fn(const moe_cpu_matrix* w, int64_t r0, int64_t nb, cons
     }
 #define FIXED_ROWS_GS(K, MM, V) FIXED_ROWS(K, MM, 32, V) FIXED_ROWS(K, MM, 64, V) FIXED_ROWS(K, MM, 128, V)
 #define FIXED_ROWS_MM(K, V) FIXED_ROWS_GS(K, 1, V) FIXED_ROWS_GS(K, 2, V) FIXED_ROWS_GS(K, 3, V) FIXED_ROWS_GS(K, 4, V)
-FIXED_ROWS_MM(K_Q4, 0)
-FIXED_ROWS_MM(K_Q4, 1)
-FIXED_ROWS_MM(K_Q8, 0)
-FIXED_ROWS_MM(K_Q8, 1)
+FIXED_ROWS_MM(K_Q4, FIXED_PLAIN)
+FIXED_ROWS_MM(K_Q4, FIXED_VNNI)
+FIXED_ROWS_MM(K_Q4, FIXED_GFNI)
+FIXED_ROWS_MM(K_Q8, FIXED_PLAIN)
+FIXED_ROWS_MM(K_Q8, FIXED_VNNI)
 #define FIXED_ENTRY_GS(K, MM, V) {fixed_rows_##K##_##MM##_32_##V, fixed_rows_##K##_##MM##_64_##V, fixed_rows_##K##_##MM##_128_##V}
 #define FIXED_ENTRY_MM(K, V) {FIXED_ENTRY_GS(K, 1, V), FIXED_ENTRY_GS(K, 2, V), FIXED_ENTRY_GS(K, 3, V), FIXED_ENTRY_GS(K, 4, V)}
-// [4-bit, 8-bit][VNNI][activation rows - 1][group size 32, 64, 128]
-static fixed_rows_fn* const fixed_rows_table[2][2][4][3] = {
-    {FIXED_ENTRY_MM(K_Q4, 0), FIXED_ENTRY_MM(K_Q4, 1)},
-    {FIXED_ENTRY_MM(K_Q8, 0), FIXED_ENTRY_MM(K_Q8, 1)},
+// [4-bit, 8-bit][level][activation rows - 1][group size 32, 64, 128]; 8-bit codes have
+// no use for GFNI.
+static fixed_rows_fn* const fixed_rows_table[2][3][4][3] = {
+    {FIXED_ENTRY_MM(K_Q4, FIXED_PLAIN), FIXED_ENTRY_MM(K_Q4, FIXED_VNNI), FIXED_ENTRY_MM(K_Q4, FIXED_GFNI)},
+    {FIXED_ENTRY_MM(K_Q8, FIXED_PLAIN), FIXED_ENTRY_MM(K_Q8, FIXED_VNNI), FIXED_ENTRY_MM(K_Q8, FIXED_VNNI)},
 };
 
 // The fixed-point product for K_Q4 and K_Q8, four activation rows at a time; 0
@@ -938,7 +963,8 @@ static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_
     if ((kind != K_Q4 && kind != K_Q8) || gsi < 0) return 0;
     const int64_t cols = w->cols, groups = cols / w->group_size;
     if (groups > FIXED_MAX_GROUPS) return 0;
-    const int vnni = moe_cpu_isa_level() == MOE_CPU_ISA_AVX512_VNNI;
+    const int isa = moe_cpu_isa_level();
+    const int level = isa == MOE_CPU_ISA_AVX512_GFNI ? FIXED_GFNI : isa == MOE_CPU_ISA_AVX512_VNNI ? FIXED_VNNI : FIXED_PLAIN;
     const int64_t rows = MIN(m, 4), code_bytes = kind == K_Q4 ? 3 * cols : 4 * cols;
     uint8_t* scratch = fixed_scratch_take((size_t)rows * (code_bytes + 8 * groups));
     if (scratch == NULL) return 0;
@@ -948,7 +974,7 @@ static T512 int matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_
     for (int64_t i0 = 0; i0 < m; i0 += 4) {
         const int mm = (int)MIN(4, m - i0);
         if (!prepare_fixed_avx512(kind, mm, a + i0 * lda, lda, cols, w->group_size, &x)) return 0;
-        fixed_rows_fn* const rows_fn = fixed_rows_table[kind == K_Q8][vnni][mm - 1][gsi];
+        fixed_rows_fn* const rows_fn = fixed_rows_table[kind == K_Q8][level][mm - 1][gsi];
         for (int64_t j = 0; j < n; j += 4) {
             const int64_t nb = MIN(4, n - j);
             __m512 v[4][4];  // [weight row][activation row]
@@ -1146,6 +1172,7 @@ void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
     if (m <= 0 || n <= 0) return;
     const int level = moe_cpu_isa_level();
     switch (level >= MOE_CPU_ISA_AVX512 && is_dense(kernel_kind(w)) ? MOE_CPU_ISA_AVX2 : level) {
+    case MOE_CPU_ISA_AVX512_GFNI:
     case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: matmul_avx512(m, n, a, lda, w, row0, c, ldc); break;
     case MOE_CPU_ISA_AVX2: matmul_avx2(m, n, a, lda, w, row0, c, ldc); break;
@@ -1156,6 +1183,7 @@ void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
 void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
     if (rows <= 0) return;
     switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512_GFNI:
     case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: dequantize_avx512(w, row0, rows, out); break;
     case MOE_CPU_ISA_AVX2: dequantize_avx2(w, row0, rows, out); break;

@@ -103,6 +103,7 @@ typedef void (*gemm_fn)(int64_t, int64_t, int64_t, const float*, int64_t, const 
 
 static gemm_fn select_kernel(void) {
     switch (moe_cpu_isa_level()) {
+    case MOE_CPU_ISA_AVX512_GFNI:
     case MOE_CPU_ISA_AVX512_VNNI:
     case MOE_CPU_ISA_AVX512: return gemm_nt_avx512_4x4;
     case MOE_CPU_ISA_AVX2: return gemm_nt_avx2;

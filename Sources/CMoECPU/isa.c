@@ -1,5 +1,5 @@
 // The instruction set the CPU kernels use: the best this CPU has, or a lower one named by
-// MOE_CPU_ISA (portable, avx2, avx512, avx512vnni). Lowering it runs, on a machine with AVX-512, the
+// MOE_CPU_ISA (portable, avx2, avx512, avx512vnni, avx512gfni). Lowering it runs, on a machine with AVX-512, the
 // code paths that other users' machines take (tests/python/test_cpu_isa.py runs every
 // format on each of them); it never raises the level above what the CPU supports.
 #include "moe_cpu_kernels.h"
@@ -12,7 +12,10 @@ static int detected_level(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return __builtin_cpu_supports("avx512vnni") ? MOE_CPU_ISA_AVX512_VNNI : MOE_CPU_ISA_AVX512;
+    {
+        if (!__builtin_cpu_supports("avx512vnni")) return MOE_CPU_ISA_AVX512;
+        return __builtin_cpu_supports("gfni") ? MOE_CPU_ISA_AVX512_GFNI : MOE_CPU_ISA_AVX512_VNNI;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return MOE_CPU_ISA_AVX2;
 #endif
@@ -21,11 +24,12 @@ static int detected_level(void) {
 
 static int requested_level(void) {
     const char* name = getenv("MOE_CPU_ISA");
-    if (name == NULL || name[0] == 0) return MOE_CPU_ISA_AVX512_VNNI;
+    if (name == NULL || name[0] == 0) return MOE_CPU_ISA_AVX512_GFNI;
     if (strcmp(name, "portable") == 0) return MOE_CPU_ISA_PORTABLE;
     if (strcmp(name, "avx2") == 0) return MOE_CPU_ISA_AVX2;
     if (strcmp(name, "avx512") == 0) return MOE_CPU_ISA_AVX512;
-    return MOE_CPU_ISA_AVX512_VNNI;
+    if (strcmp(name, "avx512vnni") == 0) return MOE_CPU_ISA_AVX512_VNNI;
+    return MOE_CPU_ISA_AVX512_GFNI;
 }
 
 int moe_cpu_isa_level(void) {

@@ -1,7 +1,7 @@
 """The CPU kernels' lower instruction sets, run on this machine through MOE_CPU_ISA: every
-weight format (and float32) against the reference on the AVX-512-without-VNNI, the AVX2
-and the portable code paths, which users without AVX512-VNNI, AVX-512 (or x86) get. The level is fixed per process,
-so each runs in a child process."""
+weight format (and float32) against the reference on the code paths that users without
+GFNI, AVX512-VNNI, AVX-512 (or x86) get. The level is fixed per process, so each runs in a
+child process."""
 
 import os
 import subprocess
@@ -12,7 +12,7 @@ import pytest
 import moe_swift
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LEVELS = ("avx512vnni", "avx512", "avx2", "portable")
+LEVELS = ("avx512gfni", "avx512vnni", "avx512", "avx2", "portable")
 
 
 def run_with_isa(isa, *pytest_args):
@@ -21,7 +21,7 @@ def run_with_isa(isa, *pytest_args):
                           cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+@pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "portable"])
 def test_lower_instruction_set_is_used(isa):
     best = moe_swift.cpu_instruction_set()
     if LEVELS.index(isa) < LEVELS.index(best):
@@ -39,7 +39,7 @@ def test_an_isa_above_the_cpu_is_not_taken():
     assert out.stdout.strip() == moe_swift.cpu_instruction_set()
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+@pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "portable"])
 def test_every_format_on_a_lower_instruction_set(isa):
     if "cpu" not in moe_swift.available_backends():
         pytest.skip("no cpu backend")

@@ -80,7 +80,7 @@ def test_format_kernels_under_address_sanitizer(tmp_path):
     if build.returncode != 0 and "asan" in build.stderr.lower():
         pytest.skip("no AddressSanitizer runtime: " + build.stderr[-200:])
     assert build.returncode == 0, build.stderr[-2000:]
-    for isa in ("avx512vnni", "avx512", "avx2", "portable"):
+    for isa in ("avx512gfni", "avx512vnni", "avx512", "avx2", "portable"):
         result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600,
                                 env=dict(os.environ, MOE_CPU_ISA=isa))
         assert result.returncode == 0 and "0 of" in result.stdout, (isa, (result.stdout + result.stderr)[-3000:])

@@ -14,13 +14,15 @@
 #include <stdint.h>
 
 /* The instruction set level of the CPU kernels (isa.c): the best the CPU supports, capped
- * by the environment variable MOE_CPU_ISA=portable|avx2|avx512|avx512vnni, read once per
- * process. AVX512_VNNI runs the AVX-512 kernels with vpdpwssd in the fixed-point affine
- * product (AVX512 computes the same integers with vpmaddwd + vpaddd). */
+ * by the environment variable MOE_CPU_ISA=portable|avx2|avx512|avx512vnni|avx512gfni, read
+ * once per process. AVX512_VNNI runs the AVX-512 kernels with vpdpwssd / vpdpbusd in the
+ * fixed-point affine product (AVX512 computes the same integers with vpmaddwd + vpaddd);
+ * AVX512_GFNI adds one vgf2p8affineqb for unpacking 4-bit codes (same results). */
 #define MOE_CPU_ISA_PORTABLE 0
 #define MOE_CPU_ISA_AVX2 1
 #define MOE_CPU_ISA_AVX512 2
 #define MOE_CPU_ISA_AVX512_VNNI 3
+#define MOE_CPU_ISA_AVX512_GFNI 4
 __attribute__((visibility("hidden"))) int moe_cpu_isa_level(void);
 
 /* 1 if moe_cpu_gemm_nt has a vector implementation on this CPU, else 0 (then callers

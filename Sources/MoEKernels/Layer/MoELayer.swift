@@ -26,11 +26,12 @@ public final class MoELayer: @unchecked Sendable {
     /// The backends that can be created in this process, best first.
     public static var availableBackends: [MoEBackendKind] { BackendRegistry.available }
 
-    /// The instruction set of the CPU backend's own kernels in this process: "avx512vnni",
-    /// "avx512", "avx2" or "portable" — the best the CPU has, or lower if the environment variable
+    /// The instruction set of the CPU backend's own kernels in this process: "avx512gfni",
+    /// "avx512vnni", "avx512", "avx2" or "portable" — the best the CPU has, or lower if the environment variable
     /// MOE_CPU_ISA asks for it (read once, at the first use of the CPU kernels).
     public static var cpuInstructionSet: StaticString {
         switch moe_cpu_isa_level() {
+        case MOE_CPU_ISA_AVX512_GFNI: return "avx512gfni"
         case MOE_CPU_ISA_AVX512_VNNI: return "avx512vnni"
         case MOE_CPU_ISA_AVX512: return "avx512"
         case MOE_CPU_ISA_AVX2: return "avx2"
