@@ -80,6 +80,18 @@ def test_bench_shape_rows():
     assert "deepseek-v2-lite" in text and "Roofline" in text
 
 
+def test_decode_blocks_hold_enough_calls():
+    """Decode points time at least DECODE_BLOCK_CALLS calls per block where the budget
+    allows (the first calls after a block's pause are the cold ones); other points keep
+    --repeats."""
+    from moe_swift.bench.runner import DECODE_BLOCK_CALLS
+    rows = bench_shape(tiny("qwen3-30b-a3b"), 8, [1, 16], ["ours"], args(budget=5.0), lambda m: None, [])
+    decode, other = (r["impl"]["ours"] for r in rows)
+    assert decode["runs"] == 2 * 2 * DECODE_BLOCK_CALLS  # rounds=2, doubled for decode
+    assert all(m is not None for m in decode["ms_rounds"]) and len(decode["ms_rounds"]) == 4
+    assert other["runs"] == 2
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 @pytest.mark.parametrize("peer", ["torch-eager", "torch-grouped", "mlx"])
 def test_optional_peer_agrees_with_ours(name, peer):

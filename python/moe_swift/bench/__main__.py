@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import peers, plot, report, roofline, weightformats
-from .runner import Progress, bench_shape, loadavg, peak_rss_gb
+from .runner import DECODE_BLOCK_CALLS, Progress, bench_shape, loadavg, peak_rss_gb
 from .shapes import DEFAULT_SHAPES, QUICK_EXPERTS, QUICK_SHAPES, SHAPES
 
 QUICK_FORMAT_SHAPES = ["qwen3-30b-a3b"]
@@ -58,7 +58,7 @@ def parse_args(argv):
                    help=f"small run: {', '.join(QUICK_SHAPES)} with {QUICK_EXPERTS} experts, T in {{1, 64}}, "
                         "few repeats (about a minute)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="most timed runs per implementation and T (x3 for T <= 8; default 7, --quick 3)")
+                   help="most timed runs per implementation and T (x3 for T <= 8, at least 12 a block; default 7, --quick 3)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds of timed calls per implementation and T: slower ones get fewer runs "
                         "(default 2.5, --quick 0.5)")
@@ -163,7 +163,8 @@ def main(argv=None) -> int:
             out(f"    {n:14s} {peers.info(n)}")
         else:
             out(f"    {n:14s} {peers.status(n)}")
-    out(f"  timing: medians of up to {args.repeats} runs (x3 for T <= {roofline.DECODE_MAX_T}) per implementation, "
+    out(f"  timing: medians of up to {args.repeats} runs (x3 for T <= {roofline.DECODE_MAX_T}, at least "
+        f"{DECODE_BLOCK_CALLS} a block) per implementation, "
         f"{args.budget:g} s of calls each at most (>= 3 runs unless one call takes longer), in {args.rounds} rounds "
         f"of alternating blocks (pause {args.settle:g} s + warm-up call, then back-to-back calls on fresh inputs)")
     out("  checks before timing: every implementation vs ours, |y - ours| <= 1e-4 max|ours| + 1e-5; ours vs "
