@@ -28,7 +28,7 @@ def tiny(name, E=8):
 
 
 def args(**kw):
-    base = dict(seed=0, repeats=2, budget=0.05, max_call=30.0, rounds=2, settle=0.0, ref_tokens=3, ref_gb=0.1,
+    base = dict(seed=0, repeats=2, budget=0.05, max_call=30.0, rounds=2, settle=0.0, warmup=0.0, ref_tokens=3, ref_gb=0.1,
                 point_probe_mb=0)
     return SimpleNamespace(**{**base, **kw})
 

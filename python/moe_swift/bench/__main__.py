@@ -69,6 +69,9 @@ def parse_args(argv):
     p.add_argument("--settle", type=float, default=None,
                    help="pause in seconds before each block so that BLAS/OpenMP threads of the previous one "
                         "go idle (default 0.3, --quick 0.1)")
+    p.add_argument("--warmup", type=float, default=0.03,
+                   help="seconds of untimed calls after each block's pause, at least one call (default 0.03: "
+                        "after the pause this VM's cores run the first ~10-20 ms of work up to 2x slower)")
     p.add_argument("--ref-tokens", type=int, default=None,
                    help="time the reference on at most this many tokens, scaled to T (default 8, --quick 2)")
     p.add_argument("--ref-gb", type=float, default=2.0,
@@ -166,7 +169,8 @@ def main(argv=None) -> int:
     out(f"  timing: medians of up to {args.repeats} runs (x3 for T <= {roofline.DECODE_MAX_T}, at least "
         f"{DECODE_BLOCK_CALLS} a block) per implementation, "
         f"{args.budget:g} s of calls each at most (>= 3 runs unless one call takes longer), in {args.rounds} rounds "
-        f"of alternating blocks (pause {args.settle:g} s + warm-up call, then back-to-back calls on fresh inputs)")
+        f"of alternating blocks (pause {args.settle:g} s + {args.warmup * 1e3:g} ms of warm-up calls, at least one, "
+        f"then back-to-back calls on fresh inputs)")
     out("  checks before timing: every implementation vs ours, |y - ours| <= 1e-4 max|ours| + 1e-5; ours vs "
         "the float64 reference on a few tokens (spec tolerance)")
 
@@ -222,7 +226,7 @@ def main(argv=None) -> int:
                          if n in args.selected else "not selected" for n in peers.PEERS},
         settings=dict(shapes=args.shapes, tokens=args.tokens, experts=args.experts, peers=args.selected,
                       repeats=args.repeats, budget_s=args.budget, max_call_s=args.max_call, rounds=args.rounds,
-                      settle_s=args.settle, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
+                      settle_s=args.settle, warmup_s=args.warmup, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
                       seed=args.seed, decode_max_T=roofline.DECODE_MAX_T, formats=args.formats,
                       ggml_threads=args.ggml_threads or peers.cores()),
         formats=None if not args.formats else {f: dict(describe=weightformats.FORMATS[f].describe,

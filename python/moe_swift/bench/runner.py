@@ -4,7 +4,9 @@ then time them in alternating blocks.
 Timing method (kept from the first benchmark, benchmarks/bench_cpu.py): the timed runs
 of each implementation are split into rounds; a round runs one block per implementation
 (ours, numpy, reference, torch-eager, torch-grouped, mlx); each block starts with a
-pause (`settle`) and an untimed warm-up call, then times back-to-back calls, each on a
+pause (`settle`) and untimed warm-up calls (`warmup` seconds of them, at least one: after
+the pause this VM's cores run the first ~10-20 ms of work up to 2x slower, for every
+implementation), then times back-to-back calls, each on a
 fresh input (the same inputs for every implementation, so in decode all of them read
 the same experts). Tables give medians. In decode (T <= 8) each round also starts with
 the native read probe (`--point-probe-mb`, 256 MiB): an implementation's median in a
@@ -255,6 +257,9 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
         max_runs = max(max_runs, 2 * args.rounds * DECODE_BLOCK_CALLS)
     # xs[0]: checks, xs[1]: warm-ups, xs[2:]: one different input per timed run.
     xs = [rng.standard_normal((T, w.H), dtype=np.float32) for _ in range(max_runs + 2)]
+    # More warm-up inputs in decode, so that repeated warm-up calls do not leave one
+    # input's experts in the last-level cache.
+    warm_xs = [xs[1]] + [rng.standard_normal((T, w.H), dtype=np.float32) for _ in range(7 if T <= DECODE_MAX_T else 0)]
     x0 = xs[0]
     ours = impls["ours"]
     res = {}
@@ -380,7 +385,10 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             # idle run up to 2x slower here, for every implementation).
             getattr(fn, "resume", lambda: None)()
             if res[name]["t_check"] < args.budget / 2:  # slower calls: the check call was their warm-up
-                fn(xs[1])
+                t_warm, n_warm = time.perf_counter(), 0
+                while n_warm == 0 or time.perf_counter() - t_warm < args.warmup:
+                    fn(warm_xs[n_warm % len(warm_xs)])
+                    n_warm += 1
             for j in js:
                 times[name].append(timed(fn, xs[2 + j])[0])
                 round_of[name].append(rnd)
