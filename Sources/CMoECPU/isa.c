@@ -1,7 +1,8 @@
 // The instruction set the CPU kernels use: the best this CPU has, or a lower one named by
-// MOE_CPU_ISA (portable, avx2, avx512, avx512vnni, avx512gfni). Lowering it runs, on a machine with AVX-512, the
-// code paths that other users' machines take (tests/python/test_cpu_isa.py runs every
-// format on each of them); it never raises the level above what the CPU supports.
+// MOE_CPU_ISA (portable, avx2, avx512, avx512vnni, avx512gfni). Lowering it runs, on a
+// machine with AVX-512, the code paths that other users' machines take
+// (tests/python/test_cpu_isa.py runs every format on each of them); it never raises the
+// level above what the CPU supports.
 #include "moe_cpu_kernels.h"
 
 #include <stdlib.h>
@@ -11,8 +12,7 @@ static int detected_level(void) {
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    {
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         if (!__builtin_cpu_supports("avx512vnni")) return MOE_CPU_ISA_AVX512;
         return __builtin_cpu_supports("gfni") ? MOE_CPU_ISA_AVX512_GFNI : MOE_CPU_ISA_AVX512_VNNI;
     }

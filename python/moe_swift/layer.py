@@ -24,9 +24,8 @@ def available_backends() -> list[str]:
 
 
 def cpu_instruction_set() -> str:
-    """The instruction set of the cpu backend's kernels: "avx512gfni", "avx512vnni", "avx512", "avx2" or
-    "portable" —
-    the best this CPU has, or lower if MOE_CPU_ISA names it (read once per process)."""
+    """The instruction set of the cpu backend's kernels: "avx512gfni", "avx512vnni", "avx512", "avx2"
+    or "portable" — the best this CPU has, or lower if MOE_CPU_ISA names it (read once per process)."""
     ffi, lib, _ = _native.load()
     return ffi.string(lib.moe_cpu_instruction_set()).decode()
 

@@ -5,8 +5,9 @@
  * packs the weight matrix for every call, which at such M costs more than the product:
  * measured on this project's machines (OpenBLAS 0.3.21, Zen 4, one thread, K = 2048) it
  * streams weights at only 4-5 GB/s for M = 4..16 and 33 GFLOP/s at M = 16, against ~26
- * GB/s of memory bandwidth and ~95 GFLOP/s of GEMM peak. These kernels read each weight row once from memory and reuse it
- * from cache across all M rows. Large M still goes to BLAS.
+ * GB/s of memory bandwidth and ~95 GFLOP/s of GEMM peak. These kernels read each weight
+ * row once from memory and reuse it from cache across all M rows. Large M still goes to
+ * BLAS.
  */
 #ifndef MOE_CPU_KERNELS_H
 #define MOE_CPU_KERNELS_H

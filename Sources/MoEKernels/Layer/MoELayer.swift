@@ -27,8 +27,9 @@ public final class MoELayer: @unchecked Sendable {
     public static var availableBackends: [MoEBackendKind] { BackendRegistry.available }
 
     /// The instruction set of the CPU backend's own kernels in this process: "avx512gfni",
-    /// "avx512vnni", "avx512", "avx2" or "portable" — the best the CPU has, or lower if the environment variable
-    /// MOE_CPU_ISA asks for it (read once, at the first use of the CPU kernels).
+    /// "avx512vnni", "avx512", "avx2" or "portable" — the best the CPU has, or lower if the
+    /// environment variable MOE_CPU_ISA asks for it (read once, at the first use of the CPU
+    /// kernels).
     public static var cpuInstructionSet: StaticString {
         switch moe_cpu_isa_level() {
         case MOE_CPU_ISA_AVX512_GFNI: return "avx512gfni"

@@ -58,7 +58,8 @@ def parse_args(argv):
                    help=f"small run: {', '.join(QUICK_SHAPES)} with {QUICK_EXPERTS} experts, T in {{1, 64}}, "
                         "few repeats (about a minute)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="most timed runs per implementation and T (x3 for T <= 8, at least 12 a block; default 7, --quick 3)")
+                   help=f"most timed runs per implementation and T (x3 for T <= 8, at least {DECODE_BLOCK_CALLS} a "
+                        "block; default 7, --quick 3)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds of timed calls per implementation and T: slower ones get fewer runs "
                         "(default 2.5, --quick 0.5)")
