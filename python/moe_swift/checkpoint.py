@@ -13,21 +13,36 @@ import os
 import numpy as np
 
 from . import _native
-from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice
+from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _real
 
 __all__ = ["from_pretrained", "OVERRIDES"]
 
+def _override_integer(name, value):
+    """An integer override (a float is accepted when it is a whole number, as JSON has it)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif isinstance(value, numbers.Real) and np.isfinite(float(value)) and float(value).is_integer():
+        value = int(value)
+    else:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if abs(value) >= 2**31:
+        raise ValueError(f"{name} must be a 32-bit integer, got {value}")
+    return float(value)
+
+
 # Options that may replace config.json's, and how each becomes the number the C ABI takes.
 OVERRIDES = {
-    "top_k": int,
-    "norm_topk_prob": lambda v: 1.0 if v else 0.0,
-    "routed_scaling_factor": float,
-    "scoring": lambda v: _choice("scoring", v, SCORINGS),
-    "n_group": int,
-    "topk_group": int,
-    "activation": lambda v: _choice("activation", v, ACTIVATIONS),
-    "swiglu_alpha": float,
-    "swiglu_limit": float,
+    "top_k": _override_integer,
+    "norm_topk_prob": lambda name, v: 1.0 if _flag(name, v) else 0.0,
+    "routed_scaling_factor": _real,
+    "scoring": lambda name, v: _choice(name, v, SCORINGS),
+    "n_group": _override_integer,
+    "topk_group": _override_integer,
+    "activation": lambda name, v: _choice(name, v, ACTIVATIONS),
+    "swiglu_alpha": _real,
+    "swiglu_limit": _real,
 }
 
 
@@ -47,13 +62,23 @@ def from_pretrained(path, layer=None, *, backend="auto", **overrides):
     if unknown:
         raise TypeError(f"from_pretrained got unknown options {sorted(unknown)}; overridable: {sorted(OVERRIDES)}")
     backend_code = _choice("backend", backend, BACKENDS)
+    converted = [OVERRIDES[k](k, v) for k, v in overrides.items()]
+    if layer is not None:
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
+            raise TypeError(f"layer must be an int or None, got {type(layer).__name__}")
+        layer = int(layer)
+        if not 0 <= layer < 2**31:
+            raise ValueError(f"layer must be a layer index (0 <= layer < 2**31), got {layer}")
+    path = os.fsencode(os.fspath(path))
+    if not path:
+        raise ValueError("from_pretrained needs the checkpoint folder's path, got an empty path")
     ffi, lib, _ = _native.load()
     names = [ffi.new("char[]", name.encode()) for name in overrides]
     name_array = ffi.new("const char *[]", names) if names else ffi.NULL
-    values = ffi.new("double[]", [OVERRIDES[k](v) for k, v in overrides.items()]) if names else ffi.NULL
+    values = ffi.new("double[]", converted) if names else ffi.NULL
 
     out = ffi.new("moe_checkpoint **")
-    _native.check(lib.moe_checkpoint_open(os.fsencode(os.fspath(path)), out))
+    _native.check(lib.moe_checkpoint_open(path, out))
     checkpoint = out[0]
     try:
         if layer is None:
@@ -63,9 +88,6 @@ def from_pretrained(path, layer=None, *, backend="auto", **overrides):
             _native.check(lib.moe_checkpoint_moe_layers(checkpoint, indices, count[0], count))
             wanted = [int(indices[i]) for i in range(count[0])]
         else:
-            if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
-                raise TypeError(f"layer must be an int or None, got {type(layer).__name__}")
-            layer = int(layer)
             wanted = [layer]
         layers = {}
         try:

@@ -100,6 +100,7 @@ class Quantized:
     ``Quantized(weight, scales, mode="mxfp4")``. The logical shape is
     ``weight.shape[:-1] + (weight.shape[-1] * 32 // bits,)``. ``scale_dtype="bfloat16"``
     reads uint16 scales and biases as bfloat16 bit patterns (e.g. raw safetensors bytes).
+    Immutable after construction (its arrays' values may change, not the arrays).
     """
 
     def __init__(self, weight, scales, biases=None, *, bits=None, group_size=None, mode="affine",
@@ -156,6 +157,17 @@ class Quantized:
                 raise ValueError(f"{name}.biases must have the shape and dtype of scales ({scale_shape}, {s_dtype}), "
                                  f"got {tuple(b.shape)} {b_dtype}")
             self.biases = np.ascontiguousarray(b)
+        self._frozen = True
+
+    # Immutable once checked: the layer sizes its reads from these attributes, so another
+    # array or other bits set afterwards would make it read past the arrays.
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"Quantized is immutable: make a new one instead of setting {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Quantized is immutable: {name!r} cannot be deleted")
 
     @property
     def nbytes(self):

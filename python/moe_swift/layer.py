@@ -451,7 +451,7 @@ class MoELayer:
         (h = moe(...) + residual, or moe(...) alone without a residual); *_norm_offset=1.0:
         Gemma-style norms that scale by (1 + weight). out: a float32 C-contiguous NumPy
         array of x's shape that receives h (and is returned); it may be the residual or x
-        itself (in place)."""
+        itself (in place), or overlap them (computed through a temporary, as NumPy does)."""
         restore = _output_like(x)
         x = self._input(x)
         H = self.hidden_size

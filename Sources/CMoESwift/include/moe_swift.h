@@ -182,8 +182,9 @@ void moe_layer_desc_init(moe_layer_desc* desc);
 /* Validates desc, copies the weights and creates the layer in *out. */
 moe_status moe_layer_create(const moe_layer_desc* desc, moe_layer** out);
 
-/* y = moe(x) (+ residual). x, residual, y: (num_tokens, H); residual may be NULL and
- * may alias y. num_tokens may be 0. Safe to call from several threads at once. */
+/* y = moe(x) (+ residual). x, residual, y: (num_tokens, H); residual may be NULL. y may be
+ * x or residual (in place) or overlap them in any way (then the result goes through a
+ * temporary). num_tokens may be 0. Safe to call from several threads at once. */
 moe_status moe_layer_forward(moe_layer* layer, const float* x, int64_t num_tokens,
                              const float* residual, float* y);
 
@@ -208,12 +209,12 @@ typedef struct moe_forward_desc {
     const float* x;                   /* (num_tokens, H) */
     int64_t num_tokens;               /* may be 0 */
     const float* residual;            /* (num_tokens, H) or NULL; may alias y */
-    float* y;                         /* (num_tokens, H): h; may alias x or residual */
+    float* y;                         /* (num_tokens, H): h; may be or overlap x or residual */
     moe_rms_norm input_norm;          /* normalise x before the router and experts */
     moe_rms_norm next_norm;           /* the next layer's norm of h, written to normed;
                                          without a residual, h = moe(x) */
     float* normed;                    /* (num_tokens, H), required with next_norm; must not
-                                         overlap x, residual or y */
+                                         overlap x, residual or y (an error) */
 } moe_forward_desc;
 
 /* Sets struct_size; everything else NULL / 0. */
@@ -226,7 +227,8 @@ moe_status moe_layer_forward_ex(moe_layer* layer, const moe_forward_desc* desc);
 /* The routed experts with the routing given (no router, no shared expert, no residual):
  * y[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) over the k slots in order.
  * ids (num_tokens, k) int32, each in [0, E) (checked: an invalid id is an error naming
- * it, nothing is read through it); weights (num_tokens, k) float32; x, y (num_tokens, H). */
+ * it, nothing is read through it); weights (num_tokens, k) float32; x, y (num_tokens, H),
+ * which may overlap. */
 moe_status moe_layer_forward_routed(moe_layer* layer, const float* x, int64_t num_tokens,
                                     const int32_t* ids, const float* weights, float* y);
 
@@ -244,7 +246,7 @@ void moe_layer_destroy(moe_layer* layer);
 /* Several layers in one call, each layer's output feeding the next:
  * x_{i+1} = x_i + layer_i(x_i) for i = 0 .. num_layers-1, and y = x_{num_layers}.
  * All layers must run on the same backend and have the same hidden size H; x and y are
- * (num_tokens, H) and may alias. On the metal and softmetal backends the whole stack is
+ * (num_tokens, H) and may alias or overlap. On the metal and softmetal backends the whole stack is
  * one command buffer with one wait at its end; on cpu it is a loop of forwards. */
 moe_status moe_run_layers(moe_layer* const* layers, int64_t num_layers, const float* x,
                           int64_t num_tokens, float* y);
@@ -293,15 +295,23 @@ moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
  * transformers 5 fused 3-D, gpt-oss's (bf16 or MXFP4 blocks) and mlx-lm's (quantized or not).
  * The files stay memory-mapped while the handle is open; a layer borrows its tensors from
  * the mapping in their stored format and copies them once, so closing the checkpoint after
- * creating layers frees the mapping and leaves each weight held once, in its layer. */
+ * creating layers frees the mapping and leaves each weight held once, in its layer.
+ * The folder is the boundary of what is read: config.json, the index and every shard it
+ * names must be regular files inside it once symlinks are resolved (or inside the blob
+ * store of a Hugging Face cache whose snapshot the folder is); shard names are relative
+ * paths without "..". Everything config.json and the headers say is checked (types,
+ * ranges, products, shapes against each other and the format) before a byte of tensor
+ * data is read or a buffer is sized from it. */
 
 typedef struct moe_checkpoint moe_checkpoint;   /* opaque */
 
-/* Reads config.json and the safetensors headers of the folder at path (UTF-8). */
+/* Reads config.json and the safetensors headers of the folder at path (a file-system
+ * path: its bytes are used as they are). */
 moe_status moe_checkpoint_open(const char* path, moe_checkpoint** out);
 
-/* The indices of the checkpoint's MoE layers, ascending: the first min(count, capacity) are
- * written to indices (which may be NULL when capacity is 0), their number to *count. */
+/* The indices of the checkpoint's MoE layers, ascending (the layers below
+ * num_hidden_layers whose block has tensors in the files and that config.json makes MoE
+ * layers): the first min(count, capacity) are written to indices (which may be NULL when capacity is 0), their number to *count. */
 moe_status moe_checkpoint_moe_layers(const moe_checkpoint* checkpoint, int32_t* indices, int32_t capacity,
                                      int32_t* count);
 

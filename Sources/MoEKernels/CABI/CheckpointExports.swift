@@ -1,6 +1,11 @@
 // The checkpoint functions of moe_swift.h: handles registered like layers', so that a stale
 // or forged handle is an error, not a crash.
 import CMoESwift
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 private let liveCheckpoints = Lock()
 nonisolated(unsafe) private var checkpointsByHandle: [OpaquePointer: Checkpoint] = [:]
@@ -20,7 +25,9 @@ public func moe_checkpoint_open(_ path: UnsafePointer<CChar>?, _ out: UnsafeMuta
         guard let out else { throw MoEError.invalidArgument("out (the moe_checkpoint** to fill) is NULL") }
         out.pointee = nil
         guard let path else { throw MoEError.invalidArgument("path is NULL") }
-        let opened = try Checkpoint(path: String(cString: path))
+        // The path's bytes as they are: a folder name need not be UTF-8.
+        let opened = try Checkpoint(pathBytes: Array(UnsafeBufferPointer(start: UnsafeRawPointer(path)
+            .assumingMemoryBound(to: UInt8.self), count: strlen(path))))
         out.pointee = liveCheckpoints.withLock { () -> OpaquePointer in
             lastCheckpointHandle += 16
             let handle = OpaquePointer(bitPattern: lastCheckpointHandle)!

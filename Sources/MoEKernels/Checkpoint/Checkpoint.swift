@@ -10,51 +10,94 @@ public final class Checkpoint {
     public let modelType: String
     /// `num_hidden_layers` of config.json.
     public let numLayers: Int
-    /// The indices of the layers that have an MoE block, ascending.
+    /// The indices of the layers that have an MoE block, ascending: those of the layers
+    /// whose block has tensors in the files and that config.json makes MoE layers (found
+    /// among the tensors, so a config's layer count costs nothing).
     public let moeLayers: [Int]
 
     let config: ConfigReader
     let family: ModelFamily
     let configuration: MoEConfiguration
+    private let denseReason: (Int) -> String?
     private let files: [SafeTensorsFile]
     private let fileOfTensor: [String: Int]
 
-    public init(path: String) throws {
-        self.path = path
+    public convenience init(path: String) throws {
+        try self.init(pathBytes: Array(path.utf8))
+    }
+
+    /// The folder named by `pathBytes` (a file-system path in any encoding).
+    init(pathBytes: [UInt8]) throws {
+        let folder = try CheckpointFolder(path: pathBytes)
+        path = folder.display
         let configPath = path + "/config.json"
-        let configBytes = try readFile(configPath)
-        let raw = try configBytes.withUnsafeBytes { try JSON.parse($0, what: configPath) }
+        let raw = try folder.readJSON("config.json", limit: CheckpointFolder.configLimit)
+        guard raw.object != nil else { throw MoEError.invalidArgument("\(configPath) is not a JSON object") }
         config = ConfigReader(raw: raw, path: configPath)
         guard let modelType = raw["model_type"]?.string else {
             throw MoEError.invalidArgument("\(configPath) has no \"model_type\"")
         }
         self.modelType = modelType
         family = try ModelFamily.named(modelType)
+        // Everything config.json says is checked here, before a tensor is looked at.
         configuration = try family.configure(config)
-        numLayers = try config.int("num_hidden_layers")
-        moeLayers = (0..<numLayers).filter { [family, config] in family.denseReason(config, $0) == nil }
+        do {
+            try configuration.validate()
+        } catch MoEError.invalidArgument(let why) {
+            throw MoEError.invalidArgument("\(configPath): \(why)")
+        }
+        numLayers = try config.int("num_hidden_layers", in: 0...Int(Int32.max))
+        denseReason = try family.denseLayers(config)
 
         var names: [String]
-        let indexPath = path + "/model.safetensors.index.json"
-        if fileExists(indexPath) {
-            let index = try readFile(indexPath).withUnsafeBytes { try JSON.parse($0, what: indexPath) }
+        let indexName = "model.safetensors.index.json"
+        if folder.contains(indexName) {
+            let index = try folder.readJSON(indexName, limit: CheckpointFolder.indexLimit)
+            let indexPath = path + "/" + indexName
             guard let map = index["weight_map"]?.object else {
                 throw MoEError.invalidArgument("\(indexPath) has no \"weight_map\" object")
             }
-            names = Array(Set(map.values.compactMap(\.string))).sorted()
-        } else if fileExists(path + "/model.safetensors") {
+            guard !map.isEmpty else {
+                throw MoEError.invalidArgument("\(indexPath): \"weight_map\" is empty: it lists no tensor")
+            }
+            var shards = Set<String>()
+            for (tensor, file) in map {
+                guard let file = file.string else {
+                    throw MoEError.invalidArgument("\(indexPath): \"weight_map\" gives tensor "
+                                                   + "\(CheckpointFolder.quoted(tensor)) a file name that is not a string")
+                }
+                try folder.checkName(file, what: "\(indexPath) (tensor \(CheckpointFolder.quoted(tensor)))")
+                shards.insert(file)
+            }
+            names = shards.sorted()
+        } else if folder.contains("model.safetensors") {
             names = ["model.safetensors"]
         } else {
             throw MoEError.invalidArgument(
                 "\(path) has neither model.safetensors.index.json nor model.safetensors")
         }
-        files = try names.map { try SafeTensorsFile(path: path + "/" + $0) }
+        files = try names.map { try SafeTensorsFile($0, in: folder) }
         // The headers, not the index, say where each tensor is.
         var fileOfTensor: [String: Int] = [:]
         for (i, file) in files.enumerated() {
             for name in file.tensors.keys { fileOfTensor[name] = i }
         }
         self.fileOfTensor = fileOfTensor
+        moeLayers = Self.blockLayers(fileOfTensor.keys, blockNames: family.blockNames)
+            .filter { [numLayers, denseReason] in $0 < numLayers && denseReason($0) == nil }
+    }
+
+    /// The layers `i` with a tensor `model.layers.{i}.{block}.*` for one of `blockNames`, ascending.
+    private static func blockLayers(_ names: Dictionary<String, Int>.Keys, blockNames: [String]) -> [Int] {
+        let prefix = "model.layers."
+        var layers = Set<Int>()
+        for name in names where name.hasPrefix(prefix) {
+            let rest = name.dropFirst(prefix.count)
+            guard let dot = rest.firstIndex(of: "."), let i = Int(rest[..<dot]), i >= 0 else { continue }
+            let block = rest[rest.index(after: dot)...]
+            if blockNames.contains(where: { block.hasPrefix($0 + ".") }) { layers.insert(i) }
+        }
+        return layers.sorted()
     }
 
     func tensor(_ name: String) -> StoredTensor? {
@@ -78,12 +121,18 @@ public final class Checkpoint {
         guard layer >= 0 && layer < numLayers else {
             throw MoEError.invalidArgument("layer \(layer) is out of range: the checkpoint has \(numLayers) layers (num_hidden_layers)")
         }
-        if let why = family.denseReason(config, layer) {
+        if let why = denseReason(layer) {
             throw MoEError.invalidArgument("layer \(layer) of this \(modelType) checkpoint is a dense MLP layer, not MoE: "
                                            + "\(why); its MoE layers are \(moeLayers)")
         }
+        guard moeLayers.contains(layer) else {
+            let blocks = family.blockNames.map { "model.layers.\(layer).\($0)" }.joined(separator: " or ")
+            throw MoEError.invalidArgument("layer \(layer): no tensor under \(blocks) in \(fileSet); "
+                                           + "the MoE layers in the files are \(moeLayers)")
+        }
         var c = configuration
         try Self.apply(overrides, to: &c)
+        try c.validate()
         return c
     }
 

@@ -44,14 +44,25 @@ final class LayerReader {
 
     // MARK: Matrices and vectors
 
-    /// `module.weight`, quantized when `module.scales` exists (mlx-lm's layout, with the
-    /// bits, group size and mode of config.json's "quantization" for that module).
-    private func matrix(_ module: String) throws -> WeightData {
+    /// `module.weight` of logical shape `shape`, quantized when `module.scales` exists
+    /// (mlx-lm's layout, with the bits, group size and mode of config.json's
+    /// "quantization" for that module). Checked against `shape` and the format before
+    /// anything reads it: callers may copy or dequantize it right away.
+    private func matrix(_ module: String, _ shape: [Int]) throws -> WeightData {
         let weight = try require(module + ".weight")
-        guard let scales = tensor(module + ".scales") else { return try dense(weight) }
+        guard let scales = tensor(module + ".scales") else {
+            try check(weight, shape)
+            return try dense(weight)
+        }
         let q = try quantization(of: prefix + "." + module)
+        guard weight.dtype == "U32" || weight.dtype == "I32" else {
+            throw MoEError.invalidArgument("\(weight.name): a quantized weight must be packed U32 words, got \(weight.dtype)")
+        }
         let scaleType: ScalarType
         if q == .mxfp4 {
+            guard scales.dtype == "U8" else {
+                throw MoEError.invalidArgument("\(scales.name): mxfp4 scales must be U8 (E8M0), got \(scales.dtype)")
+            }
             scaleType = .float32
         } else {
             guard let t = scales.scalarType else {
@@ -59,8 +70,14 @@ final class LayerReader {
             }
             scaleType = t
         }
-        return .quantized(QuantizedWeightData(q, weight: weight.bytes, scales: scales.bytes,
-                                              biases: tensor(module + ".biases")?.bytes, scaleType: scaleType))
+        let biases = tensor(module + ".biases")
+        if let biases, biases.dtype != scales.dtype {
+            throw MoEError.invalidArgument("\(biases.name) must have the dtype of \(scales.name) (\(scales.dtype)), got \(biases.dtype)")
+        }
+        let data = WeightData.quantized(QuantizedWeightData(q, weight: weight.bytes, scales: scales.bytes,
+                                                            biases: biases?.bytes, scaleType: scaleType))
+        try data.validate(prefix + "." + module, shape: shape)
+        return data
     }
 
     /// config.json's "quantization": {"group_size", "bits", "mode"?, "<module path>": {...} or false}.
@@ -91,8 +108,10 @@ final class LayerReader {
         return .dense(t.bytes, type)
     }
 
-    private func optionalDense(_ name: String) throws -> WeightData? {
-        try tensor(name).map(dense)
+    private func optionalDense(_ name: String, _ shape: [Int]) throws -> WeightData? {
+        guard let t = tensor(name) else { return nil }
+        try check(t, shape)
+        return try dense(t)
     }
 
     private func check(_ t: StoredTensor, _ shape: [Int]) throws {
@@ -109,49 +128,56 @@ final class LayerReader {
         guard tensor(family.router + ".weight") != nil else {
             throw checkpoint.missing(blocks.map { "\($0).\(family.router).weight" }, "router")
         }
+        let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        let router = { try self.matrix(family.router, [e, h]) }
         var w: MoEWeights
         if let stacked = ["switch_mlp", "experts"].first(where: { tensor("\($0).gate_proj.weight") != nil }) {
-            w = MoEWeights(router: try matrix(family.router),
-                           gateUp: .separate(gate: try matrix(stacked + ".gate_proj"), up: try matrix(stacked + ".up_proj")),
-                           downProj: try matrix(stacked + ".down_proj"))
+            w = MoEWeights(router: try router(),
+                           gateUp: .separate(gate: try matrix(stacked + ".gate_proj", [e, i, h]),
+                                             up: try matrix(stacked + ".up_proj", [e, i, h])),
+                           downProj: try matrix(stacked + ".down_proj", [e, h, i]))
             if let g = tensor(stacked + ".gate_proj.bias") {
                 w.gateUpBias = try joinRows(g, try require(stacked + ".up_proj.bias"))
             }
-            w.downBias = try optionalDense(stacked + ".down_proj.bias")
+            w.downBias = try optionalDense(stacked + ".down_proj.bias", [e, h])
         } else if family.gptOSS {
-            w = try gptOSSExperts()
+            w = try gptOSSExperts(router: router())
         } else if let gateUp = tensor("experts.gate_up_proj") {
-            w = MoEWeights(router: try matrix(family.router), gateUp: .fused(try dense(gateUp)),
-                           downProj: try dense(try require("experts.down_proj")))
+            let down = try require("experts.down_proj")
+            try check(gateUp, [e, 2 * i, h])
+            try check(down, [e, h, i])
+            w = MoEWeights(router: try router(), gateUp: .fused(try dense(gateUp)), downProj: try dense(down))
         } else if let names = [("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")]
                     .first(where: { tensor("experts.0.\($0.0).weight") != nil }) {
-            w = MoEWeights(router: try matrix(family.router),
-                           gateUp: .separate(gate: try stackExperts(names.0), up: try stackExperts(names.1)),
-                           downProj: try stackExperts(names.2))
+            w = MoEWeights(router: try router(),
+                           gateUp: .separate(gate: try stackExperts(names.0, [i, h]), up: try stackExperts(names.1, [i, h])),
+                           downProj: try stackExperts(names.2, [h, i]))
         } else {
             throw checkpoint.missing(["switch_mlp.gate_proj.weight", "experts.gate_up_proj",
                                       "experts.0.gate_proj.weight", "experts.0.w1.weight"].map { prefix + "." + $0 },
                                      "expert weights")
         }
-        w.routerBias = try optionalDense(family.router + ".bias")
-        w.selectionBias = try optionalDense(family.router + ".e_score_correction_bias")
+        w.routerBias = try optionalDense(family.router + ".bias", [e])
+        w.selectionBias = try optionalDense(family.router + ".e_score_correction_bias", [e])
         if c.hasSharedExpert, let shared = family.sharedExpert {
-            var s = SharedExpertWeights(gateProj: try matrix(shared + ".gate_proj"), upProj: try matrix(shared + ".up_proj"),
-                                        downProj: try matrix(shared + ".down_proj"))
+            let si = c.sharedIntermediateSize
+            var s = SharedExpertWeights(gateProj: try matrix(shared + ".gate_proj", [si, h]),
+                                        upProj: try matrix(shared + ".up_proj", [si, h]),
+                                        downProj: try matrix(shared + ".down_proj", [h, si]))
             // (1, H); mlx-lm may have quantized it: read as float32, it is one vector.
-            s.sigmoidGate = try family.sharedGate.map { .array(try matrix($0).floats()) }
+            s.sigmoidGate = try family.sharedGate.map { .array(try matrix($0, [1, h]).floats()) }
             w.shared = s
         }
         return w
     }
 
     /// One (E, ...) tensor from E per-expert tensors, in their stored format.
-    private func stackExperts(_ projection: String) throws -> WeightData {
+    private func stackExperts(_ projection: String, _ shape: [Int]) throws -> WeightData {
         let parts = try (0..<c.numExperts).map { e -> WeightData in
             guard tensor("experts.\(e).\(projection).weight") != nil else {
                 throw checkpoint.missing([prefix + ".experts.\(e).\(projection).weight"], "expert \(e)")
             }
-            return try matrix("experts.\(e).\(projection)")
+            return try matrix("experts.\(e).\(projection)", shape)
         }
         func concat(_ pieces: [UnsafeRawBufferPointer]) throws -> UnsafeRawBufferPointer {
             guard Set(pieces.map(\.count)).count == 1 else {
@@ -208,10 +234,15 @@ final class LayerReader {
     /// gpt-oss's own layout: gate and up interleaved along 2I (even: gate, odd: up), dense
     /// weights stored in-by-out, MXFP4 blocks out-by-in. Each becomes the library's fused
     /// (E, 2I, H) with gate rows first, copied once in its stored format.
-    private func gptOSSExperts() throws -> MoEWeights {
+    private func gptOSSExperts(router: WeightData) throws -> MoEWeights {
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
         var w: MoEWeights
         if let blocks = tensor("experts.gate_up_proj_blocks") {
+            // Rows are whole blocks of 32 values: the copies below are sized from that.
+            for (name, size) in [("hidden_size", h), ("intermediate_size", i)] where size % 32 != 0 {
+                throw MoEError.invalidArgument("\(checkpoint.config.path): \(name) (\(size)) must be a multiple of 32 "
+                                               + "for MXFP4 experts (\(blocks.name))")
+            }
             let scales = try require("experts.gate_up_proj_scales")
             let downBlocks = try require("experts.down_proj_blocks"), downScales = try require("experts.down_proj_scales")
             for (t, shape) in [(blocks, [e, 2 * i, h / 32, 16]), (scales, [e, 2 * i, h / 32]),
@@ -221,13 +252,13 @@ final class LayerReader {
             }
             let gateUp = QuantizedWeightData(.mxfp4, weight: deinterleaveRows(blocks.bytes, rowBytes: h / 2),
                                              scales: deinterleaveRows(scales.bytes, rowBytes: h / 32))
-            w = MoEWeights(router: try matrix(checkpoint.family.router), gateUp: .fused(.quantized(gateUp)),
+            w = MoEWeights(router: router, gateUp: .fused(.quantized(gateUp)),
                            downProj: .quantized(QuantizedWeightData(.mxfp4, weight: downBlocks.bytes, scales: downScales.bytes)))
         } else {
             let gateUp = try require("experts.gate_up_proj"), down = try require("experts.down_proj")
             try check(gateUp, [e, h, 2 * i])
             try check(down, [e, i, h])
-            w = MoEWeights(router: try matrix(checkpoint.family.router),
+            w = MoEWeights(router: router,
                            gateUp: .fused(try transposeExperts(gateUp, deinterleave: true)),
                            downProj: try transposeExperts(down, deinterleave: false))
         }
@@ -236,7 +267,7 @@ final class LayerReader {
             guard let type = bias.scalarType else { throw MoEError.invalidArgument("\(bias.name) must be F32, F16 or BF16") }
             w.gateUpBias = .dense(deinterleaveRows(bias.bytes, rowBytes: type.size), type)
         }
-        w.downBias = try optionalDense("experts.down_proj_bias")
+        w.downBias = try optionalDense("experts.down_proj_bias", [e, h])
         return w
     }
 

@@ -14,8 +14,9 @@ struct ModelFamily {
 
     /// The configuration of every MoE layer of the checkpoint, from config.json.
     let configure: (ConfigReader) throws -> MoEConfiguration
-    /// Why layer `i` is a dense MLP layer, or nil if it is an MoE layer.
-    let denseReason: (ConfigReader, Int) -> String?
+    /// Reads config.json's dense-layer settings once (throwing on bad ones) and returns
+    /// why layer `i` is a dense MLP layer, or nil if it is an MoE layer.
+    let denseLayers: (ConfigReader) throws -> (Int) -> String?
 
     static let supportedTypes = ["deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss", "mixtral",
                                  "olmoe", "qwen2_moe", "qwen3_moe"]
@@ -24,7 +25,7 @@ struct ModelFamily {
         switch modelType {
         case "mixtral":
             var f = ModelFamily(configure: { c in try c.base(experts: "num_local_experts", intermediate: "intermediate_size") },
-                                denseReason: { _, _ in nil })
+                                denseLayers: { _ in { _ in nil } })
             f.blockNames = ["block_sparse_moe", "mlp"]
             return f
         case "qwen2_moe", "qwen3_moe":
@@ -33,17 +34,21 @@ struct ModelFamily {
                     var m = try c.base(experts: "num_experts", intermediate: "moe_intermediate_size")
                     m.normTopKProb = try c.bool("norm_topk_prob", default: false)
                     if modelType == "qwen2_moe" {
-                        m.sharedIntermediateSize = try c.int("shared_expert_intermediate_size", default: 0)
+                        m.sharedIntermediateSize = try c.int("shared_expert_intermediate_size", default: 0,
+                                                             in: 0...Int(Int32.max))
                     }
                     return m
                 },
-                denseReason: { c, i in
-                    if let only = c.raw["mlp_only_layers"]?.array?.compactMap(\.int), only.contains(i) {
-                        return "it is in mlp_only_layers \(only)"
+                denseLayers: { c in
+                    let only = Set(try c.intList("mlp_only_layers"))
+                    let step = try c.int("decoder_sparse_step", default: 1, in: 1...Int(Int32.max))
+                    return { i in
+                        if only.contains(i) { return "it is in mlp_only_layers \(only.sorted())" }
+                        if step > 1 && (i + 1) % step != 0 {
+                            return "(layer + 1) is not a multiple of decoder_sparse_step = \(step)"
+                        }
+                        return nil
                     }
-                    let step = (try? c.int("decoder_sparse_step", default: 1)) ?? 1
-                    if step > 1 && (i + 1) % step != 0 { return "(layer + 1) is not a multiple of decoder_sparse_step = \(step)" }
-                    return nil
                 })
             if modelType == "qwen2_moe" {
                 f.sharedExpert = "shared_expert"
@@ -57,7 +62,7 @@ struct ModelFamily {
                     m.normTopKProb = try c.bool("norm_topk_prob", default: false)
                     return m
                 },
-                denseReason: { _, _ in nil })
+                denseLayers: { _ in { _ in nil } })
         case "deepseek_v2", "deepseek_v3", "glm4_moe":
             var f = ModelFamily(
                 configure: { c in
@@ -78,15 +83,23 @@ struct ModelFamily {
                             "topk_method \"group_limited_greedy\" with n_group = \(m.nGroup) scores each group by its best "
                             + "expert; this library implements only the two-best group score of \"noaux_tc\" (DeepSeek-V3)")
                     }
-                    if let n = try c.optionalInt("n_shared_experts"), n > 0 { m.sharedIntermediateSize = n * m.intermediateSize }
+                    let shared = try c.int("n_shared_experts", default: 0, in: 0...Int(Int32.max))
+                    let (width, overflow) = shared.multipliedReportingOverflow(by: m.intermediateSize)
+                    guard !overflow && width <= Int(Int32.max) else {
+                        throw MoEError.invalidArgument("\(c.path): \"n_shared_experts\" (\(shared)) times "
+                                                       + "\"moe_intermediate_size\" (\(m.intermediateSize)) is too large")
+                    }
+                    m.sharedIntermediateSize = width
                     return m
                 },
-                denseReason: { c, i in
-                    let firstK = (try? c.int("first_k_dense_replace", default: 0)) ?? 0
-                    if i < firstK { return "it is below first_k_dense_replace = \(firstK)" }
-                    let freq = (try? c.int("moe_layer_freq", default: 1)) ?? 1
-                    if freq > 1 && i % freq != 0 { return "it is not a multiple of moe_layer_freq = \(freq)" }
-                    return nil
+                denseLayers: { c in
+                    let firstK = try c.int("first_k_dense_replace", default: 0, in: 0...Int(Int32.max))
+                    let freq = try c.int("moe_layer_freq", default: 1, in: 1...Int(Int32.max))
+                    return { i in
+                        if i < firstK { return "it is below first_k_dense_replace = \(firstK)" }
+                        if freq > 1 && i % freq != 0 { return "it is not a multiple of moe_layer_freq = \(freq)" }
+                        return nil
+                    }
                 })
             f.sharedExpert = "shared_experts"
             return f
@@ -100,7 +113,7 @@ struct ModelFamily {
                     m.swigluLimit = Float(try c.double("swiglu_limit", default: 7))
                     return m
                 },
-                denseReason: { _, _ in nil })
+                denseLayers: { _ in { _ in nil } })
             f.router = "router"
             f.gptOSS = true
             return f
@@ -132,6 +145,23 @@ struct ConfigReader {
         return value
     }
 
+    /// An integer in `range` (sizes and counts: the layer's own checks come later, but a
+    /// file's number must not reach arithmetic that overflows before they do).
+    func int(_ key: String, default value: Int? = nil, in range: ClosedRange<Int>) throws -> Int {
+        let n = try int(key, default: value)
+        guard range.contains(n) else {
+            throw bad(key, "an integer in \(range.lowerBound)...\(range.upperBound), got \(n)")
+        }
+        return n
+    }
+
+    /// A list of integers (null or absent: empty).
+    func intList(_ key: String) throws -> [Int] {
+        guard let v = raw[key], !v.isNull else { return [] }
+        guard let items = v.array, items.allSatisfy({ $0.int != nil }) else { throw bad(key, "a list of integers") }
+        return items.compactMap(\.int)
+    }
+
     func double(_ key: String, default value: Double) throws -> Double {
         guard let v = raw[key], !v.isNull else { return value }
         guard let n = v.double else { throw bad(key, "a number") }
@@ -158,11 +188,12 @@ struct ConfigReader {
     /// whose earlier configs (and mlx-lm's) say `num_experts`.
     func base(experts: String, intermediate: String) throws -> MoEConfiguration {
         let aliases = [experts, "num_local_experts", "num_experts", "n_routed_experts"]
-        guard let count = try aliases.lazy.compactMap({ try self.optionalInt($0) }).first else {
+        guard let key = aliases.first(where: { raw[$0].map { !$0.isNull } ?? false }) else {
             throw MoEError.invalidArgument("\(path) has no \"\(experts)\"")
         }
-        var m = MoEConfiguration(hiddenSize: try int("hidden_size"), intermediateSize: try int(intermediate),
-                                 numExperts: count, topK: try int("num_experts_per_tok"))
+        let size = 1...Int(Int32.max)
+        var m = MoEConfiguration(hiddenSize: try int("hidden_size", in: size), intermediateSize: try int(intermediate, in: size),
+                                 numExperts: try int(key, in: size), topK: try int("num_experts_per_tok", in: size))
         switch raw["hidden_act"]?.string ?? "silu" {
         case "silu", "swish": m.activation = .silu
         case "gelu_pytorch_tanh", "gelu_tanh": m.activation = .geluTanh

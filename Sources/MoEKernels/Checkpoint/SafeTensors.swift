@@ -30,24 +30,6 @@ struct StoredTensor {
     var shapeDescription: String { "(" + shape.map(String.init).joined(separator: ", ") + ")" }
 }
 
-/// Reads a whole (small) file: config.json, the shard index.
-func readFile(_ path: String) throws -> [UInt8] {
-    guard let f = fopen(path, "rb") else {
-        throw MoEError.invalidArgument("cannot open \(path): \(String(cString: strerror(errno)))")
-    }
-    defer { fclose(f) }
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 1 << 16)
-    while true {
-        let n = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, f) }
-        if n == 0 { break }
-        bytes.append(contentsOf: chunk[0..<n])
-    }
-    return bytes
-}
-
-func fileExists(_ path: String) -> Bool { access(path, F_OK) == 0 }
-
 /// One .safetensors file, memory-mapped read-only for as long as this object lives: an
 /// 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
 /// then the raw data. Tensors are borrowed from the mapping, never copied here.
@@ -57,31 +39,38 @@ final class SafeTensorsFile {
     private let base: UnsafeMutableRawPointer?
     private let length: Int
 
-    init(path: String) throws {
-        self.path = path
-        let fd = open(path, O_RDONLY)
-        guard fd >= 0 else { throw MoEError.invalidArgument("cannot open \(path): \(String(cString: strerror(errno)))") }
+    /// The header's limit, as in the safetensors library: far above any real header, and
+    /// the bound on what a file can make us parse.
+    static let headerLimit = 100_000_000
+
+    /// Maps `name` of `folder` (see `CheckpointFolder` for which files may be read).
+    init(_ name: String, in folder: CheckpointFolder) throws {
+        path = folder.display + "/" + name
+        let (fd, size) = try folder.open(name)
         defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else { throw MoEError.invalidArgument("cannot stat \(path)") }
-        length = Int(info.st_size)
-        guard length >= 8 else { throw MoEError.invalidArgument("\(path) is not a safetensors file (\(length) bytes)") }
+        length = size
+        let notSafetensors = MoEError.invalidArgument(
+            "\(path) is not a safetensors file: its first 8 bytes do not give a header length within the file "
+            + "and the format's limit of \(Self.headerLimit) bytes")
+        guard length >= 8 else { throw notSafetensors }
         // MAP_PRIVATE + PROT_READ: the pages are the page cache's, shared with other readers.
         guard let mapped = mmap(nil, length, PROT_READ, MAP_PRIVATE, fd, 0), mapped != MAP_FAILED else {
             throw MoEError.outOfMemory("cannot map \(path) (\(length) bytes): \(String(cString: strerror(errno)))")
         }
         base = mapped
         let file = UnsafeRawBufferPointer(start: mapped, count: length)
-        var headerLength = 0
-        for i in 0..<8 { headerLength |= Int(file[i]) << (8 * i) }
-        guard headerLength > 0 && headerLength <= length - 8 else {
+        var headerLength: UInt64 = 0
+        for i in 0..<8 { headerLength |= UInt64(file[i]) << (8 * i) }
+        // The number itself is not printed: for a file that is not safetensors it is the
+        // file's first 8 bytes.
+        guard headerLength > 0 && headerLength <= UInt64(Swift.min(length - 8, Self.headerLimit)) else {
             munmap(mapped, length)
-            throw MoEError.invalidArgument("\(path): header length \(headerLength) does not fit the file (\(length) bytes)")
+            throw notSafetensors
         }
+        let end = 8 + Int(headerLength)
         do {
-            tensors = try Self.parseHeader(UnsafeRawBufferPointer(rebasing: file[8..<8 + headerLength]),
-                                           data: UnsafeRawBufferPointer(rebasing: file[(8 + headerLength)...]),
-                                           path: path)
+            tensors = try Self.parseHeader(UnsafeRawBufferPointer(rebasing: file[8..<end]),
+                                           data: UnsafeRawBufferPointer(rebasing: file[end...]), path: path)
         } catch {
             munmap(mapped, length)
             throw error

@@ -43,7 +43,7 @@ public final class MoELayer: @unchecked Sendable {
     // MARK: Pointer API (what the C ABI calls)
 
     /// `output = moe(input) (+ residual)` for `tokens` rows of `hiddenSize` floats.
-    /// `residual` may alias `output`.
+    /// `residual` may be `output` or overlap it (a partial overlap costs a temporary).
     public func forward(_ input: UnsafePointer<Float>, tokens: Int, residual: UnsafePointer<Float>? = nil,
                         into output: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
@@ -56,7 +56,7 @@ public final class MoELayer: @unchecked Sendable {
     /// A decoder's post-attention block in one call (`MoEForwardOptions`):
     /// `output = residual + moe(inputNorm(input))`, `options.normedOutput = nextNorm(output)`.
     /// The norms are fused into the layer's own stages (no extra pass over the activations).
-    /// `output` may alias `input` or the residual.
+    /// `output` may be `input` or the residual, or overlap them (a partial overlap costs a temporary).
     public func forward(_ input: UnsafePointer<Float>, tokens: Int, options: MoEForwardOptions,
                         into output: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
@@ -69,11 +69,46 @@ public final class MoELayer: @unchecked Sendable {
     /// One forward through the backend's stages (statistics not reset).
     func runForward(_ input: UnsafePointer<Float>, tokens: Int, options: MoEForwardOptions,
                     into output: UnsafeMutablePointer<Float>) throws {
-        try withAutoreleasePool {
-            let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: options.inputNorm)
-            try pass.runLayer(residual: options.residualPointer(input: input), output: output, next: options.next)
-            try pass.finish()
+        let count = tokens * configuration.hiddenSize
+        let residual = options.residualPointer(input: input)
+        if let normed = options.normedOutput {
+            for (name, other) in [("x", input), ("the residual", residual), ("the output", UnsafePointer(output))]
+            where Self.overlap(UnsafePointer(normed), other, count) {
+                throw MoEError.invalidArgument("the normed output must not overlap \(name)")
+            }
         }
+        try Self.writing(output, count: count, readingFrom: [input, residual]) { output in
+            try withAutoreleasePool {
+                let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: options.inputNorm)
+                try pass.runLayer(residual: residual, output: output, next: options.next)
+                try pass.finish()
+            }
+        }
+    }
+
+    /// Whether `count` floats at `a` and at `b` share memory.
+    static func overlap(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>?, _ count: Int) -> Bool {
+        guard let b else { return false }
+        let (x, y) = (UInt(bitPattern: a), UInt(bitPattern: b))
+        let bytes = UInt(count * MemoryLayout<Float>.stride)
+        return x < y &+ bytes && y < x &+ bytes
+    }
+
+    /// Runs `body` on `output`, or on a temporary copied to `output` at the end when
+    /// `output` overlaps one of `inputs` without being it (or at all, unless `sameIsSafe`):
+    /// the stages read their inputs after earlier stages have written rows of the output,
+    /// so a shifted alias would read results as inputs. NumPy's ufuncs do the same.
+    static func writing(_ output: UnsafeMutablePointer<Float>, count: Int, readingFrom inputs: [UnsafePointer<Float>?],
+                        sameIsSafe: Bool = true, _ body: (UnsafeMutablePointer<Float>) throws -> Void) throws {
+        let clash = inputs.contains { input in
+            guard let input, overlap(UnsafePointer(output), input, count) else { return false }
+            return !(sameIsSafe && input == UnsafePointer(output))
+        }
+        guard clash else { return try body(output) }
+        let temporary = UnsafeMutablePointer<Float>.allocate(capacity: count)
+        defer { temporary.deallocate() }
+        try body(temporary)
+        output.update(from: temporary, count: count)
     }
 
     /// The routed experts with the routing given (no router, no shared expert):
@@ -90,10 +125,12 @@ public final class MoELayer: @unchecked Sendable {
                 "ids[\(n / k), \(n % k)] = \(ids[n]) is not an expert id (0..<\(e))")
         }
         if tokens == 0 { return }
-        try withAutoreleasePool {
-            let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
-            try pass.runLayer(given: (ids, weights), residual: nil, output: output, next: nil)
-            try pass.finish()
+        try Self.writing(output, count: tokens * configuration.hiddenSize, readingFrom: [input], sameIsSafe: false) { output in
+            try withAutoreleasePool {
+                let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
+                try pass.runLayer(given: (ids, weights), residual: nil, output: output, next: nil)
+                try pass.finish()
+            }
         }
     }
 

@@ -3,7 +3,7 @@ extension MoELayer {
     /// `x_{i+1} = x_i + layer_i(x_i)`, and `output = x_n`; with `inputNorms` (one per layer),
     /// a stack of decoder post-attention blocks: `x_{i+1} = x_i + layer_i(inputNorms[i](x_i))`.
     /// All layers must run on the same backend and have the same hidden size; `input` and
-    /// `output` (tokens, H) may alias. On the Metal backends the whole stack is one command
+    /// `output` (tokens, H) may be the same memory or overlap. On the Metal backends the whole stack is one command
     /// buffer with one wait at its end; on the CPU it is a loop of forwards.
     public static func runLayers(_ layers: [MoELayer], _ input: UnsafePointer<Float>, tokens: Int,
                                  inputNorms: [RMSNorm]? = nil,
@@ -33,13 +33,15 @@ extension MoELayer {
             for (i, norm) in inputNorms.enumerated() { try norm.validate("input_norms[\(i)]") }
         }
         if tokens == 0 { return }
-        try withAutoreleasePool {
-            let session = try first.backend.makeStackSession(input: input, tokens: tokens, hiddenSize: h, output: output)
-            for (i, layer) in layers.enumerated() {
-                let (pass, x, next) = try session.nextPass(layer.backend, inputNorm: inputNorms?[i])
-                try pass.runLayer(residual: x, output: next, next: nil)
+        try writing(output, count: tokens * h, readingFrom: [input]) { output in
+            try withAutoreleasePool {
+                let session = try first.backend.makeStackSession(input: input, tokens: tokens, hiddenSize: h, output: output)
+                for (i, layer) in layers.enumerated() {
+                    let (pass, x, next) = try session.nextPass(layer.backend, inputNorm: inputNorms?[i])
+                    try pass.runLayer(residual: x, output: next, next: nil)
+                }
+                try session.finish()
             }
-            try session.finish()
         }
     }
 }

@@ -80,7 +80,7 @@ final class CheckpointTests: XCTestCase {
             XCTAssertTrue("\(error)".contains("model_type \"llama\" is not supported"), "\(error)")
         }
         XCTAssertThrowsError(try MoELayer(checkpoint: dir.path + "/nowhere", layer: 0)) { error in
-            XCTAssertTrue("\(error)".contains("config.json"), "\(error)")
+            XCTAssertTrue("\(error)".contains("cannot open the checkpoint folder \(dir.path)/nowhere"), "\(error)")
         }
     }
 
