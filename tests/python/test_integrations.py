@@ -43,7 +43,7 @@ def test_experts_backend_matches_eager(family):
         model.set_experts_implementation(name)
         ours = model(ids).logits
         ours_tokens = model.generate(ids[:1], max_new_tokens=8, do_sample=False)
-    assert any(m.__dict__.get("_moe_swift_layer") is not None for m in model.modules()), "the backend never ran"
+    assert any(moe_tf.layer_of(m) is not None for m in model.modules()), "the backend never ran"
     np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-4, atol=1e-4)
     assert ours_tokens.tolist() == eager_tokens.tolist()
     moe_tf.reset(model)
@@ -72,4 +72,63 @@ def test_one_line_of_glue(tmp_path):
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="moe_swift").eval()
     with torch.no_grad():
         np.testing.assert_allclose(ours(ids).logits.numpy(), eager(ids).logits.numpy(), rtol=1e-4, atol=1e-4)
-    assert any(m.__dict__.get("_moe_swift_layer") is not None for m in ours.modules())
+    assert any(moe_tf.layer_of(m) is not None for m in ours.modules())
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_gradients_are_eager_ones(family):
+    """Training through the backend: the same loss and the same gradients, for the expert
+    weights, the router and everything below, as with "eager" (the backend hands autograd
+    calls to transformers' eager experts, with one warning)."""
+    name = moe_tf.register(backend="cpu")
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+
+    def loss_and_grads(implementation):
+        model = tiny_model(family).train()
+        model.set_experts_implementation(implementation)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager_loss, eager = loss_and_grads("eager")
+    moe_tf._warned_about_gradients = False
+    with pytest.warns(UserWarning, match="no gradients"):
+        ours_loss, ours = loss_and_grads(name)
+    assert ours_loss == pytest.approx(eager_loss, rel=1e-6)
+    assert ours.keys() == eager.keys() and any("experts" in n for n in ours)
+    for n in eager:
+        np.testing.assert_allclose(ours[n].numpy(), eager[n].numpy(), rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+def test_a_weight_changed_in_place_is_seen():
+    """An optimizer step changes the parameters in place: the next no_grad call rebuilds the
+    layer instead of running the old weights."""
+    name = moe_tf.register(backend="cpu")
+    model = tiny_model("qwen3_moe")
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5))
+    model.set_experts_implementation(name)
+    with torch.no_grad():
+        model(ids)
+        for n, p in model.named_parameters():
+            if "experts" in n:
+                p.mul_(1.5)
+        ours = model(ids).logits
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+    np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_models_deep_copy_and_pickle():
+    import copy
+    import pickle
+
+    name = moe_tf.register(backend="cpu")
+    model = tiny_model("mixtral")
+    model.set_experts_implementation(name)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        before = model(ids).logits
+        for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert not any(moe_tf.layer_of(m) is not None for m in clone.modules())
+            np.testing.assert_array_equal(clone(ids).logits.numpy(), before.numpy())
+            assert any(moe_tf.layer_of(m) is not None for m in clone.modules())

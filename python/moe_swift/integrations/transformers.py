@@ -9,15 +9,28 @@ transformers 5 routes every experts module decorated with `use_experts_implement
 top_k_index (T, k), top_k_weights (T, k))`. The function registered here builds one
 `MoELayer` per experts module on its first call, from the module's parameters in their
 dtype (bfloat16 stays bfloat16), and then runs `layer.experts(hidden, ids, weights)`.
-The layer is a snapshot: after changing the module's weights, call `reset(model)`.
+
+The layer is rebuilt when a parameter of the module has changed since it was built (in
+place, as an optimizer step does, or replaced), so it never runs stale weights; `reset`
+drops the layers at once. When autograd needs the call (grad mode on and the hidden
+states, the routing weights or a parameter of the module requiring grad, as in training
+or fine-tuning), the call runs transformers' own eager experts instead, with a one-time
+warning: the layer computes no gradients. Wrap inference in `torch.no_grad()` or
+`torch.inference_mode()` (`generate` does) to run it here. The layers live beside the
+modules, not in them, so models deep-copy and pickle as usual (a copy builds its own).
 """
 
 from __future__ import annotations
 
+import warnings
+import weakref
+
 from ..layer import MoELayer
 
 NAME = "moe_swift"
-_LAYER_ATTR = "_moe_swift_layer"
+# module -> (parameter signature, MoELayer); weak so a dropped model frees its layers.
+_LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_warned_about_gradients = False
 
 
 def register(name: str = NAME, backend: str = "auto") -> str:
@@ -32,19 +45,61 @@ def register(name: str = NAME, backend: str = "auto") -> str:
 
 
 def reset(model) -> None:
-    """Drops the layers built from `model`'s experts modules (after a weight change)."""
+    """Drops the layers built from `model`'s experts modules."""
     for module in model.modules():
-        layer = module.__dict__.pop(_LAYER_ATTR, None)
-        if layer is not None:
-            layer.close()
+        entry = _LAYERS.pop(module, None)
+        if entry is not None:
+            entry[1].close()
+
+
+def layer_of(module):
+    """The MoELayer built for an experts module, or None if it has not run here."""
+    entry = _LAYERS.get(module)
+    return None if entry is None else entry[1]
+
+
+def _signature(module):
+    """What identifies the module's current weights: each parameter's storage and its
+    version counter (bumped by every in-place change)."""
+    return tuple((name, p.data_ptr(), p._version, tuple(p.shape), p.dtype)
+                 for name, p in module.named_parameters(recurse=False))
+
+
+def _needs_gradients(module, hidden_states, top_k_weights):
+    import torch
+
+    if not torch.is_grad_enabled():
+        return False
+    return (hidden_states.requires_grad or top_k_weights.requires_grad
+            or any(p.requires_grad for p in module.parameters(recurse=False)))
+
+
+def _eager_forward(module):
+    """transformers' own forward of the experts class (the one its decorator wraps)."""
+    original = getattr(type(module).forward, "__wrapped__", None)
+    if original is None:
+        raise NotImplementedError(f"cannot find transformers' eager forward of {type(module).__name__} to compute "
+                                  "gradients; run it under torch.no_grad()")
+    return original
 
 
 def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto"):
-    layer = module.__dict__.get(_LAYER_ATTR)
-    if layer is None:
-        layer = layer_from_module(module, top_k=top_k_index.shape[-1], backend=backend)
-        module.__dict__[_LAYER_ATTR] = layer
-    return layer.experts(hidden_states, top_k_index, top_k_weights)
+    global _warned_about_gradients
+    if _needs_gradients(module, hidden_states, top_k_weights):
+        if not _warned_about_gradients:
+            _warned_about_gradients = True
+            warnings.warn("moe_swift computes no gradients: the experts run transformers' eager implementation "
+                          "while autograd records (training, or a forward outside torch.no_grad() / "
+                          "torch.inference_mode())", stacklevel=3)
+        return _eager_forward(module)(module, hidden_states, top_k_index, top_k_weights)
+    signature = _signature(module)
+    entry = _LAYERS.get(module)
+    if entry is None or entry[0] != signature:
+        if entry is not None:
+            entry[1].close()
+        entry = (signature, layer_from_module(module, top_k=top_k_index.shape[-1], backend=backend))
+        _LAYERS[module] = entry
+    return entry[1].experts(hidden_states, top_k_index, top_k_weights)
 
 
 def _activation(module):
