@@ -53,3 +53,53 @@ def test_quantized_model_keeps_its_format():
     moe_mlx.patch(model, backend="cpu")
     # MLX's quantized matmuls round differently from the exact dequantized values ours use.
     np.testing.assert_allclose(logits(model), ref, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_gradients_are_switch_glu_ones(quantized):
+    """mx.grad and nn.value_and_grad through the patch: SwitchGLU's own gradients, for the
+    experts' weights (unless quantized: frozen), everything below them and the block's
+    input (0 before)."""
+    from mlx.utils import tree_flatten
+
+    ids = mx.array([[1, 5, 9, 2, 7, 3, 11]])
+
+    def loss(model):
+        return model(ids).astype(mx.float32).square().mean()
+
+    reference, patched = tiny("qwen3_moe"), tiny("qwen3_moe")
+    if quantized:
+        for model in (reference, patched):
+            nn.quantize(model, group_size=64, bits=4,
+                        class_predicate=lambda path, m: hasattr(m, "to_quantized") and not path.endswith("gate"))
+    assert moe_mlx.patch(patched, backend="cpu") == 2
+    ref_loss, ref_grads = nn.value_and_grad(reference, loss)(reference)
+    our_loss, our_grads = nn.value_and_grad(patched, loss)(patched)
+    np.testing.assert_allclose(np.array(our_loss), np.array(ref_loss), rtol=1e-5)
+    ref_grads, our_grads = dict(tree_flatten(ref_grads)), dict(tree_flatten(our_grads))
+    assert ref_grads.keys() == our_grads.keys() and any("switch_mlp" in n for n in our_grads) != quantized
+    for name in ref_grads:
+        np.testing.assert_allclose(np.array(our_grads[name]), np.array(ref_grads[name]), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+    x = mx.random.normal((5, 64), key=mx.random.key(3))
+    block = lambda m: (lambda v: m.model.layers[1].mlp(v).square().sum())  # noqa: E731
+    expected = np.array(mx.grad(block(reference))(x))
+    assert np.abs(expected).max() > 0
+    np.testing.assert_allclose(np.array(mx.grad(block(patched))(x)), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_updated_weights_are_seen_and_models_copy():
+    import copy
+    import pickle
+
+    from mlx.utils import tree_map
+
+    reference, patched = tiny("qwen3_moe"), tiny("qwen3_moe")
+    moe_mlx.patch(patched, backend="cpu")
+    logits(patched)
+    for model in (reference, patched):  # what an optimizer step does: new arrays in the tree
+        model.update(tree_map(lambda p: p * 1.25, model.parameters()))
+    np.testing.assert_allclose(logits(patched), logits(reference), rtol=1e-4, atol=1e-4)
+    for clone in (copy.deepcopy(patched), pickle.loads(pickle.dumps(patched))):
+        np.testing.assert_array_equal(logits(clone), logits(patched))

@@ -14,9 +14,12 @@ dequantization — so the block's own routing and weighted sum are unchanged.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.switch_layers import SwitchGLU
 
 from ..formats import Quantized
@@ -28,12 +31,12 @@ def patch(model, backend: str = "auto") -> int:
     replaced = 0
     for _, module in model.named_modules():
         for key, child in list(module.children().items()):
-            if isinstance(child, SwitchGLU):
+            if isinstance(child, SwitchGLU) and not isinstance(child, FusedSwitchGLU):
                 module[key] = FusedSwitchGLU(child, backend)
                 replaced += 1
             elif isinstance(child, list):
                 for i, item in enumerate(child):
-                    if isinstance(item, SwitchGLU):
+                    if isinstance(item, SwitchGLU) and not isinstance(item, FusedSwitchGLU):
                         child[i] = FusedSwitchGLU(item, backend)
                         replaced += 1
     return replaced
@@ -60,14 +63,41 @@ def _activation(glu):
     raise NotImplementedError(f"moe_swift has no activation like mlx-lm's {kind}")
 
 
-class FusedSwitchGLU(nn.Module):
+class FusedSwitchGLU(SwitchGLU):
     """SwitchGLU's contract, `(x (..., H), indices (..., k)) -> (..., k, H)`, computed by one
-    moe_swift layer: the experts with the given routing, one (token, slot) pair per row."""
+    moe_swift layer: the experts with the given routing, one (token, slot) pair per row.
+
+    It is the SwitchGLU it replaces, with the same children (`gate_proj`, `up_proj`,
+    `down_proj`, `activation`), so the model's parameter paths, `update`, `load_weights`,
+    `freeze` and adapters see the same tree. The layer is rebuilt when one of those
+    parameters is another array than it was built from (an optimizer's update, a loaded
+    checkpoint), and gradients (`mx.grad`, `nn.value_and_grad`) are SwitchGLU's own: the
+    forward is the layer's, its vector-Jacobian product mlx-lm's computation.
+    """
 
     def __init__(self, glu, backend="auto"):
-        super().__init__()
-        gate, up, down = glu.gate_proj, glu.up_proj, glu.down_proj
-        kwargs = _activation(glu)
+        nn.Module.__init__(self)
+        self.gate_proj, self.up_proj, self.down_proj = glu.gate_proj, glu.up_proj, glu.down_proj
+        self.activation = glu.activation
+        # Plain attributes (not in the parameter tree): the native layer and what it was built from.
+        object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "_built", None)
+        object.__setattr__(self, "_fused", mx.custom_function(self._forward))
+        self._fused.vjp(self._vjp)
+        self._layer_for(self._leaves())
+
+    def _leaves(self):
+        return [value for _, value in tree_flatten(self.parameters())]
+
+    def _layer_for(self, leaves):
+        """The layer of these parameter arrays, rebuilt when any of them was replaced."""
+        built = self._built
+        if built is not None and len(built[0]) == len(leaves) and all(a is b for a, b in zip(built[0], leaves)):
+            return built[1]
+        if built is not None:
+            built[1].close()
+        gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+        kwargs = _activation(self)
         if "bias" in gate:
             kwargs["gate_up_bias"] = mx.concatenate([gate.bias, up.bias], axis=-1)
             kwargs["down_bias"] = down.bias
@@ -75,13 +105,49 @@ class FusedSwitchGLU(nn.Module):
         E, H = gate_w.shape[0], gate_w.shape[-1]
         # top_k = 1 with every pair a row of its own, weighted 1: the layer returns the
         # per-slot outputs that the block then weighs and sums as before.
-        self._layer = MoELayer(np.zeros((E, H), np.float32), gate_w, _weight(up, "up_proj"),
-                               _weight(down, "down_proj"), top_k=1, backend=backend, **kwargs)
-        self._hidden = H
+        layer = MoELayer(np.zeros((E, H), np.float32), gate_w, _weight(up, "up_proj"), _weight(down, "down_proj"),
+                         top_k=1, backend=self._backend, **kwargs)
+        object.__setattr__(self, "_built", (leaves, layer, H))
+        return layer
+
+    def _trainable(self):
+        return tree_flatten(self.trainable_parameters())
+
+    def _forward(self, x, indices, *trainable):
+        # `trainable` is there for the gradient's sake; the layer follows the whole tree.
+        layer = self._layer_for(self._leaves())
+        hidden = self._built[2]
+        k = indices.shape[-1]
+        rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (hidden,))
+        ids = np.asarray(indices.reshape(-1, 1).astype(mx.int32))
+        y = layer.experts(rows.reshape(-1, hidden), ids, np.ones(ids.shape, np.float32))
+        return y.reshape(indices.shape[:-1] + (k, hidden))
+
+    def _vjp(self, primals, cotangent, output):
+        # Quantized weights are frozen (MLX has no gradient for them): only the trainable
+        # parameters are differentiated.
+        x, indices, *leaves = primals
+        paths = [path for path, _ in self._trainable()]
+        saved = self.parameters()
+
+        def eager(x, *leaves):
+            self.update(tree_unflatten(list(zip(paths, leaves))))
+            return SwitchGLU.__call__(self, x, indices)
+
+        try:
+            _, grads = mx.vjp(eager, [x, *leaves], [cotangent])
+        finally:
+            self.update(saved)
+        return (grads[0], mx.zeros_like(indices), *grads[1:])
 
     def __call__(self, x, indices):
-        k = indices.shape[-1]
-        rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (self._hidden,))
-        ids = np.asarray(indices.reshape(-1, 1).astype(mx.int32))
-        y = self._layer.experts(rows.reshape(-1, self._hidden), ids, np.ones(ids.shape, np.float32))
-        return y.reshape(indices.shape[:-1] + (k, self._hidden))
+        return self._fused(x, indices, *[value for _, value in self._trainable()])
+
+    # Copies (copy.deepcopy, pickle) carry the children and build their own native layer.
+    def __reduce__(self):
+        return _rebuild, (self.gate_proj, self.up_proj, self.down_proj, self.activation, self._backend)
+
+
+def _rebuild(gate_proj, up_proj, down_proj, activation, backend):
+    return FusedSwitchGLU(SimpleNamespace(gate_proj=gate_proj, up_proj=up_proj, down_proj=down_proj,
+                                          activation=activation), backend)
