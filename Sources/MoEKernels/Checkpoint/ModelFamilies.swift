@@ -34,7 +34,7 @@ struct ModelFamily {
                     var m = try c.base(experts: "num_experts", intermediate: "moe_intermediate_size")
                     m.normTopKProb = try c.bool("norm_topk_prob", default: false)
                     if modelType == "qwen2_moe" {
-                        m.sharedIntermediateSize = try c.int("shared_expert_intermediate_size", default: 0,
+                        m.sharedIntermediateSize = try c.int("shared_expert_intermediate_size", default: 5632,
                                                              in: 0...Int(Int32.max))
                     }
                     return m
@@ -68,11 +68,12 @@ struct ModelFamily {
                 configure: { c in
                     var m = try c.base(experts: "n_routed_experts", intermediate: "moe_intermediate_size")
                     let v2 = modelType == "deepseek_v2"
+                    let d = DeepSeekDefaults(modelType)
                     m.scoring = try c.scoring(default: v2 ? .softmax : .sigmoid)
                     m.normTopKProb = try c.bool("norm_topk_prob", default: !v2)
-                    m.routedScalingFactor = Float(try c.double("routed_scaling_factor", default: 1))
-                    m.nGroup = try c.int("n_group", default: 1)
-                    m.topKGroup = try c.int("topk_group", default: 1)
+                    m.routedScalingFactor = Float(try c.double("routed_scaling_factor", default: d.routedScalingFactor))
+                    m.nGroup = try c.int("n_group", default: d.nGroup)
+                    m.topKGroup = try c.int("topk_group", default: d.topKGroup)
                     // DeepSeek-V2's group_limited_greedy scores a group by its best expert;
                     // this library scores it by its two best (DeepSeek-V3's noaux_tc).
                     let method = c.raw["topk_method"]?.string ?? (v2 ? "greedy" : "noaux_tc")
@@ -83,7 +84,7 @@ struct ModelFamily {
                             "topk_method \"group_limited_greedy\" with n_group = \(m.nGroup) scores each group by its best "
                             + "expert; this library implements only the two-best group score of \"noaux_tc\" (DeepSeek-V3)")
                     }
-                    let shared = try c.int("n_shared_experts", default: 0, in: 0...Int(Int32.max))
+                    let shared = try c.int("n_shared_experts", default: d.sharedExperts, in: 0...Int(Int32.max))
                     let (width, overflow) = shared.multipliedReportingOverflow(by: m.intermediateSize)
                     guard !overflow && width <= Int(Int32.max) else {
                         throw MoEError.invalidArgument("\(c.path): \"n_shared_experts\" (\(shared)) times "
@@ -93,7 +94,8 @@ struct ModelFamily {
                     return m
                 },
                 denseLayers: { c in
-                    let firstK = try c.int("first_k_dense_replace", default: 0, in: 0...Int(Int32.max))
+                    let firstK = try c.int("first_k_dense_replace", default: DeepSeekDefaults(modelType).firstDense,
+                                           in: 0...Int(Int32.max))
                     let freq = try c.int("moe_layer_freq", default: 1, in: 1...Int(Int32.max))
                     return { i in
                         if i < firstK { return "it is below first_k_dense_replace = \(firstK)" }
@@ -120,6 +122,21 @@ struct ModelFamily {
         default:
             throw MoEError.invalidArgument(
                 "model_type \"\(modelType)\" is not supported; supported: \(supportedTypes.joined(separator: ", "))")
+        }
+    }
+}
+
+/// What transformers' configuration classes of the DeepSeek-style families assume for a
+/// key that config.json leaves out (a config that omits one must route as transformers
+/// would, not by this library's taste).
+private struct DeepSeekDefaults {
+    var routedScalingFactor = 1.0, nGroup = 1, topKGroup = 1, sharedExperts = 1, firstDense = 0
+
+    init(_ modelType: String) {
+        switch modelType {
+        case "deepseek_v2": sharedExperts = 2
+        case "deepseek_v3": (routedScalingFactor, nGroup, topKGroup, firstDense) = (2.5, 8, 4, 3)
+        default: firstDense = 1  // glm4_moe
         }
     }
 }
