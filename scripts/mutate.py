@@ -109,6 +109,10 @@ CATALOGUE = [
     ("py-bf16-as-integers", "Python facade", "python/moe_swift/formats.py",
      'return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)',
      'return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 15).view(np.float32)'),
+    # blocks: the combine walks a row in blocks of 256 (killed only at H > 256)
+    ("cpu-next-norm-last-block-only", "CPU backend", "Sources/MoEKernels/CPU/CPUPass.swift",
+     "if next != nil { sumOfSquares += RMSNorm.sumOfSquares(acc, count: n) }",
+     "if next != nil { sumOfSquares = RMSNorm.sumOfSquares(acc, count: n) }"),
     # checkpoint loader: what a file says, checked before use; defaults as transformers'
     ("ckpt-mxfp4-rows-unchecked", "checkpoint", "Sources/MoEKernels/Checkpoint/LayerReader.swift",
      "where size % 32 != 0 {", "where size % 32 != 0 && false {"),

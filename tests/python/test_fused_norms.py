@@ -231,3 +231,36 @@ def test_reference_rms_norm():
     np.testing.assert_allclose(reference.rms_norm(x, w, 1e-6), expected)
     np.testing.assert_allclose(reference.rms_norm(x, w, 1e-6, offset=1.0), expected / w * (1 + w))
     np.testing.assert_array_equal(reference.rms_norm(x, w, 1e-6)[1], [0.0, 0.0])
+
+
+# Hidden sizes across the code's blocks: 40 leaves a tail after 32 lanes (and 8 after 16),
+# 333 crosses the CPU combine's 256-wide blocks with an odd tail, 2048 with I = 768 is a
+# real model's (Qwen3-30B-A3B; few experts: the expert count crosses no block).
+BOUNDARY_SIZES = (40, 333, 2048)
+
+
+@pytest.mark.parametrize("H", BOUNDARY_SIZES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_block_across_hidden_size_boundaries(family, backend, H):
+    I = 768 if H == 2048 else 40
+    args = make_layer_args(family, H=H, I=I, E=4, k=2, seed=7, shared=I)
+    rng = np.random.default_rng(H)
+    with moe_swift.MoELayer(**args, backend=backend) as layer:
+        for T in (1, 7):
+            x = rng.standard_normal((T, H)).astype(np.float32) * 3
+            r = rng.standard_normal((T, H)).astype(np.float32)
+            w_in = rng.standard_normal(H).astype(np.float32) * 0.3 + 1
+            w_next = rng.standard_normal(H).astype(np.float32) * 0.3 + 1
+            n_in, n_next = (w_in, 1e-6), (w_next, 1e-6)
+            what = (family, backend, H, T)
+            ids = layer_ids(layer, x, n_in, 0.0)
+            h, normed = layer(x, input_norm=n_in, residual="input", next_norm=n_next)
+            ref_h, ref_n = reference.moe_forward(x, **args, input_norm=n_in, residual="input", next_norm=n_next,
+                                                 ids=ids)
+            assert_close(h, ref_h, what + ("h",))
+            assert_close(normed, ref_n, what + ("normed",))
+            ids = layer_ids(layer, x, None, 0.0)
+            h, normed = layer(x, residual=r, next_norm=n_next)
+            ref_h, ref_n = reference.moe_forward(x, **args, residual=r, next_norm=n_next, ids=ids)
+            assert_close(h, ref_h, what + ("next_norm h",))
+            assert_close(normed, ref_n, what + ("next_norm",))
