@@ -191,10 +191,11 @@ final class KernelCompiler: @unchecked Sendable {
         let ir = "\(dir)/\(key).\(unique).ll"
         let log = "\(dir)/\(key).\(unique).lang.log"
         defer { unlink(source); unlink(ir); unlink(log) }
-        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil,
-              SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
-                           timeout: timeout ?? KernelCompiler.defaultCompileTimeout) == 0,
-              let text = try? SMFile.read(ir) else { return [] }
+        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil else { return [] }
+        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
+                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+        if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).\(unique)") }
+        guard status == 0, let text = try? SMFile.read(ir) else { return [] }
         let findings = MSLLanguageCheck.findings(ir: text, translated: translated)
         try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
         return findings
@@ -227,6 +228,8 @@ final class KernelCompiler: @unchecked Sendable {
         unlink(log)
         guard status == 0 else {
             unlink(temporary)
+            // A stopped clang++ leaves its own temporary files (named after the output).
+            if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).so.\(unique)") }
             throw SMFile.spawnError(status, compiler: compiler, timeout: timeout) ?? SoftMetalError.compile(messages)
         }
         guard rename(temporary, output) == 0 else {
@@ -335,6 +338,10 @@ enum SMFile {
     static func isStopped(_ e: SoftMetalError) -> Bool {
         guard case .compile(let m) = e else { return false }
         return m.contains("the compile was interrupted (SIGINT)") || m.contains("did not finish within")
+    }
+
+    static func removeFiles(in dir: String, prefix: String) {
+        for name in (try? listDirectory(dir)) ?? [] where name.hasPrefix(prefix) { unlink("\(dir)/\(name)") }
     }
 
     static func readBytes(_ path: String) -> [UInt8]? {

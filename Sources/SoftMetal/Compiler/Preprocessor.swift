@@ -101,10 +101,8 @@ struct MSLPreprocessor {
         try SMFile.makeDirectories(work)
         let input = "\(work)/\(MSLTranslator.sourceName)"
         let output = "\(work)/out.ii", log = "\(work)/log"
-        defer {
-            for f in [input, output, log] { unlink(f) }
-            rmdir(work)
-        }
+        // Everything in it: clang's own temporary output too, if it was stopped.
+        defer { SoftMetalCache.removeTree(work) }
         try SMFile.writeAtomically(input, source, unique: unique)
         try MSLSandbox.checkDirectives(source: source, mainDirectory: work, includeDirectories: options.includeDirectories, stubs: stubs)
         let timeout = options.compileTimeout ?? KernelCompiler.defaultCompileTimeout
