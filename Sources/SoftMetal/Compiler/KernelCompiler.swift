@@ -179,6 +179,7 @@ final class KernelCompiler: @unchecked Sendable {
         let dir = KernelCompiler.cacheDirectory
         let cached = "\(dir)/\(key).lang"
         if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
+            utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
             return text.split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
         }
         guard (try? SMFile.makeDirectories(dir)) != nil else { return [] }

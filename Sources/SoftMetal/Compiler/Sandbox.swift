@@ -53,16 +53,6 @@ enum MSLSandbox {
         return (path.hasPrefix("/") ? "/" : "") + parts.joined(separator: "/")
     }
 
-    /// True when `relative`'s `..` components climb above the folder it is resolved in.
-    static func escapes(_ relative: String) -> Bool {
-        var depth = 0
-        for part in relative.split(separator: "/") where part != "." {
-            depth += part == ".." ? -1 : 1
-            if depth < 0 { return true }
-        }
-        return false
-    }
-
     /// One preprocessor directive (`#` first on a logical line), or a `__has_*` operator.
     struct Directive {
         var line: Int
@@ -107,11 +97,36 @@ enum MSLSandbox {
                 i += 1; atLineStart = false; continue
             }
             if c == UInt8(ascii: "#") && atLineStart {
+                // The logical line with comments as spaces (`# /* c */ embed` is `#embed`).
                 let startLine = line
                 var logical: [UInt8] = []
+                var quote: UInt8?
                 while i < bytes.count, bytes[i] != UInt8(ascii: "\n") {
                     if skipContinuation() { continue }
-                    logical.append(bytes[i]); i += 1
+                    let b = bytes[i]
+                    let next: UInt8 = i + 1 < bytes.count ? bytes[i + 1] : 0
+                    if let q = quote {
+                        logical.append(b)
+                        if b == UInt8(ascii: "\\") && next != UInt8(ascii: "\n") && next != 0 { logical.append(next); i += 2; continue }
+                        if b == q { quote = nil }
+                        i += 1; continue
+                    }
+                    if b == UInt8(ascii: "\"") || b == UInt8(ascii: "'") { quote = b; logical.append(b); i += 1; continue }
+                    if b == UInt8(ascii: "/") && next == UInt8(ascii: "*") {
+                        i += 2
+                        while i < bytes.count, !(bytes[i] == UInt8(ascii: "*") && i + 1 < bytes.count && bytes[i + 1] == UInt8(ascii: "/")) {
+                            if bytes[i] == UInt8(ascii: "\n") { line += 1 }
+                            i += 1
+                        }
+                        i += 2
+                        logical.append(UInt8(ascii: " "))
+                        continue
+                    }
+                    if b == UInt8(ascii: "/") && next == UInt8(ascii: "/") {
+                        while i < bytes.count, bytes[i] != UInt8(ascii: "\n") { if !skipContinuation() { i += 1 } }
+                        break
+                    }
+                    logical.append(b); i += 1
                 }
                 let text = String(decoding: logical, as: UTF8.self)
                 let body = text.dropFirst().drop { $0 == " " || $0 == "\t" }
@@ -196,22 +211,19 @@ enum MSLSandbox {
                 if path.hasPrefix("/") {
                     throw SoftMetalError.compile("\(place): `\(d.text)`: an absolute path; SoftMetal resolves #include only inside the include folders (as Apple's compiler has no host files to include)")
                 }
-                if escapes(path) {
-                    throw SoftMetalError.compile("\(place): `\(d.text)`: `..` leaves the folder the header is looked up in; SoftMetal resolves #include only inside the include folders")
-                }
-                // Each place the preprocessor may find it: the including file's folder
-                // (quoted form), then the include folders and the stand-in headers.
+                // Where the preprocessor will find it: the first that exists of the including
+                // file's folder (quoted form), the include folders, the stand-in headers.
                 var candidates = operand.hasPrefix("\"") ? [directory + "/" + path] : []
                 candidates += (includeDirectories + [stubs]).map { $0 + "/" + path }
-                for candidate in candidates where access(candidate, F_OK) == 0 {
-                    let real = realPath(candidate) ?? candidate
-                    if !roots.contains(real) {
-                        throw SoftMetalError.compile("\(place): `\(d.text)` names a file outside the include folders (a symbolic link or the like); SoftMetal resolves #include only inside them")
-                    }
-                    if d.name == "include", seen.insert(real).inserted, let included = try? SMFile.read(real) {
-                        let dir = String(real[..<(real.lastIndex(of: "/") ?? real.endIndex)])
-                        pending.append((included, candidate, dir))
-                    }
+                guard let found = candidates.first(where: { access($0, F_OK) == 0 }) else { continue }
+                let real = realPath(found) ?? normalize(found)
+                if !roots.contains(real) {
+                    let why = path.split(separator: "/").contains("..") ? "`..` leaves the include folders" : "it names a file outside the include folders (a symbolic link or the like)"
+                    throw SoftMetalError.compile("\(place): `\(d.text)`: \(why); SoftMetal resolves #include only inside them")
+                }
+                if d.name == "include", seen.insert(real).inserted, let included = try? SMFile.read(real) {
+                    let dir = String(found[..<(found.lastIndex(of: "/") ?? found.endIndex)])
+                    pending.append((included, found, dir))
                 }
             }
         }
@@ -314,6 +326,7 @@ enum MSLSandbox {
             let body = line.dropFirst().drop { $0 == " " || $0 == "\t" }
             let words = body.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "(" })
             if !sawMarker && body.hasPrefix("define __SM_FC") { continue }  // the function-constant prefix
+            if body.isEmpty { continue }  // the null directive (the translator leaves `#` of a pragma it drops)
             if words.first == "pragma" {
                 let pragma = words.dropFirst().prefix(2).joined(separator: " ")
                 if let bad = refusedPragmas.first(where: { pragma == $0 || pragma.hasPrefix($0 + " ") }) {
