@@ -115,16 +115,18 @@ final class KernelCompiler: @unchecked Sendable {
     }
 
     /// The cached shared object of `translated`, compiled first if the cache has none.
-    private func sharedObject(_ translated: String, key: String, dir: String, compiler: String, flags: [String], timeout: Double?) throws -> String {
-        let so = "\(dir)/\(key).so"
+    /// `baseline`: SoftMetal's own reference library (named apart, not counted in `stats`).
+    private func sharedObject(_ translated: String, key: String, dir: String, compiler: String, flags: [String], timeout: Double?,
+                              baseline: Bool = false) throws -> String {
+        let so = baseline ? "\(dir)/\(key).baseline.so" : "\(dir)/\(key).so"
         if access(so, R_OK) == 0 {
             // The cache evicts the least recently used: a hit counts as a use.
             utimensat(AT_FDCWD, so, nil, 0)
-            lock.withLock { cacheHits += 1 }
+            if !baseline { lock.withLock { cacheHits += 1 } }
         } else {
             try compile(translated, key: key, dir: dir, compiler: compiler, flags: flags, output: so,
                         timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-            lock.withLock { compilations += 1 }
+            if !baseline { lock.withLock { compilations += 1 } }
             SoftMetalCache.evictIfNeeded(dir, keep: so)
         }
         return so
@@ -136,7 +138,7 @@ final class KernelCompiler: @unchecked Sendable {
         let text = "// SoftMetal: a library of no kernels, what every library has\n"
         let key = Hash128.of([text, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
         if let known = lock.withLock({ baselines[key] }) { return known }
-        let so = try sharedObject(text, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
+        let so = try sharedObject(text, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout, baseline: true)
         let facts: MSLSandbox.ELFFacts
         do { facts = try MSLSandbox.readELF(so) } catch let e as MSLSandbox.ELFError {
             throw SoftMetalError.compile("\(so): \(e.message)")
