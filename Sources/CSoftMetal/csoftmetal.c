@@ -609,8 +609,13 @@ void csm_interrupt_scope_begin(void) {
         observer.sa_flags = SA_SIGINFO | SA_ONSTACK;
         sigemptyset(&observer.sa_mask);
         __atomic_store_n(&interrupt_pending, 0, __ATOMIC_SEQ_CST);
-        sigaction(SIGINT, NULL, &previous_sigint);
-        if (previous_sigint.sa_sigaction != sigint_observer) sigaction(SIGINT, &observer, NULL);
+        struct sigaction current;
+        sigaction(SIGINT, NULL, &current);
+        // Never our own handler as the one to forward to (it would call itself).
+        if (!((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == sigint_observer)) {
+            previous_sigint = current;
+            sigaction(SIGINT, &observer, NULL);
+        }
     }
     pthread_mutex_unlock(&interrupt_lock);
 }
@@ -621,8 +626,7 @@ void csm_interrupt_scope_end(void) {
         struct sigaction current;
         sigaction(SIGINT, NULL, &current);
         // Someone who replaced the observer meanwhile (Python's signal.signal) keeps theirs.
-        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == sigint_observer &&
-            previous_sigint.sa_sigaction != sigint_observer)
+        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == sigint_observer)
             sigaction(SIGINT, &previous_sigint, NULL);
         __atomic_store_n(&interrupt_pending, 0, __ATOMIC_SEQ_CST);
     }

@@ -33,9 +33,10 @@ final class KernelCompiler: @unchecked Sendable {
     ]
 
     private let lock = SMLock()
-    /// Weak: a library is dlclosed when the last kernel, pipeline or library using it is gone.
-    private struct WeakLibrary { weak var library: LoadedLibrary? }
-    private var loaded: [String: WeakLibrary] = [:]
+    /// Open shared objects by key, each with the number of LoadedLibrary objects using it:
+    /// counted by hand under `lock` (not weak references), so that a library going away on
+    /// one thread can never be handed out again by a load on another.
+    private var loaded: [String: LoadedLibrary.Record] = [:]
     /// The imports, initialisers and dependencies of a library of no kernels, per flags.
     private var baselines: [String: MSLSandbox.ELFFacts] = [:]
     private(set) var compilations = 0
@@ -71,9 +72,6 @@ final class KernelCompiler: @unchecked Sendable {
     /// (libraries in use stay open). For tests.
     func forgetLoadedLibraries() { lock.withLock { loaded = [:] } }
 
-    /// Libraries dlopened by this process and not yet closed (for tests of close()).
-    var openLibraryCount: Int { lock.withLock { loaded.values.filter { $0.library != nil }.count } }
-
     /// Seconds one clang++ run may take: `SOFTMETAL_COMPILE_TIMEOUT` (default 600; 0 = none).
     static var defaultCompileTimeout: Double {
         guard let text = SMEnv.get("SOFTMETAL_COMPILE_TIMEOUT"), let value = Double(text), value >= 0 else { return 600 }
@@ -95,7 +93,11 @@ final class KernelCompiler: @unchecked Sendable {
         let compiler = try KernelCompiler.findCompiler()
         let flags = KernelCompiler.flags + (checked ? KernelCompiler.checkedFlags : [])
         let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
-        if let known = lock.withLock({ loaded[key]?.library }) { return known }
+        if let known = lock.withLock({ () -> LoadedLibrary? in
+            guard let record = loaded[key] else { return nil }
+            record.users += 1
+            return LoadedLibrary(record)
+        }) { return known }
         let dir = KernelCompiler.cacheDirectory
         try SMFile.makeDirectories(dir)
         let so = try sharedObject(translated, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
@@ -109,9 +111,13 @@ final class KernelCompiler: @unchecked Sendable {
             let message = dlerror().map { String(cString: $0) } ?? "unknown error"
             throw SoftMetalError.compile("cannot load the compiled kernels \(so): \(message)")
         }
-        let library = LoadedLibrary(handle: handle, path: so, key: key)
-        lock.withLock { loaded[key] = WeakLibrary(library: library) }
-        return library
+        return lock.withLock {
+            // Another thread may have loaded it meanwhile: dlopen counted both opens, and
+            // each record closes its own.
+            let record = LoadedLibrary.Record(handle: handle, path: so, key: key)
+            if loaded[key] == nil { loaded[key] = record }
+            return LoadedLibrary(record)
+        }
     }
 
     /// The cached shared object of `translated`, compiled first if the cache has none.
@@ -147,9 +153,15 @@ final class KernelCompiler: @unchecked Sendable {
         return facts
     }
 
-    /// Called by a LoadedLibrary going away: forget it (unless a new load replaced it).
-    fileprivate func unloaded(_ key: String) {
-        lock.withLock { if loaded[key]?.library == nil { loaded[key] = nil } }
+    /// Called by a LoadedLibrary going away: the last user of a shared object closes it.
+    fileprivate func release(_ record: LoadedLibrary.Record) {
+        let close = lock.withLock { () -> Bool in
+            record.users -= 1
+            guard record.users == 0 else { return false }
+            if loaded[record.key] === record { loaded[record.key] = nil }
+            return true
+        }
+        if close { dlclose(record.handle) }
     }
 
     /// `load(translated:)` and the language check of the same text (see MSLLanguageCheck),
@@ -246,20 +258,27 @@ final class KernelCompiler: @unchecked Sendable {
 /// that uses it goes away: code of a closed library must never run again, so whatever
 /// holds a launcher of it holds this.
 final class LoadedLibrary: @unchecked Sendable {
-    let handle: UnsafeMutableRawPointer
-    let path: String
-    private let key: String
-
-    fileprivate init(handle: UnsafeMutableRawPointer, path: String, key: String) {
-        self.handle = handle
-        self.path = path
-        self.key = key
+    /// One dlopen of a shared object; `users` (under KernelCompiler's lock) counts the
+    /// LoadedLibrary objects holding it.
+    fileprivate final class Record {
+        let handle: UnsafeMutableRawPointer
+        let path: String
+        let key: String
+        var users = 1
+        init(handle: UnsafeMutableRawPointer, path: String, key: String) {
+            self.handle = handle
+            self.path = path
+            self.key = key
+        }
     }
 
-    deinit {
-        KernelCompiler.shared.unloaded(key)
-        dlclose(handle)
-    }
+    private let record: Record
+    var handle: UnsafeMutableRawPointer { record.handle }
+    var path: String { record.path }
+
+    fileprivate init(_ record: Record) { self.record = record }
+
+    deinit { KernelCompiler.shared.release(record) }
 }
 
 /// Small file helpers on Glibc (the library avoids Foundation).
