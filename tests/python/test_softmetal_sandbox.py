@@ -92,6 +92,7 @@ def test_load_time_attributes_are_refused(decl, attribute):
      "`#pragma clang attribute`"),
     ('_Pragma("comment(lib, \\"dl\\")")', "`#pragma comment`"),
     ("#define H # include <stdio.h>\nH", "a macro expands to the directive"),
+    ("#define H %:include <stdio.h>\nH", "a macro expands to the directive"),
 ])
 def test_directives_made_or_kept_for_clang_are_refused(decl, needle):
     refused(source(decl), needle)
@@ -132,6 +133,10 @@ def test_includes_inside_the_include_folders_work(include_dir):
     ('#if __has_embed("/etc/passwd")\n#endif', ["MSL line 3", "`__has_embed`"]),
     ('#inc\\\nlude "/etc/passwd"', ["MSL line 3", "absolute path"]),  # a line continuation
     ('# /* c */ include "/etc/passwd"', ["MSL line 3", "absolute path"]),
+    ('%:include "/etc/passwd"', ["MSL line 3", "absolute path"]),  # the digraph of #
+    ('constant char d[] = {\n%: embed "/etc/passwd"\n};', ["MSL line 4", "`#embed` reads a file"]),
+    # Reached through a macro-made #include, so only scanned after the preprocessor ran.
+    ('#define E "embeds.h"\n#include E', ["embeds.h line 2", "`#embed"]),
 ])
 def test_includes_outside_the_include_folders_are_refused(include_dir, decl, needles):
     message = refused(source(decl), *needles, include_dirs=[str(include_dir)])

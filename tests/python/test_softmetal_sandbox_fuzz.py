@@ -25,6 +25,9 @@ space = st.sampled_from(["", " ", "  ", "\t", " /* c */ ", "/**/"])
 FILE_SCOPE = [
     '#{s}include{s}"/etc/passwd"',
     "#{s}include{s}</etc/hosts>",
+    '%:{s}include{s}"/etc/passwd"',
+    'constant char e[] = {{\n%:{s}embed{s}"/etc/passwd"\n}};',
+    "#define H2 %:{s}include <unistd.h>\nH2",
     '#{s}include{s}"../../../../../../etc/passwd"',
     '#{s}include{s}"metal/../../../../../etc/passwd"',
     'constant char d[] = {{\n#{s}embed{s}"/etc/passwd"\n}};',

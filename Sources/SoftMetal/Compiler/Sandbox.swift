@@ -96,7 +96,10 @@ enum MSLSandbox {
                 while i < bytes.count, bytes[i] != c, bytes[i] != UInt8(ascii: "\n") { i += bytes[i] == UInt8(ascii: "\\") ? 2 : 1 }
                 i += 1; atLineStart = false; continue
             }
-            if c == UInt8(ascii: "#") && atLineStart {
+            // `%:` is the digraph of `#`, a directive as well.
+            let digraph = c == UInt8(ascii: "%") && i + 1 < bytes.count && bytes[i + 1] == UInt8(ascii: ":")
+            if (c == UInt8(ascii: "#") || digraph) && atLineStart {
+                if digraph { i += 1 }
                 // The logical line with comments as spaces (`# /* c */ embed` is `#embed`).
                 let startLine = line
                 var logical: [UInt8] = []
@@ -129,7 +132,7 @@ enum MSLSandbox {
                     logical.append(b); i += 1
                 }
                 let text = String(decoding: logical, as: UTF8.self)
-                let body = text.dropFirst().drop { $0 == " " || $0 == "\t" }
+                let body = text.dropFirst().drop { $0 == " " || $0 == "\t" }  // `#`, or the `:` of `%:`
                 let name = String(body.prefix { $0.isLetter || $0.isNumber || $0 == "_" })
                 let rest = body.dropFirst(name.count).drop { $0 == " " || $0 == "\t" }
                 found.append(Directive(line: startLine, text: text.trimmingSpaces, name: name, operand: headerName(rest)))
@@ -190,9 +193,15 @@ enum MSLSandbox {
     /// every file its literal includes can reach (each candidate the preprocessor may pick).
     /// `mainDirectory`: where the main file's own `#include "x"` looks first.
     static func checkDirectives(source: String, mainDirectory: String, includeDirectories: [String], stubs: String) throws {
+        try checkDirectives(files: [(source, MSLTranslator.sourceName, mainDirectory)], mainDirectory: mainDirectory,
+                            includeDirectories: includeDirectories, stubs: stubs)
+    }
+
+    static func checkDirectives(files: [(text: String, file: String, directory: String)], mainDirectory: String,
+                                includeDirectories: [String], stubs: String) throws {
         // The main file's own folder holds only the source (a folder per run).
         let roots = Roots(includeDirectories: includeDirectories + [mainDirectory], stubs: stubs)
-        var pending: [(text: String, file: String, directory: String)] = [(source, MSLTranslator.sourceName, mainDirectory)]
+        var pending = files
         var seen = Set<String>()
         while let (text, file, directory) = pending.popLast() {
             for d in directives(text) {
@@ -231,8 +240,12 @@ enum MSLSandbox {
 
     /// After `clang -E` (markers still in its `# N "file" flags` form): every file entered
     /// (flag 1) is the source or lies in the include folders, whatever macro named it.
+    /// Every included file is then scanned as the source was (a file reached through a
+    /// macro-made `#include` was not, and its `#embed` leaves no trace in the output).
     static func checkPreprocessed(_ text: String, mainFile: String, includeDirectories: [String], stubs: String) throws {
         let roots = Roots(includeDirectories: includeDirectories, stubs: stubs)
+        let stubRoot = realPath(stubs) ?? stubs
+        var entered: [String] = []
         var file = MSLTranslator.sourceName, line = 0
         for raw in text.split(separator: "\n", omittingEmptySubsequences: false) {
             guard raw.hasPrefix("# "), let marker = MSLTranslator.lineMarker(Array(raw.utf8)[...]) else {
@@ -246,9 +259,19 @@ enum MSLSandbox {
                 let place = file == MSLTranslator.sourceName ? "MSL line \(line + 1)" : "\(file) line \(line + 1)"
                 throw SoftMetalError.compile("\(place): #include of \(named), which is outside the include folders; SoftMetal resolves #include only inside them")
             }
+            if flags.contains("1") && !named.hasPrefix("<") && named != MSLTranslator.sourceName
+                && !(realPath(named) ?? named).hasPrefix(stubRoot + "/") && !entered.contains(named) {
+                entered.append(named)
+            }
             file = named
             line = marker.line - 1
         }
+        let mainDirectory = String(mainFile[..<(mainFile.lastIndex(of: "/") ?? mainFile.endIndex)])
+        let files = entered.compactMap { path -> (text: String, file: String, directory: String)? in
+            guard let text = try? SMFile.read(path) else { return nil }
+            return (text, path, String(path[..<(path.lastIndex(of: "/") ?? path.endIndex)]))
+        }
+        try checkDirectives(files: files, mainDirectory: mainDirectory, includeDirectories: includeDirectories, stubs: stubs)
     }
 
     /// The preprocessor's messages, with the text of any diagnostic located in a file
@@ -320,7 +343,8 @@ enum MSLSandbox {
         var sawMarker = false
         for raw in text.split(separator: "\n", omittingEmptySubsequences: false) {
             defer { index += 1 }
-            let line = raw.drop { $0 == " " || $0 == "\t" }
+            var line = raw.drop { $0 == " " || $0 == "\t" }
+            if line.hasPrefix("%:") { line = Substring("#" + line.dropFirst(2)) }  // the digraph of `#`
             guard line.hasPrefix("#") else { continue }
             if MSLTranslator.lineMarker(Array(line.utf8)[...]) != nil { sawMarker = true; continue }
             let body = line.dropFirst().drop { $0 == " " || $0 == "\t" }
