@@ -93,6 +93,8 @@ def test_load_time_attributes_are_refused(decl, attribute):
     ('_Pragma("comment(lib, \\"dl\\")")', "`#pragma comment`"),
     ("#define H # include <stdio.h>\nH", "a macro expands to the directive"),
     ("#define H %:include <stdio.h>\nH", "a macro expands to the directive"),
+    ('#pragma GCC dependency "/etc/shadow"', "MSL line 3: `#pragma GCC dependency`"),
+    ('#define U _Pragma("GCC dependency \\"/etc/shadow\\"")\nU', "MSL line 3: `#pragma GCC dependency`"),
 ])
 def test_directives_made_or_kept_for_clang_are_refused(decl, needle):
     refused(source(decl), needle)

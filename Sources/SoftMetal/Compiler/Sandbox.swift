@@ -135,7 +135,11 @@ enum MSLSandbox {
                 let body = text.dropFirst().drop { $0 == " " || $0 == "\t" }  // `#`, or the `:` of `%:`
                 let name = String(body.prefix { $0.isLetter || $0.isNumber || $0 == "_" })
                 let rest = body.dropFirst(name.count).drop { $0 == " " || $0 == "\t" }
-                found.append(Directive(line: startLine, text: text.trimmingSpaces, name: name, operand: headerName(rest)))
+                found.append(Directive(line: startLine, text: text.trimmingSpaces, name: name,
+                                       operand: name == "pragma" ? String(rest) : headerName(rest)))
+                for p in pragmaOperators(in: text) {
+                    found.append(Directive(line: startLine, text: "_Pragma(\"\(p)\")", name: "pragma", operand: p))
+                }
                 for op in hasOperators(in: text) { found.append(Directive(line: startLine, text: text.trimmingSpaces, name: op.name, operand: op.operand)) }
                 continue
             }
@@ -146,6 +150,13 @@ enum MSLSandbox {
                 let word = String(decoding: bytes[start..<i], as: UTF8.self)
                 if word.hasPrefix("__has_") {
                     found.append(Directive(line: line, text: word, name: word, operand: nil))
+                }
+                if word == "_Pragma" {
+                    var end = i
+                    while end < bytes.count, bytes[end] != UInt8(ascii: "\n") { end += 1 }
+                    for p in pragmaOperators(in: "_Pragma" + String(decoding: bytes[i..<end], as: UTF8.self)) {
+                        found.append(Directive(line: line, text: "_Pragma(\"\(p)\")", name: "pragma", operand: p))
+                    }
                 }
                 continue
             }
@@ -160,6 +171,30 @@ enum MSLSandbox {
         let close: Character = first == "\"" ? "\"" : ">"
         guard let end = s.dropFirst().firstIndex(of: close) else { return nil }
         return String(s[s.startIndex...end])
+    }
+
+    /// The destringized operands of `_Pragma("...")` in a line (a macro's body included:
+    /// the pragma acts where the macro is used).
+    static func pragmaOperators(in text: String) -> [String] {
+        var out: [String] = []
+        var rest = Substring(text)
+        while let r = rest.firstRange(of: "_Pragma") {
+            var after = rest[r.upperBound...].drop { $0 == " " || $0 == "\t" }
+            guard after.first == "(" else { rest = rest[r.upperBound...]; continue }
+            after = after.dropFirst().drop { $0 == " " || $0 == "\t" }
+            if after.first == "L" || after.first == "u" || after.first == "U" { after = after.drop { $0 != "\"" } }
+            guard after.first == "\"" else { rest = rest[r.upperBound...]; continue }
+            var value = "", escaped = false
+            for ch in after.dropFirst() {
+                if escaped { value.append(ch); escaped = false; continue }
+                if ch == "\\" { escaped = true; continue }
+                if ch == "\"" { break }
+                value.append(ch)
+            }
+            out.append(value)
+            rest = rest[r.upperBound...]
+        }
+        return out
     }
 
     /// `__has_include(...)`, `__has_embed(...)`... inside a directive line.
@@ -208,6 +243,12 @@ enum MSLSandbox {
                 let place = file == MSLTranslator.sourceName ? "MSL line \(d.line)" : "\(file) line \(d.line)"
                 if let why = refusedDirectives[d.name] {
                     throw SoftMetalError.compile("\(place): `\(d.text)`: \(why)")
+                }
+                // The preprocessor acts on some pragmas itself (`GCC dependency` reads a file's
+                // time stamp): refused here already, as in the text clang++ compiles.
+                if d.name == "pragma", let words = d.operand?.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "(" }),
+                   let bad = refusedPragma(words) {
+                    throw SoftMetalError.compile("\(place): `#pragma \(bad)` is refused: it changes what is linked, loaded or placed, reads a file or runs a compiler command; MSL has no such pragma")
                 }
                 guard d.name == "include" || d.name == "__has_include" else { continue }
                 guard let operand = d.operand else {
@@ -328,6 +369,12 @@ enum MSLSandbox {
         "clang module", "GCC visibility", "clang include_instead",
     ]
 
+    /// The refused pragma that `words` (after `pragma`) begin with, if any.
+    static func refusedPragma<S: Sequence>(_ words: S) -> String? where S.Element: StringProtocol {
+        let pragma = Array(words).prefix(2).map { String($0) }.joined(separator: " ")
+        return refusedPragmas.first { pragma == $0 || pragma.hasPrefix($0 + " ") }
+    }
+
     /// Attributes (GNU or `[[gnu::...]]`) that run code when the library loads or unloads,
     /// make the loader run a resolver (IFUNC, function multiversioning), place code in a
     /// named section (`.init` runs at load), or bind a name to another symbol.
@@ -352,8 +399,7 @@ enum MSLSandbox {
             if !sawMarker && body.hasPrefix("define __SM_FC") { continue }  // the function-constant prefix
             if body.isEmpty { continue }  // the null directive (the translator leaves `#` of a pragma it drops)
             if words.first == "pragma" {
-                let pragma = words.dropFirst().prefix(2).joined(separator: " ")
-                if let bad = refusedPragmas.first(where: { pragma == $0 || pragma.hasPrefix($0 + " ") }) {
+                if let bad = refusedPragma(words.dropFirst()) {
                     throw SoftMetalError.compile("\(locator.describe(index)): `#pragma \(bad)` is refused: it changes what is linked, loaded or placed, or runs a compiler command; MSL has no such pragma")
                 }
                 continue
