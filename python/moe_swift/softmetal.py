@@ -207,6 +207,7 @@ class Library:
         self._handle = handle
 
     def close(self):
+        """Frees the library; its shared object is unloaded once no launch needs it."""
         if self._handle is not None:
             _, lib = _native.load_softmetal()
             lib.moe_softmetal_free(self._handle)

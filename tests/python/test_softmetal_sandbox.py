@@ -226,24 +226,28 @@ def test_close_unloads_the_library(tmp_path, monkeypatch):
 
 def test_the_cache_evicts_least_recently_used_entries(tmp_path, monkeypatch):
     monkeypatch.setenv("SOFTMETAL_CACHE_DIR", str(tmp_path))
-    sources = [source(body=f"a[i] = a[i] * {n}.0f;") for n in range(4)]
-    softmetal.compile(sources[0]).close()
-    sizes = sum(p.stat().st_blocks * 512 for p in tmp_path.iterdir() if p.name.endswith((".so", ".lang")))
-    # Room for about three libraries (each a .so and a .lang, with the baseline library).
-    monkeypatch.setenv("SOFTMETAL_CACHE_MAX_MB", str(3.2 * sizes / 2 / 1048576))
-    first = {p.name for p in tmp_path.iterdir() if p.name.endswith(".so")}
-    for s in sources[1:3]:
-        time.sleep(0.02)
-        softmetal.compile(s).close()
+
+    def entries():
+        return {p.name: p.stat().st_blocks * 512 for p in tmp_path.iterdir()
+                if p.name.endswith((".so", ".lang")) and not p.name.endswith(".baseline.so")}
+
+    def compile_new(n):
+        before = set(entries())
+        time.sleep(0.02)  # distinct modification times
+        softmetal.compile(source(body=f"a[i] = a[i] * {n}.0f;")).close()
+        return set(entries()) - before
+
+    first = compile_new(0)
+    second = compile_new(1)
     time.sleep(0.02)
-    softmetal.compile(sources[0]).close()  # a hit: now the most recently used
-    time.sleep(0.02)
-    softmetal.compile(sources[3]).close()
-    names = {p.name for p in tmp_path.iterdir()}
-    total = sum(p.stat().st_blocks * 512 for p in tmp_path.iterdir() if p.name.endswith((".so", ".lang")))
-    assert total <= 3.2 * sizes / 2 + sizes, (total, sizes)
-    assert first & names, "the library used last but one was evicted"
-    assert len([n for n in names if n.endswith(".so")]) < 5
+    softmetal.compile(source(body="a[i] = a[i] * 0.0f;")).close()  # a hit: the first is now the newest
+    one = sum(entries()[n] for n in second)
+    monkeypatch.setenv("SOFTMETAL_CACHE_MAX_MB", str((sum(entries().values()) + one / 2) / 1048576))
+    third = compile_new(2)  # over the bound: the least recently used goes
+    left = set(entries())
+    assert first <= left and third <= left, (first, third, left)
+    assert not second & left, (second, left)
+    assert sum(entries().values()) <= (2 * one + one / 2)
 
 
 def test_failed_translations_are_kept_only_when_asked(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ enum SoftMetalCache {
     /// runtime header are not among them (compiles in progress read them).
     static func isEvictable(_ name: String) -> Bool {
         if name.hasPrefix("softmetal_runtime-") { return !name.contains(KernelCompiler.runtimeHash) && name.hasSuffix(".h") }
+        // The sandbox's reference libraries (a few, small) are read at every first load.
+        if name.hasSuffix(".baseline.so") { return false }
         return name.hasSuffix(".so") || name.hasSuffix(".lang") || name.hasSuffix(".failed.cpp")
     }
 
@@ -45,10 +47,11 @@ enum SoftMetalCache {
                 }
                 continue
             }
-            guard !isDirectory, isEvictable(name), path != keep else { continue }
+            guard !isDirectory, isEvictable(name) || path == keep else { continue }
             let bytes = Int(st.st_blocks) * 512
-            entries.append((path, bytes, Int(st.st_mtim.tv_sec) * 1_000_000_000 + Int(st.st_mtim.tv_nsec)))
             total += bytes
+            // The entry just written counts, but is never the one to go.
+            if path != keep { entries.append((path, bytes, Int(st.st_mtim.tv_sec) * 1_000_000_000 + Int(st.st_mtim.tv_nsec))) }
         }
         guard total > limit else { return }
         let target = limit / 10 * 9

@@ -100,9 +100,21 @@ final class KernelCompiler: @unchecked Sendable {
         }) { return known }
         let dir = KernelCompiler.cacheDirectory
         try SMFile.makeDirectories(dir)
-        let so = try sharedObject(translated, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
+        // dlopen goes by the path, not /proc/self/fd/N: glibc matches an object already
+        // loaded by its name first, so a reused descriptor number would return another library.
+        var so = try sharedObject(translated, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
+        var fd = open(so, O_RDONLY | O_CLOEXEC)
+        if fd < 0 && errno == ENOENT {  // evicted by another process since it was found
+            so = try sharedObject(translated, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
+            fd = open(so, O_RDONLY | O_CLOEXEC)
+        }
+        guard fd >= 0 else { throw SoftMetalError.compile("cannot read \(so): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
         let facts: MSLSandbox.ELFFacts
-        do { facts = try MSLSandbox.readELF(so) } catch let e as MSLSandbox.ELFError {
+        do {
+            guard let bytes = SMFile.readBytes(fd: fd) else { throw MSLSandbox.ELFError(message: "cannot read it") }
+            facts = try MSLSandbox.parseELF(bytes)
+        } catch let e as MSLSandbox.ELFError {
             throw SoftMetalError.compile("\(so): \(e.message)")
         }
         try MSLSandbox.checkLibrary(facts, baseline: try baseline(compiler: compiler, flags: flags, dir: dir, timeout: timeout),
@@ -213,6 +225,7 @@ final class KernelCompiler: @unchecked Sendable {
         guard status == 0, let text = try? SMFile.read(ir) else { return [] }
         let findings = MSLLanguageCheck.findings(ir: text, translated: translated)
         try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
+        SoftMetalCache.evictIfNeeded(dir, keep: cached)
         return findings
     }
 
@@ -364,6 +377,18 @@ enum SMFile {
 
     static func removeFiles(in dir: String, prefix: String) {
         for name in (try? listDirectory(dir)) ?? [] where name.hasPrefix(prefix) { unlink("\(dir)/\(name)") }
+    }
+
+    static func readBytes(fd: Int32) -> [UInt8]? {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { return nil }
+            if n == 0 { return bytes }
+            bytes += chunk[0..<n]
+        }
     }
 
     static func readBytes(_ path: String) -> [UInt8]? {

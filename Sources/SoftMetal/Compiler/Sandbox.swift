@@ -7,11 +7,13 @@ import Glibc
 /// so SoftMetal refuses it:
 ///
 /// - before preprocessing (`checkDirectives`): `#embed`, `#include_next`, `#import`,
-///   `__has_embed`, `__has_include_next`, and `#include` / `__has_include` of an absolute
-///   path or of a `..` that climbs out of the folder it is resolved in, in the source and in
-///   every file its literal includes can reach;
+///   `__has_embed`, `__has_include_next`, pragmas the preprocessor acts on, and `#include` /
+///   `__has_include` of an absolute path or of a file found outside the include folders
+///   (through `..` or a symbolic link), in the source and in every file its literal includes
+///   reach;
 /// - after preprocessing (`checkPreprocessed`): every file the preprocessor entered lies in
-///   an include folder (or is a stand-in header), whatever macro named it;
+///   an include folder (or is a stand-in header), whatever macro named it, and passes the
+///   checks the source did;
 /// - before compiling (`checkTranslated`): the text handed to clang++ has no directive but
 ///   `#line` and harmless `#pragma`s (a macro can expand to `# include <stdio.h>`, which
 ///   `clang -E` prints as a line of its own), no inline assembly and no attribute that runs
