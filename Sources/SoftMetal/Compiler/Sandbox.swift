@@ -588,8 +588,9 @@ enum MSLSandbox {
             "memcpy", "memmove", "memset", "memcmp", "bcmp",
             "__extendhfsf2", "__extendhfdf2", "__truncsfhf2", "__truncdfhf2", "__extendbfsf2", "__truncsfbf2", "__truncdfbf2",
             "__divti3", "__udivti3", "__modti3", "__umodti3", "__muloti4", "__popcountdi2", "__popcountsi2",
-            "__cxa_atexit", "__cxa_guard_acquire", "__cxa_guard_release", "__cxa_guard_abort", "__cxa_finalize",
-            "__dso_handle", "__gmon_start__", "_ITM_registerTMCloneTable", "_ITM_deregisterTMCloneTable",
+            // Guards of function-local statics; not __cxa_atexit, which would run code at unload.
+            "__cxa_guard_acquire", "__cxa_guard_release", "__cxa_guard_abort",
+            "__cxa_finalize", "__gmon_start__", "_ITM_registerTMCloneTable", "_ITM_deregisterTMCloneTable",
             "clock_gettime", "snprintf",
         ]
         let math = [
