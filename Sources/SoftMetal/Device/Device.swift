@@ -247,6 +247,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         do {
             let preprocessed = try MSLPreprocessor.run(source, options: options)
             translated = try MSLTranslator.translate(preprocessed)
+            // Once for every later compile of this library: each compiles parts of this text
+            // (the body, a kernel's launcher) after SoftMetal's own function-constant defines.
             try MSLSandbox.checkTranslated(translated.source)
         } catch let SoftMetalError.compile(message) {
             throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source, includeDirectories: options.includeDirectories))
@@ -281,11 +283,12 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     static let lazyKernelCount = 64
     var isLazy: Bool { translated.kernels.count > SoftMetalLibrary.lazyKernelCount }
 
-    /// Compiles (or finds in the cache) the translated source specialised for `constants`
-    /// (index -> C++ value expression) and finds its kernels (`only`: just that one kernel's).
+    /// What a compile of this library needs besides the translation: for messages and limits.
     private typealias Context = (source: String, includeDirectories: [String], timeout: Double?)
     private var context: Context { (source, includeDirectories, compileTimeout) }
 
+    /// Compiles (or finds in the cache) the translated source specialised for `constants`
+    /// (index -> C++ value expression) and finds its kernels (`only`: just that one kernel's).
     private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], context: Context,
                              metalVersion: Int, only: String? = nil) throws
         -> (LoadedLibrary, [String: CompiledKernel]) {
