@@ -129,18 +129,28 @@ def available() -> bool:
     return sys.platform.startswith("linux") and bool(os.environ.get("SOFTMETAL_CXX") or shutil.which("clang++"))
 
 
-def compile(source: str, include_dirs=(), defines=None, metal_version=None) -> "Library":  # noqa: A001
+def compile(source: str, include_dirs=(), defines=None, metal_version=None, timeout=None) -> "Library":  # noqa: A001
     """Preprocesses, translates and compiles MSL source (compiled objects are cached on disk).
 
     include_dirs: directories for `#include "x.h"` (searched after the including file's
-    own directory). defines: {name: value} macros (`-Dname=value`; a value of None or True
+    own directory; `#include` finds nothing outside them and SoftMetal's <metal_*>
+    headers). defines: {name: value} macros (`-Dname=value`; a value of None or True
     defines it as 1). metal_version: `__METAL_VERSION__` (310 = MSL 3.1, the default).
+    timeout: seconds each clang++ run may take (default SOFTMETAL_COMPILE_TIMEOUT or
+    600); a compile that takes longer is stopped and raises CompileError. Ctrl-C (SIGINT)
+    stops a compile at once and raises KeyboardInterrupt.
+
+    The source must be MSL: host calls (system, fopen, dlsym...), inline assembly,
+    constructors and includes outside include_dirs raise CompileError (see SoftMetal's
+    README, "What the sandbox promises").
     """
     ffi, lib = _native.load_softmetal()
     _text("source", source)
     out = ffi.new("moe_softmetal_library **")
     kind = ffi.new("int32_t *")
-    if not include_dirs and not defines and metal_version is None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not include_dirs and not defines and metal_version is None and timeout is None:
         _raise(lib.moe_softmetal_compile(_text("source", source), out, kind), kind[0])
         return Library(out[0])
     keep = []  # cffi strings must outlive the call
@@ -166,6 +176,7 @@ def compile(source: str, include_dirs=(), defines=None, metal_version=None) -> "
     options.define_names = strings(names)
     options.define_values = strings(values)
     options.metal_version = int(metal_version or 0)
+    options.compile_timeout = float(timeout or 0)
     _raise(lib.moe_softmetal_compile_with_options(_text("source", source), options, out, kind), kind[0])
     return Library(out[0])
 
@@ -196,6 +207,7 @@ class Library:
         self._handle = handle
 
     def close(self):
+        """Frees the library; its shared object is unloaded once no launch needs it."""
         if self._handle is not None:
             _, lib = _native.load_softmetal()
             lib.moe_softmetal_free(self._handle)

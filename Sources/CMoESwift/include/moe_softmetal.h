@@ -81,6 +81,10 @@ typedef struct moe_softmetal_compile_options {
     const char* const* define_names;
     const char* const* define_values;      /* -Dname=value; NULL array or NULL entry: "1" */
     int32_t metal_version;                 /* __METAL_VERSION__: 200...320 (e.g. 310 = MSL 3.1); 0: 310 */
+    double compile_timeout;                /* seconds each clang++ run may take before it is stopped
+                                              (a compile error); 0: $SOFTMETAL_COMPILE_TIMEOUT or 600.
+                                              Callers built before this field existed pass a smaller
+                                              struct_size and get the default. */
 } moe_softmetal_compile_options;
 
 /* moe_softmetal_compile with preprocessor options (options may be NULL). */

@@ -206,8 +206,26 @@ double csm_timeout_seconds(void);
 
 /* posix_spawn(argv[0] found on PATH if it has no '/'), stdout and stderr to output_path;
  * returns the exit status, or -1 with errno text in output_path's place when it cannot
- * start. */
+ * start. No time limit; not stopped by SIGINT (see csm_spawn_wait_limited). */
 int32_t csm_spawn_wait(const char* const* argv, const char* output_path);
+
+enum { CSM_SPAWN_FAILED = -1, CSM_SPAWN_INTERRUPTED = -2, CSM_SPAWN_TIMED_OUT = -3 };
+
+/* csm_spawn_wait in its own process group, which is killed (SIGKILL) and reaped when
+ * timeout_seconds pass (> 0; CSM_SPAWN_TIMED_OUT) or when SIGINT arrives inside an
+ * interrupt scope (CSM_SPAWN_INTERRUPTED; also returned without spawning when one is
+ * pending). Exit status as csm_spawn_wait. */
+int32_t csm_spawn_wait_limited(const char* const* argv, const char* output_path, double timeout_seconds);
+
+/* An interrupt scope: while one is open (scopes nest and may be open on several threads),
+ * SIGINT marks the scopes' compiles interrupted, then goes on to the handler that was
+ * installed before (Python's, which raises KeyboardInterrupt once the call returns; with
+ * SIG_DFL the compilers are killed and the process ends as it would have; with SIG_IGN
+ * nothing happens). The last scope to close restores that handler and clears the mark. */
+void csm_interrupt_scope_begin(void);
+void csm_interrupt_scope_end(void);
+/* 1 when SIGINT arrived since the open scopes began. */
+int32_t csm_interrupt_pending(void);
 
 #ifdef __cplusplus
 }

@@ -115,7 +115,9 @@ public func moe_softmetal_compile_with_options(_ source: UnsafePointer<CChar>?,
 #if os(Linux)
 /// The C options as SoftMetal's compile options (include directories, macros, language version).
 private func softMetalCompileOptions(_ o: moe_softmetal_compile_options) throws -> SoftMetalCompileOptions {
-    guard o.struct_size >= UInt32(MemoryLayout<moe_softmetal_compile_options>.size) else {
+    // compile_timeout came last; a struct that ends before it is the older layout.
+    let withoutTimeout = UInt32(MemoryLayout<moe_softmetal_compile_options>.offset(of: \.compile_timeout)!)
+    guard o.struct_size >= withoutTimeout else {
         throw usage("options.struct_size is \(o.struct_size), expected \(MemoryLayout<moe_softmetal_compile_options>.size)")
     }
     let result = SoftMetalCompileOptions()
@@ -134,6 +136,10 @@ private func softMetalCompileOptions(_ o: moe_softmetal_compile_options) throws 
             throw usage("metal_version \(o.metal_version) is not an MSL version SoftMetal knows (200...240, 300...320)")
         }
         result.languageVersion = version
+    }
+    if o.struct_size >= UInt32(MemoryLayout<moe_softmetal_compile_options>.size) && o.compile_timeout != 0 {
+        guard o.compile_timeout > 0, o.compile_timeout.isFinite else { throw usage("compile_timeout \(o.compile_timeout) is not a positive number of seconds") }
+        result.softMetalCompileTimeout = o.compile_timeout
     }
     return result
 }

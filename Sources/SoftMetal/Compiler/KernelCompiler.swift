@@ -33,7 +33,12 @@ final class KernelCompiler: @unchecked Sendable {
     ]
 
     private let lock = SMLock()
-    private var loaded: [String: (handle: UnsafeMutableRawPointer, path: String)] = [:]
+    /// Open shared objects by key, each with the number of LoadedLibrary objects using it:
+    /// counted by hand under `lock` (not weak references), so that a library going away on
+    /// one thread can never be handed out again by a load on another.
+    private var loaded: [String: LoadedLibrary.Record] = [:]
+    /// The imports, initialisers and dependencies of a library of no kernels, per flags.
+    private var baselines: [String: MSLSandbox.ELFFacts] = [:]
     private(set) var compilations = 0
     private(set) var cacheHits = 0
 
@@ -63,48 +68,127 @@ final class KernelCompiler: @unchecked Sendable {
             "SoftMetal compiles MSL with clang++, which is not on PATH: install clang (the Swift toolchain ships one in its usr/bin) or set SOFTMETAL_CXX")
     }
 
-    /// Drops the in-process map from key to handle, so the next load goes to the disk cache
-    /// (the handles stay open). For tests.
+    /// Drops the in-process map from key to library, so the next load goes to the disk cache
+    /// (libraries in use stay open). For tests.
     func forgetLoadedLibraries() { lock.withLock { loaded = [:] } }
 
-    /// Returns the dlopen handle of the compiled source and the shared object's path;
-    /// `checked`: the memory check's instrumented build.
-    func load(translated: String, checked: Bool = false) throws -> (handle: UnsafeMutableRawPointer, path: String) {
+    /// Seconds one clang++ run may take: `SOFTMETAL_COMPILE_TIMEOUT` (default 600; 0 = none).
+    static var defaultCompileTimeout: Double {
+        guard let text = SMEnv.get("SOFTMETAL_COMPILE_TIMEOUT"), let value = Double(text), value >= 0 else { return 600 }
+        return value
+    }
+
+    /// Runs `body` in an interrupt scope (csm_interrupt_scope_begin): SIGINT while it runs
+    /// kills the clang++ runs it started or starts, and they throw.
+    static func interruptible<R>(_ body: () throws -> R) rethrows -> R {
+        csm_interrupt_scope_begin()
+        defer { csm_interrupt_scope_end() }
+        return try body()
+    }
+
+    /// The loaded library of the compiled source; `checked`: the memory check's
+    /// instrumented build. The shared object is checked (MSLSandbox.checkLibrary) before it
+    /// is dlopened, also when it comes from the disk cache.
+    func load(translated: String, checked: Bool = false, timeout: Double? = nil) throws -> LoadedLibrary {
         let compiler = try KernelCompiler.findCompiler()
         let flags = KernelCompiler.flags + (checked ? KernelCompiler.checkedFlags : [])
         let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
-        if let known = lock.withLock({ loaded[key] }) { return known }
+        if let known = lock.withLock({ () -> LoadedLibrary? in
+            guard let record = loaded[key] else { return nil }
+            record.users += 1
+            return LoadedLibrary(record)
+        }) { return known }
         let dir = KernelCompiler.cacheDirectory
         try SMFile.makeDirectories(dir)
-        let so = "\(dir)/\(key).so"
-        if access(so, R_OK) == 0 {
-            lock.withLock { cacheHits += 1 }
-        } else {
-            try compile(translated, key: key, dir: dir, compiler: compiler, flags: flags, output: so)
-            lock.withLock { compilations += 1 }
+        // dlopen goes by the path, not /proc/self/fd/N: glibc matches an object already
+        // loaded by its name first, so a reused descriptor number would return another library.
+        var so = try sharedObject(translated, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
+        var fd = open(so, O_RDONLY | O_CLOEXEC)
+        if fd < 0 && errno == ENOENT {  // evicted by another process since it was found
+            so = try sharedObject(translated, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout)
+            fd = open(so, O_RDONLY | O_CLOEXEC)
         }
+        guard fd >= 0 else { throw SoftMetalError.compile("cannot read \(so): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        let facts: MSLSandbox.ELFFacts
+        do {
+            guard let bytes = SMFile.readBytes(fd: fd) else { throw MSLSandbox.ELFError(message: "cannot read it") }
+            facts = try MSLSandbox.parseELF(bytes)
+        } catch let e as MSLSandbox.ELFError {
+            throw SoftMetalError.compile("\(so): \(e.message)")
+        }
+        try MSLSandbox.checkLibrary(facts, baseline: try baseline(compiler: compiler, flags: flags, dir: dir, timeout: timeout),
+                                    translated: translated)
         guard let handle = dlopen(so, RTLD_NOW | RTLD_LOCAL) else {
             let message = dlerror().map { String(cString: $0) } ?? "unknown error"
             throw SoftMetalError.compile("cannot load the compiled kernels \(so): \(message)")
         }
-        lock.withLock { loaded[key] = (handle, so) }
-        return (handle, so)
+        return lock.withLock {
+            // Another thread may have loaded it meanwhile: dlopen counted both opens, and
+            // each record closes its own.
+            let record = LoadedLibrary.Record(handle: handle, path: so, key: key)
+            if loaded[key] == nil { loaded[key] = record }
+            return LoadedLibrary(record)
+        }
+    }
+
+    /// The cached shared object of `translated`, compiled first if the cache has none.
+    /// `baseline`: SoftMetal's own reference library (named apart, not counted in `stats`).
+    private func sharedObject(_ translated: String, key: String, dir: String, compiler: String, flags: [String], timeout: Double?,
+                              baseline: Bool = false) throws -> String {
+        let so = baseline ? "\(dir)/\(key).baseline.so" : "\(dir)/\(key).so"
+        if access(so, R_OK) == 0 {
+            // The cache evicts the least recently used: a hit counts as a use.
+            utimensat(AT_FDCWD, so, nil, 0)
+            if !baseline { lock.withLock { cacheHits += 1 } }
+        } else {
+            try compile(translated, key: key, dir: dir, compiler: compiler, flags: flags, output: so,
+                        timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+            if !baseline { lock.withLock { compilations += 1 } }
+            SoftMetalCache.evictIfNeeded(dir, keep: so)
+        }
+        return so
+    }
+
+    /// What a library of no kernels imports and initialises with these flags (the C runtime's
+    /// startup files, the runtime header): a kernel library may have that and no more.
+    private func baseline(compiler: String, flags: [String], dir: String, timeout: Double?) throws -> MSLSandbox.ELFFacts {
+        let text = "// SoftMetal: a library of no kernels, what every library has\n"
+        let key = Hash128.of([text, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler])
+        if let known = lock.withLock({ baselines[key] }) { return known }
+        let so = try sharedObject(text, key: key, dir: dir, compiler: compiler, flags: flags, timeout: timeout, baseline: true)
+        let facts: MSLSandbox.ELFFacts
+        do { facts = try MSLSandbox.readELF(so) } catch let e as MSLSandbox.ELFError {
+            throw SoftMetalError.compile("\(so): \(e.message)")
+        }
+        lock.withLock { baselines[key] = facts }
+        return facts
+    }
+
+    /// Called by a LoadedLibrary going away: the last user of a shared object closes it.
+    fileprivate func release(_ record: LoadedLibrary.Record) {
+        let close = lock.withLock { () -> Bool in
+            record.users -= 1
+            guard record.users == 0 else { return false }
+            if loaded[record.key] === record { loaded[record.key] = nil }
+            return true
+        }
+        if close { dlclose(record.handle) }
     }
 
     /// `load(translated:)` and the language check of the same text (see MSLLanguageCheck),
     /// the two clang++ runs side by side when neither is cached.
-    func loadChecked(translated: String) throws -> (handle: UnsafeMutableRawPointer, path: String, findings: [MSLLanguageCheck.Finding]) {
-        var loaded: Result<(handle: UnsafeMutableRawPointer, path: String), Error>!
+    func loadChecked(translated: String, timeout: Double? = nil) throws -> (library: LoadedLibrary, findings: [MSLLanguageCheck.Finding]) {
+        var loaded: Result<LoadedLibrary, Error>!
         var findings: [MSLLanguageCheck.Finding] = []
         DispatchQueue.concurrentPerform(iterations: 2) { i in
             if i == 0 {
-                loaded = Result { try self.load(translated: translated) }
+                loaded = Result { try self.load(translated: translated, timeout: timeout) }
             } else {
-                findings = self.languageFindings(translated: translated)
+                findings = self.languageFindings(translated: translated, timeout: timeout)
             }
         }
-        let (handle, path) = try loaded.get()
-        return (handle, path, findings)
+        return (try loaded.get(), findings)
     }
 
     static let languageCheckFlags = [
@@ -114,13 +198,14 @@ final class KernelCompiler: @unchecked Sendable {
 
     /// The language check's findings for a translated source, cached on disk beside the
     /// shared objects. A source that clang++ rejects has none (the build reports the error).
-    func languageFindings(translated: String) -> [MSLLanguageCheck.Finding] {
+    func languageFindings(translated: String, timeout: Double? = nil) -> [MSLLanguageCheck.Finding] {
         guard let compiler = try? KernelCompiler.findCompiler() else { return [] }
         let flags = KernelCompiler.languageCheckFlags
         let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "language-check-2"])
         let dir = KernelCompiler.cacheDirectory
         let cached = "\(dir)/\(key).lang"
         if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
+            utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
             return text.split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
         }
         guard (try? SMFile.makeDirectories(dir)) != nil else { return [] }
@@ -133,45 +218,80 @@ final class KernelCompiler: @unchecked Sendable {
         let ir = "\(dir)/\(key).\(unique).ll"
         let log = "\(dir)/\(key).\(unique).lang.log"
         defer { unlink(source); unlink(ir); unlink(log) }
-        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil,
-              SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log) == 0,
-              let text = try? SMFile.read(ir) else { return [] }
+        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil else { return [] }
+        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
+                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+        if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).\(unique)") }
+        guard status == 0, let text = try? SMFile.read(ir) else { return [] }
         let findings = MSLLanguageCheck.findings(ir: text, translated: translated)
         try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
+        SoftMetalCache.evictIfNeeded(dir, keep: cached)
         return findings
     }
 
-    private func compile(_ translated: String, key: String, dir: String, compiler: String, flags: [String], output: String) throws {
+    private func compile(_ translated: String, key: String, dir: String, compiler: String, flags: [String], output: String,
+                         timeout: Double) throws {
         let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
         let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
         if access(header, R_OK) != 0 {
             try SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)
         }
         // A source file per compilation, so that concurrent compilers of the same key never
-        // see each other's files; kept as <key>.failed.cpp when the compilation fails (for debugging).
+        // see each other's files; kept as <key>.failed.cpp when the compilation fails and
+        // SOFTMETAL_KEEP_FAILED=1 (for debugging), else removed.
         let source = "\(dir)/\(key).\(unique).cpp"
         try SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)
         defer {
-            if access(output, R_OK) == 0 { unlink(source) } else { rename(source, "\(dir)/\(key).failed.cpp") }
+            if access(output, R_OK) != 0 && SMEnv.get("SOFTMETAL_KEEP_FAILED") == "1" {
+                rename(source, "\(dir)/\(key).failed.cpp")
+            } else {
+                unlink(source)
+            }
         }
         let temporary = "\(output).\(unique).tmp"
         let log = "\(dir)/\(key).\(unique).log"
         let argv = [compiler] + flags + ["-I", dir, source, "-o", temporary]
-        let status = SMFile.spawn(argv, output: log)
+        let status = SMFile.spawn(argv, output: log, timeout: timeout)
         let messages = (try? SMFile.read(log)) ?? ""
         unlink(log)
         guard status == 0 else {
             unlink(temporary)
-            if status < 0 {
-                throw SoftMetalError.compile("cannot run \(compiler): \(String(cString: strerror(errno)))")
-            }
-            throw SoftMetalError.compile(messages)
+            // A stopped clang++ leaves its own temporary files (named after the output).
+            if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).so.\(unique)") }
+            throw SMFile.spawnError(status, compiler: compiler, timeout: timeout) ?? SoftMetalError.compile(messages)
         }
         guard rename(temporary, output) == 0 else {
             unlink(temporary)
             throw SoftMetalError.compile("cannot write \(output): \(String(cString: strerror(errno)))")
         }
     }
+}
+
+/// A dlopened kernel library, closed (dlclose) when the last kernel, pipeline or library
+/// that uses it goes away: code of a closed library must never run again, so whatever
+/// holds a launcher of it holds this.
+final class LoadedLibrary: @unchecked Sendable {
+    /// One dlopen of a shared object; `users` (under KernelCompiler's lock) counts the
+    /// LoadedLibrary objects holding it.
+    fileprivate final class Record {
+        let handle: UnsafeMutableRawPointer
+        let path: String
+        let key: String
+        var users = 1
+        init(handle: UnsafeMutableRawPointer, path: String, key: String) {
+            self.handle = handle
+            self.path = path
+            self.key = key
+        }
+    }
+
+    private let record: Record
+    var handle: UnsafeMutableRawPointer { record.handle }
+    var path: String { record.path }
+
+    fileprivate init(_ record: Record) { self.record = record }
+
+    deinit { KernelCompiler.shared.release(record) }
 }
 
 /// Small file helpers on Glibc (the library avoids Foundation).
@@ -226,15 +346,62 @@ enum SMFile {
         return String(decoding: bytes, as: UTF8.self)
     }
 
-    static func spawn(_ argv: [String], output: String) -> Int32 {
+    /// Runs the compiler (csm_spawn_wait_limited): its exit status, or a CSM_SPAWN_* code.
+    static func spawn(_ argv: [String], output: String, timeout: Double) -> Int32 {
         var cStrings: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) }
         cStrings.append(nil)
         defer { for p in cStrings { free(p) } }
         return cStrings.withUnsafeBufferPointer { buffer in
             buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
-                csm_spawn_wait($0, output)
+                csm_spawn_wait_limited($0, output, timeout)
             }
         }
+    }
+
+    /// The error for a run that did not end by itself (nil for an exit status).
+    static func spawnError(_ status: Int32, compiler: String, timeout: Double) -> SoftMetalError? {
+        switch status {
+        case Int32(CSM_SPAWN_FAILED): return .compile("cannot run \(compiler): \(String(cString: strerror(errno)))")
+        case Int32(CSM_SPAWN_INTERRUPTED): return .compile("the compile was interrupted (SIGINT); clang++ was stopped")
+        case Int32(CSM_SPAWN_TIMED_OUT):
+            return .compile("clang++ did not finish within \(timeout) s and was stopped (SOFTMETAL_COMPILE_TIMEOUT, or the compile options' time limit)")
+        default: return nil
+        }
+    }
+
+    /// True for the error of a compile stopped by SIGINT or its time limit.
+    static func isStopped(_ e: SoftMetalError) -> Bool {
+        guard case .compile(let m) = e else { return false }
+        return m.contains("the compile was interrupted (SIGINT)") || m.contains("did not finish within")
+    }
+
+    static func removeFiles(in dir: String, prefix: String) {
+        for name in (try? listDirectory(dir)) ?? [] where name.hasPrefix(prefix) { unlink("\(dir)/\(name)") }
+    }
+
+    static func readBytes(fd: Int32) -> [UInt8]? {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { return nil }
+            if n == 0 { return bytes }
+            bytes += chunk[0..<n]
+        }
+    }
+
+    static func readBytes(_ path: String) -> [UInt8]? {
+        guard let f = fopen(path, "rb") else { return nil }
+        defer { fclose(f) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, f) }
+            if n <= 0 { break }
+            bytes += chunk[0..<n]
+        }
+        return bytes
     }
 }
 

@@ -21,6 +21,9 @@ struct MSLPreprocessor {
         var macros: [(String, String)] = []
         /// MSL version as `__METAL_VERSION__` spells it: 310 for MSL 3.1.
         var metalVersion = 310
+        /// Seconds each clang++ run may take (nil: SOFTMETAL_COMPILE_TIMEOUT or 600). Not
+        /// part of the preprocessed text, so not compared.
+        var compileTimeout: Double?
 
         static func == (a: Options, b: Options) -> Bool {
             a.includeDirectories == b.includeDirectories && a.metalVersion == b.metalVersion
@@ -98,18 +101,21 @@ struct MSLPreprocessor {
         try SMFile.makeDirectories(work)
         let input = "\(work)/\(MSLTranslator.sourceName)"
         let output = "\(work)/out.ii", log = "\(work)/log"
-        defer {
-            for f in [input, output, log] { unlink(f) }
-            rmdir(work)
-        }
+        // Everything in it: clang's own temporary output too, if it was stopped.
+        defer { SoftMetalCache.removeTree(work) }
         try SMFile.writeAtomically(input, source, unique: unique)
-        let status = SMFile.spawn(arguments(compiler: compiler, stubs: stubs, input: input, output: output, options: options), output: log)
+        try MSLSandbox.checkDirectives(source: source, mainDirectory: work, includeDirectories: options.includeDirectories, stubs: stubs)
+        let timeout = options.compileTimeout ?? KernelCompiler.defaultCompileTimeout
+        let status = SMFile.spawn(arguments(compiler: compiler, stubs: stubs, input: input, output: output, options: options),
+                                  output: log, timeout: timeout)
         let messages = ((try? SMFile.read(log)) ?? "").replacingAll(input, with: MSLTranslator.sourceName)
         guard status == 0 else {
-            if status < 0 { throw SoftMetalError.compile("cannot run \(compiler): \(String(cString: strerror(errno)))") }
-            throw SoftMetalError.compile(messages)
+            if let error = SMFile.spawnError(status, compiler: compiler, timeout: timeout) { throw error }
+            throw SoftMetalError.compile(MSLSandbox.sanitize(messages, includeDirectories: options.includeDirectories, stubs: stubs))
         }
-        return normalizeLineMarkers(try SMFile.read(output), mainFile: input)
+        let text = try SMFile.read(output)
+        try MSLSandbox.checkPreprocessed(text, mainFile: input, includeDirectories: options.includeDirectories, stubs: stubs)
+        return normalizeLineMarkers(text, mainFile: input)
     }
 
     /// `# 12 "path" 1 3` -> `#line 12 "file"` (flags dropped: the final compile has no

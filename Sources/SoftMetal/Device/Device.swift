@@ -146,11 +146,15 @@ final class CompiledKernel: @unchecked Sendable {
     let maxTotalThreads: Int
     private let symbol: String
     private let build: CheckedBuild
+    /// The launcher's code: kept open while this kernel exists.
+    private let library: LoadedLibrary
 
-    init(name: String, symbol: String, launcher: sm_launcher, info: UnsafePointer<sm_kernel_info>, build: CheckedBuild) {
+    init(name: String, symbol: String, launcher: sm_launcher, info: UnsafePointer<sm_kernel_info>, build: CheckedBuild,
+         library: LoadedLibrary) {
         self.name = name
         self.symbol = symbol
         self.build = build
+        self.library = library
         cName = strdup(name)
         self.launcher = launcher
         var params: [Param] = []
@@ -171,11 +175,11 @@ final class CompiledKernel: @unchecked Sendable {
 
     /// The launcher of the memory check's instrumented build, and its shared object.
     func checkedLauncher() throws -> (launcher: sm_launcher, path: String) {
-        let (handle, path) = try build.load()
-        guard let launch = dlsym(handle, "__sm_launch_\(symbol)") else {
+        let built = try build.load()
+        guard let launch = dlsym(built.handle, "__sm_launch_\(symbol)") else {
             throw SoftMetalError.compile("kernel \(name): launcher missing from the checked build")
         }
-        return (unsafeBitCast(launch, to: sm_launcher.self), path)
+        return (unsafeBitCast(launch, to: sm_launcher.self), built.path)
     }
 }
 
@@ -183,15 +187,19 @@ final class CompiledKernel: @unchecked Sendable {
 /// compiled the first time a checked dispatch needs it.
 final class CheckedBuild: @unchecked Sendable {
     private let text: String
+    private let timeout: Double?
     private let lock = SMLock()
-    private var built: (handle: UnsafeMutableRawPointer, path: String)?
+    private var built: LoadedLibrary?
 
-    init(text: String) { self.text = text }
+    init(text: String, timeout: Double?) {
+        self.text = text
+        self.timeout = timeout
+    }
 
-    func load() throws -> (handle: UnsafeMutableRawPointer, path: String) {
+    func load() throws -> LoadedLibrary {
         try lock.withLock {
             if let built { return built }
-            let b = try KernelCompiler.shared.load(translated: text, checked: true)
+            let b = try KernelCompiler.interruptible { try KernelCompiler.shared.load(translated: text, checked: true, timeout: timeout) }
             built = b
             return b
         }
@@ -214,21 +222,36 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     public static func softMetalDataType(ofConstantType type: String) -> MTLDataType? {
         MSLTranslator.functionConstantTypes[type].flatMap { MTLDataType(rawValue: $0) }
     }
-    let handle: UnsafeMutableRawPointer?
+    /// The shared object of the whole library (of a lazily compiled one: its code outside
+    /// the kernels); each kernel holds its own too.
+    private let loadedLibrary: LoadedLibrary?
+    var handle: UnsafeMutableRawPointer? { loadedLibrary?.handle }
     private let source: String
     private let translated: MSLTranslator.Output
     /// `__METAL_VERSION__` of the compile options: which C++ restrictions apply.
     private let metalVersion: Int
+    /// For messages (files outside them are never quoted) and later compiles.
+    private let includeDirectories: [String]
+    private let compileTimeout: Double?
 
     /// Preprocesses, translates, compiles (or finds in the cache) and loads the source.
     init(device: any MTLDevice, source: String, options: MSLPreprocessor.Options = .init()) throws {
+        // SIGINT while the source compiles stops its clang++ runs (see KernelCompiler.interruptible).
+        csm_interrupt_scope_begin()
+        defer { csm_interrupt_scope_end() }
         self.device = device
         self.source = source
+        includeDirectories = options.includeDirectories
+        compileTimeout = options.compileTimeout
+        let context = (source: source, includeDirectories: options.includeDirectories, timeout: options.compileTimeout)
         do {
             let preprocessed = try MSLPreprocessor.run(source, options: options)
             translated = try MSLTranslator.translate(preprocessed)
+            // Once for every later compile of this library: each compiles parts of this text
+            // (the body, a kernel's launcher) after SoftMetal's own function-constant defines.
+            try MSLSandbox.checkTranslated(translated.source)
         } catch let SoftMetalError.compile(message) {
-            throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
+            throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source, includeDirectories: options.includeDirectories))
         }
         // Without values every function constant is undefined (zero; see the README).
         if translated.kernels.count > SoftMetalLibrary.lazyKernelCount {
@@ -237,17 +260,18 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             // the kernel templates' instances is compiled, which reports the errors there.
             do {
                 let built = try KernelCompiler.shared.loadChecked(
-                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:]) + translated.body)
+                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:]) + translated.body,
+                    timeout: options.compileTimeout)
                 if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: options.metalVersion) {
                     throw SoftMetalError.compile(errors)
                 }
-                handle = built.handle
+                loadedLibrary = built.library
             } catch let SoftMetalError.compile(message) {
-                throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
+                throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source, includeDirectories: options.includeDirectories))
             }
             kernels = [:]
         } else {
-            (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source, metalVersion: options.metalVersion)
+            (loadedLibrary, kernels) = try SoftMetalLibrary.load(translated, constants: [:], context: context, metalVersion: options.metalVersion)
         }
         metalVersion = options.metalVersion
         functionNames = translated.kernels.map(\.name)
@@ -259,12 +283,16 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     static let lazyKernelCount = 64
     var isLazy: Bool { translated.kernels.count > SoftMetalLibrary.lazyKernelCount }
 
+    /// What a compile of this library needs besides the translation: for messages and limits.
+    private typealias Context = (source: String, includeDirectories: [String], timeout: Double?)
+    private var context: Context { (source, includeDirectories, compileTimeout) }
+
     /// Compiles (or finds in the cache) the translated source specialised for `constants`
     /// (index -> C++ value expression) and finds its kernels (`only`: just that one kernel's).
-    private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], source: String,
+    private static func load(_ translated: MSLTranslator.Output, constants: [Int: String], context: Context,
                              metalVersion: Int, only: String? = nil) throws
-        -> (UnsafeMutableRawPointer, [String: CompiledKernel]) {
-        let handle: UnsafeMutableRawPointer
+        -> (LoadedLibrary, [String: CompiledKernel]) {
+        let library: LoadedLibrary
         var text = constantsPrefix(translated.functionConstants, constants)
         var selected = translated.kernels
         if let only, let i = translated.kernels.firstIndex(where: { $0.name == only }) {
@@ -273,16 +301,17 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         } else {
             text += translated.source
         }
-        let checked = CheckedBuild(text: text)
+        let checked = CheckedBuild(text: text, timeout: context.timeout)
         do {
-            let built = try KernelCompiler.shared.loadChecked(translated: text)
+            let built = try KernelCompiler.shared.loadChecked(translated: text, timeout: context.timeout)
             if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: metalVersion) {
                 throw SoftMetalError.compile(errors)
             }
-            handle = built.handle
+            library = built.library
         } catch let SoftMetalError.compile(message) {
-            throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: source))
+            throw SoftMetalError.compile(SoftMetalLibrary.explain(message, source: context.source, includeDirectories: context.includeDirectories))
         }
+        let handle = library.handle
         var kernels: [String: CompiledKernel] = [:]
         for k in selected {
             guard let launch = dlsym(handle, "__sm_launch_\(k.symbol)"), let info = dlsym(handle, "__sm_info_\(k.symbol)") else {
@@ -295,9 +324,9 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
                 throw SoftMetalError.compile("kernel \(k.name): [[max_total_threads_per_threadgroup]] is \(limit); the limit is 1...1024")
             }
             kernels[k.name] = CompiledKernel(name: k.name, symbol: k.symbol, launcher: unsafeBitCast(launch, to: sm_launcher.self),
-                                             info: table, build: checked)
+                                             info: table, build: checked, library: library)
         }
-        return (handle, kernels)
+        return (library, kernels)
     }
 
     /// `#define __SM_FC_<i> <value>` and `__SM_FCD_<i>` (defined or not) for every function
@@ -325,7 +354,6 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
 
     private let lock = SMLock()
     private var variants: [String: [String: CompiledKernel]] = [:]
-    private var variantHandles: [UnsafeMutableRawPointer] = []
 
     public func makeFunction(name: String, constantValues: MTLFunctionConstantValues) throws -> any MTLFunction {
         guard translated.kernels.contains(where: { $0.name == name }) else {
@@ -341,12 +369,10 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         if let known = lock.withLock({ variants[key] }), let k = known[name] {
             return SoftMetalFunction(device: device, kernel: k)
         }
-        let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: values, source: source,
-                                                          metalVersion: metalVersion, only: isLazy ? name : nil)
-        lock.withLock {
-            variants[key] = kernels
-            variantHandles.append(handle)
+        let (_, kernels) = try KernelCompiler.interruptible {
+            try SoftMetalLibrary.load(translated, constants: values, context: context, metalVersion: metalVersion, only: isLazy ? name : nil)
         }
+        lock.withLock { variants[key] = kernels }
         return SoftMetalFunction(device: device, kernel: kernels[name]!)
     }
 
@@ -356,10 +382,13 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         if let known = lock.withLock({ lazyKernels[name] }) { return known }
         let result: Result<CompiledKernel, SoftMetalError>
         do {
-            let (handle, kernels) = try SoftMetalLibrary.load(translated, constants: [:], source: source, metalVersion: metalVersion, only: name)
-            lock.withLock { variantHandles.append(handle) }
+            let (_, kernels) = try KernelCompiler.interruptible {
+                try SoftMetalLibrary.load(translated, constants: [:], context: context, metalVersion: metalVersion, only: name)
+            }
             result = .success(kernels[name]!)
         } catch let e as SoftMetalError {
+            // An interrupted or timed-out compile may succeed when asked again.
+            if SMFile.isStopped(e) { return .failure(e) }
             result = .failure(e)
         } catch {
             result = .failure(.compile("\(error)"))
@@ -369,8 +398,10 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
     }
 
     /// The compiler's output, plus the MSL lines its errors point at (in the source, or in
-    /// an included file, which is read again).
-    static func explain(_ message: String, source: String) -> String {
+    /// an included file of the include folders, which is read again; a `#line` naming any
+    /// other file never makes SoftMetal quote that file).
+    static func explain(_ message: String, source: String, includeDirectories: [String]) -> String {
+        let roots = MSLSandbox.Roots(includeDirectories: includeDirectories, stubs: nil)
         var files: [String: [Substring]] = [MSLTranslator.sourceName: source.split(separator: "\n", omittingEmptySubsequences: false)]
         var out = errorsFirst(message.trimmingSpaces)
         var quoted = Set<String>()
@@ -380,7 +411,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             guard parts.count == 3, let n = Int(parts[1]), n >= 1, quoted.count < 5 else { continue }
             let file = String(parts[0])
             if files[file] == nil {
-                guard file != "softmetal-generated.cpp", let text = try? SMFile.read(file) else { continue }
+                guard file != "softmetal-generated.cpp", !includeDirectories.isEmpty, roots.contains(file),
+                      let text = try? SMFile.read(file) else { continue }
                 files[file] = text.split(separator: "\n", omittingEmptySubsequences: false)
             }
             guard let lines = files[file], n <= lines.count, quoted.insert("\(file):\(n)").inserted else { continue }

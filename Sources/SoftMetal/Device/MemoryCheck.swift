@@ -121,7 +121,7 @@ final class MemoryCheck {
         defer { unlink(output) }
         // Return addresses: the call is the instruction before.
         let argv = [symbolizer, "--obj=\(library)", "--functions=none"] + pcs.map { "0x\(String(max($0, 1) - 1, radix: 16))" }
-        guard SMFile.spawn(argv, output: output) == 0, let text = try? SMFile.read(output) else { return unknown }
+        guard SMFile.spawn(argv, output: output, timeout: 120) == 0, let text = try? SMFile.read(output) else { return unknown }
         let blocks = text.split(separator: "\n", omittingEmptySubsequences: false)
             .split(separator: "", omittingEmptySubsequences: true)
         return pcs.indices.map { i in

@@ -119,6 +119,9 @@ open class SoftMetalCompileOptions: MTLCompileOptions {
     /// predefined `__METAL__`, `__METAL_VERSION__`, `__HAVE_BFLOAT__` and after
     /// `preprocessorMacros` (a name in both takes this value).
     open var softMetalPreprocessorMacros: [String: String] = [:]
+    /// Seconds each clang++ run of this compile may take before it is stopped and the
+    /// compile throws (nil: `SOFTMETAL_COMPILE_TIMEOUT`, default 600).
+    open var softMetalCompileTimeout: Double?
 
     public override init() { super.init() }
 }
@@ -133,6 +136,7 @@ extension MSLPreprocessor.Options {
         }
         if let o = options as? SoftMetalCompileOptions {
             includeDirectories = o.softMetalIncludeDirectories
+            compileTimeout = o.softMetalCompileTimeout
             all.merge(o.softMetalPreprocessorMacros) { _, new in new }
         }
         // Sorted: the same options give the same argument list (and cache key).
