@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import re
 
 import numpy as np
 
@@ -46,12 +47,41 @@ OVERRIDES = {
 }
 
 
-def from_pretrained(path, layer=None, *, backend="auto", **overrides):
+# What a Hub download needs of a repository: nothing but the loader's files.
+HUB_FILES = ["config.json", "model.safetensors.index.json", "*.safetensors"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def resolve(path, revision=None, cache_dir=None):
+    """The local folder of `path`: itself when it is a folder, else, for a Hugging Face
+    Hub id ("org/name"), its snapshot in the Hub cache, downloaded if needed (only the
+    files of HUB_FILES; HF_HUB_OFFLINE=1 and the cache work as for transformers)."""
+    if isinstance(path, os.PathLike) or os.path.isdir(path) or revision is None and not (
+            isinstance(path, str) and _REPO_ID.match(path) and not os.path.exists(path)):
+        return path
+    if not isinstance(path, str) or not _REPO_ID.match(path):
+        raise ValueError(f"{path!r} is neither a folder nor a Hugging Face Hub id (org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ValueError(f"{path!r} is not a folder here; to load it as a Hugging Face Hub id, install "
+                         "huggingface_hub (pip install huggingface_hub)") from None
+    try:
+        return snapshot_download(repo_id=path, revision=revision, cache_dir=cache_dir, allow_patterns=HUB_FILES)
+    except Exception as error:  # offline without the files, unknown repository, no network...
+        raise ValueError(f"cannot get {path!r}{'' if revision is None else f' at revision {revision!r}'} from the "
+                         f"Hugging Face Hub: {type(error).__name__}: {error}") from error
+
+
+def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, **overrides):
     """The MoE layer `layer` (index into model.layers) of the checkpoint folder `path`, or a
     dict {index: MoELayer} of all its MoE layers when `layer` is None.
 
     `path` holds config.json and model.safetensors (or shards listed in
-    model.safetensors.index.json). model_types: mixtral, qwen2_moe, qwen3_moe, olmoe,
+    model.safetensors.index.json), or is a Hugging Face Hub id ("Qwen/Qwen3-30B-A3B",
+    with `revision` and `cache_dir` as in huggingface_hub): its config, index and
+    safetensors files are fetched into the Hub cache (or found there, HF_HUB_OFFLINE=1
+    included), which needs huggingface_hub installed. model_types: mixtral, qwen2_moe, qwen3_moe, olmoe,
     deepseek_v2, deepseek_v3, glm4_moe, gpt_oss; transformers' layouts (per-expert, fused
     3-D, gpt-oss's bf16 and MXFP4) and mlx-lm's (quantized too). Weights keep their stored
     format. `overrides` replace config.json options: top_k, norm_topk_prob,
@@ -69,7 +99,7 @@ def from_pretrained(path, layer=None, *, backend="auto", **overrides):
         layer = int(layer)
         if not 0 <= layer < 2**31:
             raise ValueError(f"layer must be a layer index (0 <= layer < 2**31), got {layer}")
-    path = os.fsencode(os.fspath(path))
+    path = os.fsencode(os.fspath(resolve(path, revision, cache_dir)))
     if not path:
         raise ValueError("from_pretrained needs the checkpoint folder's path, got an empty path")
     ffi, lib, _ = _native.load()
