@@ -324,10 +324,11 @@ enum SMFile {
         guard let dir = opendir(path) else { throw SoftMetalError.compile("cannot list \(path)") }
         defer { closedir(dir) }
         var names: [String] = []
+        let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            // Read in place up to its NUL: a copy of the whole 256-byte d_name would take in
+            // the bytes past the record, which readdir never wrote (valgrind reports them).
+            let name = String(cString: (UnsafeRawPointer(entry) + nameOffset).assumingMemoryBound(to: CChar.self))
             if name != "." && name != ".." { names.append(name) }
         }
         return names
