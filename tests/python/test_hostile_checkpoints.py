@@ -73,6 +73,23 @@ def refused(folder, *needles, layer=None, **kw):
     return message
 
 
+def refused_in_child(folder, layer, *needles, timeout):
+    """`refused` in a child process, for cases whose regression could block, hang or
+    corrupt the heap instead of failing."""
+    code = textwrap.dedent(f"""
+        import moe_swift
+        try:
+            moe_swift.from_pretrained({str(folder)!r}, {layer}, backend="cpu")
+        except ValueError as e:
+            print("refused:", e)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    output = result.stdout + result.stderr[-2000:]
+    assert "refused:" in result.stdout, (result.returncode, output)
+    for needle in needles:
+        assert needle in result.stdout, output
+
+
 # --- values of config.json ---------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [0, -1, 2**40, 1.5, "8", None])
@@ -190,16 +207,7 @@ def test_mxfp4_blocks_of_a_hidden_size_that_is_not_a_multiple_of_32(make):
                     t[name] = np.ascontiguousarray(t[name][:, :hidden])
         folder = rewrite(make("gpt_oss_mxfp4", f"h{hidden}"), lambda c: c.update(hidden_size=hidden), change)
         # In a child process: a regression here corrupts the heap, which may hang as well as crash.
-        code = textwrap.dedent(f"""
-            import moe_swift
-            try:
-                moe_swift.from_pretrained({str(folder)!r}, 0, backend="cpu")
-            except ValueError as e:
-                print("refused:", e)
-        """)
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        assert "refused:" in result.stdout, (hidden, result.returncode, result.stdout + result.stderr[-2000:])
-        assert "hidden_size" in result.stdout and "multiple of 32" in result.stdout, result.stdout
+        refused_in_child(folder, 0, "hidden_size", "multiple of 32", timeout=120)
 
 
 def test_mxfp4_scales_of_the_wrong_dtype(make):
@@ -230,15 +238,7 @@ def test_config_that_is_a_fifo_does_not_block(tmp_path):
     folder = fixtures.make("qwen3_moe", tmp_path / "fifo")
     (folder / "config.json").unlink()
     os.mkfifo(folder / "config.json")
-    code = textwrap.dedent(f"""
-        import moe_swift
-        try:
-            moe_swift.from_pretrained({str(folder)!r}, 1, backend="cpu")
-        except ValueError as e:
-            print("refused:", e)
-    """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "refused:" in result.stdout and "regular file" in result.stdout, result.stdout + result.stderr
+    refused_in_child(folder, 1, "regular file", timeout=60)
 
 
 def test_shard_that_is_a_directory(make):

@@ -335,15 +335,7 @@ enum SMFile {
     }
 
     static func read(_ path: String) throws -> String {
-        guard let f = fopen(path, "rb") else { throw SoftMetalError.compile("cannot read \(path)") }
-        defer { fclose(f) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, f) }
-            if n <= 0 { break }
-            bytes += chunk[0..<n]
-        }
+        guard let bytes = readBytes(path) else { throw SoftMetalError.compile("cannot read \(path)") }
         return String(decoding: bytes, as: UTF8.self)
     }
 
