@@ -67,7 +67,7 @@ class SwiftBuildHook(BuildHookInterface):
             shutil.rmtree(native)
         native.mkdir(parents=True)
         shutil.copy2(bin_dir / LIBRARY, native / LIBRARY)
-        for header in ("moe_swift.h", "moe_softmetal.h"):
+        for header in ("moe_swift.h", "moe_options.h", "moe_softmetal.h"):
             shutil.copy2(root / "Sources" / "CMoESwift" / "include" / header, native / header)
         # For C programs: `pkg-config --cflags --libs moe_swift` with PKG_CONFIG_PATH set to
         # this folder (`python -m moe_swift --pkg-config-path`); ${pcfiledir} keeps it

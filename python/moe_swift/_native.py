@@ -82,9 +82,11 @@ def library_path() -> Path:
 
 
 def _load():
+    from . import options
+
     text = header_path().read_text()
     ffi = cffi.FFI()
-    ffi.cdef(cdef_source(text))
+    ffi.cdef(options.cdef_enums() + cdef_source(text))
     path = library_path()
     try:
         # RTLD_NODELETE: never unmapped, not even when cffi closes it while the interpreter

@@ -23,13 +23,16 @@ import numpy as np
 
 __all__ = ["Quantized", "quantize", "dequantize", "AFFINE_BITS", "GROUP_SIZES"]
 
-AFFINE_BITS = (2, 3, 4, 5, 6, 8)
-GROUP_SIZES = (32, 64, 128)
-MODES = ("affine", "mxfp4")
+from . import options
+
+AFFINE_BITS = options.AFFINE_BITS
+GROUP_SIZES = options.AFFINE_GROUP_SIZES
+# The quantized formats (the others are the dense dtypes).
+MODES = tuple(name for name in options.FORMATS if name not in options.DTYPES)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
 # Dtypes of dense weights and of affine scales / biases.
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = tuple(options.DTYPES)
 
 
 # --- reading arrays of any framework --------------------------------------------------
@@ -109,9 +112,9 @@ class Quantized:
             raise ValueError(f"{name}: mode must be one of {list(MODES)}, got {mode!r}")
         if mode == "mxfp4":
             bits = 4 if bits is None else bits
-            group_size = 32 if group_size is None else group_size
-            if bits != 4 or group_size != 32:
-                raise ValueError(f"{name}: mxfp4 has bits=4 and group_size=32, got bits={bits}, group_size={group_size}")
+            group_size = options.MXFP4_GROUP_SIZE if group_size is None else group_size
+            if bits != 4 or group_size != options.MXFP4_GROUP_SIZE:
+                raise ValueError(f"{name}: mxfp4 has bits=4 and group_size={options.MXFP4_GROUP_SIZE}, got bits={bits}, group_size={group_size}")
             if biases is not None:
                 raise ValueError(f"{name}: mxfp4 has no biases")
         else:

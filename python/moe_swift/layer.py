@@ -9,11 +9,9 @@ import numpy as np
 
 from . import _native
 from .formats import Quantized, as_numpy, bf16_to_float32, float32_to_bf16
+from .options import ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, SCORINGS
 
-BACKENDS = {"auto": 0, "cpu": 1, "metal": 2, "softmetal": 3}
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
-SCORINGS = {"softmax": 0, "sigmoid": 1}
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 _SHARED_KEYS = {"gate_proj", "up_proj", "down_proj", "sigmoid_gate"}
 
 
@@ -143,12 +141,6 @@ def _output_like(x):
     return lambda y: y
 
 
-# moe_format / moe_dtype constants of the header, by the names used in Python.
-_FORMAT_CONSTANTS = {"float32": "MOE_FORMAT_F32", "float16": "MOE_FORMAT_F16", "bfloat16": "MOE_FORMAT_BF16",
-                     "affine": "MOE_FORMAT_AFFINE", "mxfp4": "MOE_FORMAT_MXFP4"}
-_DTYPE_CONSTANTS = {"float32": "MOE_DTYPE_F32", "float16": "MOE_DTYPE_F16", "bfloat16": "MOE_DTYPE_BF16"}
-
-
 class _Matrix:
     """A weight matrix for the descriptor: float32 (the float field), float16 / bfloat16
     (a dense moe_tensor, kept in that dtype) or Quantized."""
@@ -175,30 +167,30 @@ class _Matrix:
             setattr(desc, field, ffi.cast("const float *", self.array.ctypes.data))
             return
         t = getattr(desc, field + "_tensor")
-        lib = _native.load()[1]
         if self.quantized is None:
             keep.append(self.array)
-            t.format = getattr(lib, _FORMAT_CONSTANTS[self.dtype])
+            t.format = FORMATS[self.dtype]
             t.data = ffi.cast("const void *", self.array.ctypes.data)
             return
         q = self.quantized
         keep.append(q)
-        t.format = getattr(lib, _FORMAT_CONSTANTS[q.mode])
+        t.format = FORMATS[q.mode]
         t.bits, t.group_size = q.bits, q.group_size
         if q.mode == "affine":
-            t.scale_dtype = getattr(lib, _DTYPE_CONSTANTS[q.scale_dtype])
+            t.scale_dtype = DTYPES[q.scale_dtype]
         t.data = ffi.cast("const void *", q.weight.ctypes.data)
         t.scales = ffi.cast("const void *", q.scales.ctypes.data)
         if q.biases is not None:
             t.biases = ffi.cast("const void *", q.biases.ctypes.data)
 
 
-def _integer(name, value, minimum=None):
+def _integer(name, value, bits):
+    """An int that fits the `bits`-bit signed C field it goes to."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        raise ValueError(f"{name} = {value} is out of range")
     return value
 
 
@@ -273,18 +265,18 @@ class MoELayer:
         *,
         top_k,
         gate_up_proj=None,
-        backend="auto",
-        scoring="softmax",
-        norm_topk_prob=True,
-        routed_scaling_factor=1.0,
+        backend=DEFAULTS["backend"],
+        scoring=DEFAULTS["scoring"],
+        norm_topk_prob=DEFAULTS["norm_topk_prob"],
+        routed_scaling_factor=DEFAULTS["routed_scaling_factor"],
         router_bias=None,
         selection_bias=None,
-        n_group=1,
-        topk_group=1,
+        n_group=DEFAULTS["n_group"],
+        topk_group=DEFAULTS["topk_group"],
         per_expert_scale=None,
-        activation="silu",
-        swiglu_alpha=1.702,
-        swiglu_limit=7.0,
+        activation=DEFAULTS["activation"],
+        swiglu_alpha=DEFAULTS["swiglu_alpha"],
+        swiglu_limit=DEFAULTS["swiglu_limit"],
         gate_up_bias=None,
         gate_bias=None,
         up_bias=None,
@@ -315,20 +307,11 @@ class MoELayer:
         if down_proj is None:
             raise ValueError(f"down_proj ({E}, {H}, {I}) is required")
         down = _Matrix("down_proj", down_proj, (E, H, I))
-        if 0 in (E, H, I):
-            raise ValueError(f"sizes must be positive, got E={E}, H={H}, I={I}")
-
-        top_k = _integer("top_k", top_k, 1)
-        if top_k > E:
-            raise ValueError(f"top_k must be at most the number of experts ({E}), got {top_k}")
-        n_group = _integer("n_group", n_group, 1)
-        topk_group = _integer("topk_group", topk_group, 1)
-        if E % n_group:
-            raise ValueError(f"n_group ({n_group}) must divide the number of experts ({E})")
-        if topk_group > n_group:
-            raise ValueError(f"topk_group must be at most n_group ({n_group}), got {topk_group}")
-        if n_group > 1 and topk_group * (E // n_group) < top_k:
-            raise ValueError(f"topk_group={topk_group} groups of {E // n_group} experts cannot hold top_k={top_k}")
+        # What the options mean (ranges, sizes that must agree) is checked by the library,
+        # whose message names the option; here only what C cannot see: types and shapes.
+        top_k = _integer("top_k", top_k, 64)
+        n_group = _integer("n_group", n_group, 32)
+        topk_group = _integer("topk_group", topk_group, 32)
 
         if gate_bias is not None or up_bias is not None:
             if gate_up_bias is not None or gate_bias is None or up_bias is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import formats
+from .options import DEFAULTS
 
 __all__ = ["moe_forward", "experts_forward", "route", "expert_ffn", "rms_norm", "ACTIVATIONS"]
 
@@ -41,13 +42,13 @@ def route(
     router_weight,
     *,
     top_k,
-    scoring="softmax",
-    norm_topk_prob=True,
-    routed_scaling_factor=1.0,
+    scoring=DEFAULTS["scoring"],
+    norm_topk_prob=DEFAULTS["norm_topk_prob"],
+    routed_scaling_factor=DEFAULTS["routed_scaling_factor"],
     router_bias=None,
     selection_bias=None,
-    n_group=1,
-    topk_group=1,
+    n_group=DEFAULTS["n_group"],
+    topk_group=DEFAULTS["topk_group"],
     per_expert_scale=None,
     ids=None,
 ):
@@ -130,7 +131,8 @@ def _swiglu_oai(g, u, *, alpha, limit):
 ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai}
 
 
-def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation="silu", alpha=1.702, limit=7.0):
+def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation=DEFAULTS["activation"],
+               alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"]):
     """g = Wg x (+ bg), u = Wu x (+ bu), a = act(g, u), y = Wd a (+ bd); x is (..., H)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -156,7 +158,8 @@ def rms_norm(x, weight, eps, offset=0.0):
 
 def experts_forward(x, ids, weights, gate_proj=None, up_proj=None, down_proj=None, *, gate_up_proj=None,
                     gate_up_bias=None, gate_bias=None, up_bias=None, down_bias=None,
-                    activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+                    activation=DEFAULTS["activation"], swiglu_alpha=DEFAULTS["swiglu_alpha"],
+                    swiglu_limit=DEFAULTS["swiglu_limit"]):
     """The routed experts with the routing given: y[t] = sum_j weights[t, j] *
     expert_{ids[t, j]}(x[t]), slots in order (what MoELayer.experts computes). x (T, H),
     ids and weights (T, k); returns (T, H) float64."""
@@ -201,17 +204,17 @@ def moe_forward(
     *,
     top_k,
     gate_up_proj=None,
-    scoring="softmax",
-    norm_topk_prob=True,
-    routed_scaling_factor=1.0,
+    scoring=DEFAULTS["scoring"],
+    norm_topk_prob=DEFAULTS["norm_topk_prob"],
+    routed_scaling_factor=DEFAULTS["routed_scaling_factor"],
     router_bias=None,
     selection_bias=None,
-    n_group=1,
-    topk_group=1,
+    n_group=DEFAULTS["n_group"],
+    topk_group=DEFAULTS["topk_group"],
     per_expert_scale=None,
-    activation="silu",
-    swiglu_alpha=1.702,
-    swiglu_limit=7.0,
+    activation=DEFAULTS["activation"],
+    swiglu_alpha=DEFAULTS["swiglu_alpha"],
+    swiglu_limit=DEFAULTS["swiglu_limit"],
     gate_up_bias=None,
     gate_bias=None,
     up_bias=None,

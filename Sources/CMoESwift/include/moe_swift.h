@@ -4,8 +4,9 @@
  *
  * This header is the single source of truth for the ABI. The Swift exports
  * (Sources/MoEKernels/CABI) are checked against it by the Swift tests, and the Python
- * package hands the text between the CFFI-BEGIN and CFFI-END markers to cffi unchanged,
- * so that part must stay plain C declarations without preprocessor directives.
+ * package hands the text between the CFFI-BEGIN and CFFI-END markers to cffi unchanged
+ * (after the enums it expands from moe_options.h's rows), so that part must stay plain C
+ * declarations without preprocessor directives.
  *
  * What one forward computes is specified in README.md, "What one call computes" (mirrored by
  * python/moe_swift/reference.py). Arrays are dense and row-major; activations and the
@@ -22,6 +23,10 @@
 #define MOE_SWIFT_H
 
 #include <stdint.h>
+
+/* The options' vocabulary (moe_backend, moe_scoring, moe_activation, moe_format,
+ * moe_dtype and the defaults of moe_layer_desc_init) is declared in its tables. */
+#include "moe_options.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,38 +46,6 @@ typedef enum moe_status {
     MOE_ERROR_INTERNAL = 4           /* a bug: please report the message */
 } moe_status;
 
-typedef enum moe_backend {
-    MOE_BACKEND_AUTO = 0,       /* the best available */
-    MOE_BACKEND_CPU = 1,        /* BLAS (Accelerate / OpenBLAS) + Dispatch */
-    MOE_BACKEND_METAL = 2,      /* an Apple GPU */
-    MOE_BACKEND_SOFTMETAL = 3   /* the Metal backend on the software device (Linux) */
-} moe_backend;
-
-typedef enum moe_scoring {
-    MOE_SCORING_SOFTMAX = 0,
-    MOE_SCORING_SIGMOID = 1
-} moe_scoring;
-
-typedef enum moe_activation {
-    MOE_ACTIVATION_SILU = 0,        /* silu(g) * u (SwiGLU) */
-    MOE_ACTIVATION_GELU_TANH = 1,   /* gelu_tanh(g) * u (GeGLU) */
-    MOE_ACTIVATION_SWIGLU_OAI = 2   /* gpt-oss: clamped, alpha-scaled, (u + 1) */
-} moe_activation;
-
-typedef enum moe_format {
-    MOE_FORMAT_F32 = 0,     /* dense float32 */
-    MOE_FORMAT_F16 = 1,     /* dense IEEE 754 half */
-    MOE_FORMAT_BF16 = 2,    /* dense bfloat16 */
-    MOE_FORMAT_AFFINE = 3,  /* MLX affine: value = scale * q + bias per group */
-    MOE_FORMAT_MXFP4 = 4    /* OCP MX FP4 as MLX stores it: e2m1 codes, E8M0 scale per 32 */
-} moe_format;
-
-typedef enum moe_dtype {
-    MOE_DTYPE_F32 = 0,
-    MOE_DTYPE_F16 = 1,
-    MOE_DTYPE_BF16 = 2
-} moe_dtype;
-
 /* A weight matrix in any format, in the moe_layer_desc fields named *_tensor. Its logical
  * shape is that of the float field of the same name, e.g. gate_proj_tensor (E, I, H);
  * quantization groups run along the last dimension. A tensor whose data is NULL is not
@@ -85,8 +58,8 @@ typedef enum moe_dtype {
  * Meaning: affine value = scale * q + bias; mxfp4 value = e2m1(code) * 2^(scale - 127). */
 typedef struct moe_tensor {
     int32_t format;          /* moe_format */
-    int32_t bits;            /* affine: 2, 3, 4, 5, 6 or 8 */
-    int32_t group_size;      /* affine: 32, 64 or 128; mxfp4: 32 (0 means 32) */
+    int32_t bits;            /* affine: one of MOE_AFFINE_BITS_ROWS */
+    int32_t group_size;      /* affine: one of MOE_AFFINE_GROUP_SIZE_ROWS; mxfp4: 32 (0 means 32) */
     int32_t scale_dtype;     /* affine: moe_dtype of scales and biases */
     const void* data;
     const void* scales;
@@ -109,20 +82,20 @@ typedef struct moe_layer_desc {
     int64_t top_k;                    /* k, 1 <= k <= E */
 
     /* router */
-    int32_t scoring;                  /* moe_scoring; default softmax */
-    int32_t norm_topk_prob;           /* renormalise the k weights; default 1 */
-    float routed_scaling_factor;      /* default 1 */
-    int32_t n_group;                  /* group-limited routing; default 1 (off) */
-    int32_t topk_group;               /* groups kept; default 1 */
+    int32_t scoring;                  /* moe_scoring */
+    int32_t norm_topk_prob;           /* renormalise the k weights (0 / 1) */
+    float routed_scaling_factor;
+    int32_t n_group;                  /* group-limited routing; 1: off */
+    int32_t topk_group;               /* groups kept */
     const float* router_weight;       /* (E, H), required */
     const float* router_bias;         /* (E) added to the logits */
     const float* selection_bias;      /* (E) changes which experts win, not weights */
     const float* per_expert_scale;    /* (E) multiplies the final weights */
 
     /* experts: either gate_proj + up_proj, or gate_up_proj */
-    int32_t activation;               /* moe_activation; default silu */
-    float swiglu_alpha;               /* default 1.702 */
-    float swiglu_limit;               /* default 7.0 */
+    int32_t activation;               /* moe_activation */
+    float swiglu_alpha;               /* swiglu_oai only */
+    float swiglu_limit;               /* swiglu_oai only */
     const float* gate_proj;           /* (E, I, H) */
     const float* up_proj;             /* (E, I, H) */
     const float* gate_up_proj;        /* (E, 2I, H): gate rows [0, I), up rows [I, 2I) */
@@ -176,7 +149,8 @@ const char* moe_cpu_instruction_set(void);
  * roofline: no kernel here streams its weights faster. */
 moe_status moe_measure_read_bandwidth(int64_t bytes, int32_t repeats, double* gb_per_s);
 
-/* Sets struct_size and every default; pointers NULL, sizes 0. */
+/* Sets struct_size and every default (MOE_DEFAULT_* of moe_options.h); pointers NULL,
+ * sizes 0. */
 void moe_layer_desc_init(moe_layer_desc* desc);
 
 /* Validates desc, copies the weights and creates the layer in *out. */

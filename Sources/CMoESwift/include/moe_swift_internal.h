@@ -15,4 +15,30 @@ moe_stats* moe_internal_stats(void);
 void moe_internal_call_begin(void);
 void moe_internal_call_end(void);
 
+/* Lookups in moe_options.h's tables (options.c); the library's own, not exported. */
+#define MOE_OPTIONS_HIDDEN __attribute__((visibility("hidden")))
+typedef enum moe_option_table {
+    MOE_OPTION_TABLE_BACKEND,
+    MOE_OPTION_TABLE_SCORING,
+    MOE_OPTION_TABLE_ACTIVATION,
+    MOE_OPTION_TABLE_DTYPE,
+    MOE_OPTION_TABLE_FORMAT
+} moe_option_table;
+
+/* The name of a row by its code; NULL if no row has it (a static string). */
+MOE_OPTIONS_HIDDEN const char* moe_option_name(moe_option_table table, int32_t code);
+/* The code of the row named `name`; -1 if none is. */
+MOE_OPTIONS_HIDDEN int32_t moe_option_code(moe_option_table table, const char* name);
+/* The moe_activation that a Hugging Face hidden_act value means; -1 if none. */
+MOE_OPTIONS_HIDDEN int32_t moe_activation_of_hidden_act(const char* hidden_act);
+/* Every hidden_act value that some activation accepts, space-separated. */
+MOE_OPTIONS_HIDDEN const char* moe_hidden_act_names(void);
+/* 1 if affine quantization has this code width / group size, else 0. */
+MOE_OPTIONS_HIDDEN int32_t moe_affine_bits_allowed(int32_t bits);
+MOE_OPTIONS_HIDDEN int32_t moe_affine_group_size_allowed(int32_t group_size);
+/* The moe_specialisation whose kernels read weights of this format and bits. */
+MOE_OPTIONS_HIDDEN int32_t moe_specialisation_of(int32_t format, int32_t bits);
+/* Its host-name suffix ("f32", "q4", ..., "any"); NULL for no row. */
+MOE_OPTIONS_HIDDEN const char* moe_specialisation_suffix(int32_t specialisation);
+
 #endif

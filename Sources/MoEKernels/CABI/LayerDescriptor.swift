@@ -2,13 +2,12 @@ import CMoESwift
 
 /// `moe_layer_desc` read into the Swift API's configuration and (borrowed) weights.
 struct LayerDescriptor {
-    /// The options' defaults are MoEConfiguration's (declared there once); Python's are
-    /// checked against these by tests/python/test_abi.py.
+    /// The options' defaults: MoEConfiguration's, which are moe_options.h's MOE_DEFAULT_*.
     static var defaults: moe_layer_desc {
         let c = MoEConfiguration(hiddenSize: 0, intermediateSize: 0, numExperts: 0, topK: 0)
         var d = moe_layer_desc()
         d.struct_size = UInt32(MemoryLayout<moe_layer_desc>.size)
-        d.backend = MoEBackendKind.auto.rawValue
+        d.backend = Int32(MOE_DEFAULT_BACKEND_CODE.rawValue)
         d.scoring = c.scoring.rawValue
         d.norm_topk_prob = c.normTopKProb ? 1 : 0
         d.routed_scaling_factor = c.routedScalingFactor

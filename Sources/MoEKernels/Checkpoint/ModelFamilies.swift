@@ -211,11 +211,12 @@ struct ConfigReader {
         let size = 1...Int(Int32.max)
         var m = MoEConfiguration(hiddenSize: try int("hidden_size", in: size), intermediateSize: try int(intermediate, in: size),
                                  numExperts: try int(key, in: size), topK: try int("num_experts_per_tok", in: size))
-        switch raw["hidden_act"]?.string ?? "silu" {
-        case "silu", "swish": m.activation = .silu
-        case "gelu_pytorch_tanh", "gelu_tanh": m.activation = .geluTanh
-        case let other: throw MoEError.invalidArgument("\(path): hidden_act \"\(other)\" is not supported (silu, gelu_pytorch_tanh)")
+        let hiddenAct = raw["hidden_act"]?.string ?? "silu"
+        guard let activation = MoEActivation(hiddenAct: hiddenAct) else {
+            throw MoEError.invalidArgument("\(path): hidden_act \"\(hiddenAct)\" is not supported "
+                                           + "(\(MoEActivation.hiddenActNames.joined(separator: ", ")))")
         }
+        m.activation = activation
         return m
     }
 }

@@ -1,21 +1,24 @@
 import CMoECPU
+import CMoESwift
 
-/// The element type of dense weights and of affine scales and biases.
-public enum ScalarType: Int32, Sendable, CaseIterable, CustomStringConvertible {
-    case float32 = 0
-    case float16 = 1
-    case bfloat16 = 2
+/// The element type of dense weights and of affine scales and biases (moe_dtype).
+public enum ScalarType: MoEOptionRow, CustomStringConvertible {
+    case float32
+    case float16
+    case bfloat16
+
+    public var rawValue: Int32 {
+        switch self {
+        case .float32: return Int32(MOE_DTYPE_F32.rawValue)
+        case .float16: return Int32(MOE_DTYPE_F16.rawValue)
+        case .bfloat16: return Int32(MOE_DTYPE_BF16.rawValue)
+        }
+    }
 
     /// Bytes per element.
     public var size: Int { self == .float32 ? 4 : 2 }
 
-    public var description: String {
-        switch self {
-        case .float32: return "float32"
-        case .float16: return "float16"
-        case .bfloat16: return "bfloat16"
-        }
-    }
+    public var description: String { optionName(MOE_OPTION_TABLE_DTYPE, rawValue) }
 }
 
 /// MLX's quantizations, in MLX's layout: a row of `cols` values is a little-endian bit
@@ -27,8 +30,9 @@ public enum Quantization: Sendable, Equatable, CustomStringConvertible {
     /// OCP MX FP4: `value = e2m1(code) * 2^(scale - 127)`, E8M0 byte scales, groups of 32.
     case mxfp4
 
-    public static let affineBits: Set<Int> = [2, 3, 4, 5, 6, 8]
-    public static let affineGroupSizes: Set<Int> = [32, 64, 128]
+    /// moe_options.h's MOE_AFFINE_BITS_ROWS and MOE_AFFINE_GROUP_SIZE_ROWS.
+    public static let affineBits = Set((1...32).filter { moe_affine_bits_allowed(Int32($0)) != 0 })
+    public static let affineGroupSizes = Set((0...16).map { 1 << $0 }.filter { moe_affine_group_size_allowed(Int32($0)) != 0 })
 
     public var bits: Int {
         switch self {
@@ -40,7 +44,7 @@ public enum Quantization: Sendable, Equatable, CustomStringConvertible {
     public var groupSize: Int {
         switch self {
         case .affine(_, let groupSize): return groupSize
-        case .mxfp4: return 32
+        case .mxfp4: return Int(MOE_MXFP4_GROUP_SIZE)
         }
     }
 

@@ -1,38 +1,87 @@
+import CMoESwift
+
+// The options' codes and names are moe_options.h's rows: each Swift case maps to its
+// imported constant, and the names come from the same table (options.c). Swift lists the
+// cases itself so that every `switch` over them stays exhaustive; OptionTableTests checks
+// that the cases and the rows are the same set.
+
+/// The name of row `code` of a table of moe_options.h.
+func optionName(_ table: moe_option_table, _ code: Int32) -> String {
+    moe_option_name(table, code).map { String(cString: $0) } ?? "<\(code)>"
+}
+
+/// An option whose cases are the rows of a table of moe_options.h: `rawValue` is the
+/// row's code (each case returns its imported constant), `init(rawValue:)` finds the case.
+public protocol MoEOptionRow: CaseIterable, Hashable, Sendable, RawRepresentable where RawValue == Int32 {}
+
+extension MoEOptionRow {
+    public init?(rawValue: Int32) {
+        guard let c = Self.allCases.first(where: { $0.rawValue == rawValue }) else { return nil }
+        self = c
+    }
+}
+
 /// How router scores are made from the logits.
-public enum MoEScoring: Int32, Sendable {
-    case softmax = 0
-    case sigmoid = 1
+public enum MoEScoring: MoEOptionRow, CustomStringConvertible {
+    case softmax
+    case sigmoid
+
+    public var rawValue: Int32 {
+        switch self {
+        case .softmax: return Int32(MOE_SCORING_SOFTMAX.rawValue)
+        case .sigmoid: return Int32(MOE_SCORING_SIGMOID.rawValue)
+        }
+    }
+    public var description: String { optionName(MOE_OPTION_TABLE_SCORING, rawValue) }
 }
 
 /// The gated activation of every expert FFN, `a = act(g, u)`.
-public enum MoEActivation: Int32, Sendable {
+public enum MoEActivation: MoEOptionRow, CustomStringConvertible {
     /// `silu(g) * u` (SwiGLU: Mixtral, Qwen, DeepSeek, OLMoE).
-    case silu = 0
+    case silu
     /// `gelu_tanh(g) * u` (GeGLU: Gemma).
-    case geluTanh = 1
+    case geluTanh
     /// gpt-oss: `min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, ±limit) + 1)`.
-    case swigluOAI = 2
+    case swigluOAI
+
+    public var rawValue: Int32 {
+        switch self {
+        case .silu: return Int32(MOE_ACTIVATION_SILU.rawValue)
+        case .geluTanh: return Int32(MOE_ACTIVATION_GELU_TANH.rawValue)
+        case .swigluOAI: return Int32(MOE_ACTIVATION_SWIGLU_OAI.rawValue)
+        }
+    }
+    /// The activation a Hugging Face config's `hidden_act` names, if any.
+    public init?(hiddenAct: String) {
+        self.init(rawValue: moe_activation_of_hidden_act(hiddenAct))
+    }
+    /// Every `hidden_act` value that some activation accepts.
+    static var hiddenActNames: [String] {
+        String(cString: moe_hidden_act_names()).split(separator: " ").map(String.init)
+    }
+    public var description: String { optionName(MOE_OPTION_TABLE_ACTIVATION, rawValue) }
 }
 
 /// Where a layer runs.
-public enum MoEBackendKind: Int32, Sendable, CaseIterable {
+public enum MoEBackendKind: MoEOptionRow {
     /// The best backend available in this process.
-    case auto = 0
+    case auto
     /// BLAS (Accelerate / OpenBLAS) and Dispatch on the CPU.
-    case cpu = 1
+    case cpu
     /// An Apple GPU through Metal.
-    case metal = 2
+    case metal
     /// The Metal backend on the software Metal device (Linux).
-    case softMetal = 3
+    case softMetal
 
-    public var name: String {
+    public var rawValue: Int32 {
         switch self {
-        case .auto: return "auto"
-        case .cpu: return "cpu"
-        case .metal: return "metal"
-        case .softMetal: return "softmetal"
+        case .auto: return Int32(MOE_BACKEND_AUTO.rawValue)
+        case .cpu: return Int32(MOE_BACKEND_CPU.rawValue)
+        case .metal: return Int32(MOE_BACKEND_METAL.rawValue)
+        case .softMetal: return Int32(MOE_BACKEND_SOFTMETAL.rawValue)
         }
     }
+    public var name: String { optionName(MOE_OPTION_TABLE_BACKEND, rawValue) }
 }
 
 /// Every option of one MoE layer (see the README's "What one call computes"); checked once by `validate()`.
@@ -42,17 +91,18 @@ public struct MoEConfiguration: Sendable, Equatable {
     public var numExperts: Int
     public var topK: Int
 
-    public var scoring: MoEScoring = .softmax
+    // The defaults are moe_options.h's MOE_DEFAULT_*.
+    public var scoring = MoEScoring(rawValue: Int32(MOE_DEFAULT_SCORING_CODE.rawValue))!
     /// Divide the k weights by their sum (+1e-20).
-    public var normTopKProb: Bool = true
-    public var routedScalingFactor: Float = 1
+    public var normTopKProb: Bool = MOE_DEFAULT_NORM_TOPK_PROB != 0
+    public var routedScalingFactor: Float = MOE_DEFAULT_ROUTED_SCALING_FACTOR
     /// Group-limited routing: experts form `nGroup` groups, only `topKGroup` groups stay.
-    public var nGroup: Int = 1
-    public var topKGroup: Int = 1
+    public var nGroup = Int(MOE_DEFAULT_N_GROUP)
+    public var topKGroup = Int(MOE_DEFAULT_TOPK_GROUP)
 
-    public var activation: MoEActivation = .silu
-    public var swigluAlpha: Float = 1.702
-    public var swigluLimit: Float = 7.0
+    public var activation = MoEActivation(rawValue: Int32(MOE_DEFAULT_ACTIVATION_CODE.rawValue))!
+    public var swigluAlpha: Float = MOE_DEFAULT_SWIGLU_ALPHA
+    public var swigluLimit: Float = MOE_DEFAULT_SWIGLU_LIMIT
 
     /// Width of the shared expert; 0 when the layer has none.
     public var sharedIntermediateSize: Int = 0

@@ -56,19 +56,10 @@ struct MetalWeight {
         return w
     }
 
-    /// The host-name suffix of the kernel instances that read this format
-    /// (MOE_FOR_EACH_FORMAT in Metal/moe_formats.h): the common formats have their own,
-    /// the rest (affine 2, 3, 5, 6 bits) share `any`, which reads the format per dispatch.
+    /// The host-name suffix of the kernel instances that read this format: its row of
+    /// MOE_SPECIALISATION_ROWS (moe_options.h).
     var kernelSuffix: String {
-        switch format {
-        case .dense(.float32): return "f32"
-        case .dense(.float16): return "f16"
-        case .dense(.bfloat16): return "bf16"
-        case .quantized(.mxfp4, _): return "mxfp4"
-        case .quantized(.affine(bits: 4, _), _): return "q4"
-        case .quantized(.affine(bits: 8, _), _): return "q8"
-        case .quantized: return "any"
-        }
+        String(cString: moe_specialisation_suffix(moe_specialisation_of(Int32(desc.format), Int32(format.bits))))
     }
 
     /// The suffix of kernels that read gate and up with one loader: theirs if they agree

@@ -26,6 +26,7 @@ import warnings
 import weakref
 
 from ..layer import MoELayer
+from ..options import HIDDEN_ACT
 
 NAME = "moe_swift"
 # module -> (parameter signature, MoELayer); weak so a dropped model frees its layers.
@@ -107,15 +108,14 @@ def _activation(module):
     if hasattr(module, "alpha") and hasattr(module, "limit"):  # gpt-oss's clamped SwiGLU
         return "swiglu_oai", dict(swiglu_alpha=float(module.alpha), swiglu_limit=float(module.limit))
     act = getattr(module, "act_fn", None)
+    hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+    if hidden_act in HIDDEN_ACT:
+        return HIDDEN_ACT[hidden_act], {}
+    # Without a config: transformers' activation classes (SiLUActivation, GELUTanh, ...).
     name = type(act).__name__.lower()
     if "silu" in name or "swish" in name:
         return "silu", {}
     if "gelu" in name and "tanh" in name:
-        return "gelu_tanh", {}
-    hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
-    if hidden_act in ("silu", "swish"):
-        return "silu", {}
-    if hidden_act in ("gelu_pytorch_tanh", "gelu_tanh"):
         return "gelu_tanh", {}
     raise NotImplementedError(f"moe_swift has no activation matching {type(act).__name__} "
                               f"(hidden_act={hidden_act!r}) of {type(module).__name__}")

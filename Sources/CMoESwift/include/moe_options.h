@@ -1,0 +1,117 @@
+/*
+ * moe_options.h - the vocabulary of every option, declared once.
+ *
+ * Each table is an X-macro: MOE_<TABLE>_ROWS(X) calls X once per row, one row per line.
+ * Everything else is expanded from these rows:
+ *   - C (moe_swift.h, the CPU kernels): the enums below, and the name lookups of
+ *     Sources/CMoESwift/options.c that Swift calls;
+ *   - MSL (moe_kernel_params.h includes this file): the same enums, and the kernel
+ *     instances of MOE_SPECIALISATION_ROWS;
+ *   - Swift: the imported enum constants and MOE_DEFAULT_* macros;
+ *   - Python (moe_swift/options.py): reads the rows and defaults between OPTIONS-BEGIN and
+ *     OPTIONS-END as text, so that part keeps one `X(...)` row or one `#define` per line.
+ * docs/extending.md lists what else a new row needs.
+ */
+#ifndef MOE_OPTIONS_H
+#define MOE_OPTIONS_H
+
+/* OPTIONS-BEGIN */
+
+/* Where a layer runs. X(NAME, code, "name") */
+#define MOE_BACKEND_ROWS(X) \
+    X(AUTO, 0, "auto") \
+    X(CPU, 1, "cpu") \
+    X(METAL, 2, "metal") \
+    X(SOFTMETAL, 3, "softmetal")
+
+/* How router scores are made from the logits. X(NAME, code, "name") */
+#define MOE_SCORING_ROWS(X) \
+    X(SOFTMAX, 0, "softmax") \
+    X(SIGMOID, 1, "sigmoid")
+
+/* The gated activation of every expert FFN, a = act(g, u).
+ * X(NAME, code, "name", "the Hugging Face hidden_act values that mean it, space-separated")
+ *   SILU:       silu(g) * u (SwiGLU: Mixtral, Qwen, DeepSeek, OLMoE, GLM)
+ *   GELU_TANH:  gelu_tanh(g) * u (GeGLU)
+ *   SWIGLU_OAI: gpt-oss: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, +-limit) + 1)
+ *               (no hidden_act names it: gpt-oss's modules carry alpha and limit) */
+#define MOE_ACTIVATION_ROWS(X) \
+    X(SILU, 0, "silu", "silu swish") \
+    X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh") \
+    X(SWIGLU_OAI, 2, "swiglu_oai", "")
+
+/* Element types: dense weights, affine scales and biases. X(NAME, code, "name", bytes) */
+#define MOE_DTYPE_ROWS(X) \
+    X(F32, 0, "float32", 4) \
+    X(F16, 1, "float16", 2) \
+    X(BF16, 2, "bfloat16", 2)
+
+/* How a weight matrix is stored (docs/formats.md). X(NAME, code, "name")
+ *   F32, F16, BF16: dense
+ *   AFFINE: MLX affine, value = scale * q + bias per group (bits and group sizes below)
+ *   MXFP4:  OCP MX FP4 as MLX stores it, e2m1 codes with an E8M0 scale per 32 */
+#define MOE_FORMAT_ROWS(X) \
+    X(F32, 0, "float32") \
+    X(F16, 1, "float16") \
+    X(BF16, 2, "bfloat16") \
+    X(AFFINE, 3, "affine") \
+    X(MXFP4, 4, "mxfp4")
+
+/* The code widths and group sizes of affine quantization (MLX's). X(n) */
+#define MOE_AFFINE_BITS_ROWS(X) X(2) X(3) X(4) X(5) X(6) X(8)
+#define MOE_AFFINE_GROUP_SIZE_ROWS(X) X(32) X(64) X(128)
+
+/* The formats with kernels of their own, on the CPU and in MSL: X(suffix, FORMAT, bits).
+ * A weight takes the first row whose format and bits (0: any) are its own; `any` reads
+ * format, bits, group size and scale type per call. MSL instantiates every kernel that
+ * reads weights once per row under the host name <kernel>_<suffix>; the CPU kernels have
+ * one driver per row (4-bit rows need the CPU's nibble order, else they run as `any`). */
+#define MOE_SPECIALISATION_ROWS(X) \
+    X(f32, F32, 0) \
+    X(f16, F16, 0) \
+    X(bf16, BF16, 0) \
+    X(q4, AFFINE, 4) \
+    X(q8, AFFINE, 8) \
+    X(mxfp4, MXFP4, 0) \
+    X(any, AFFINE, 0)
+
+/* The defaults of moe_layer_desc_init, one per line. */
+#define MOE_DEFAULT_BACKEND MOE_BACKEND_AUTO
+#define MOE_DEFAULT_SCORING MOE_SCORING_SOFTMAX
+#define MOE_DEFAULT_NORM_TOPK_PROB 1
+#define MOE_DEFAULT_ROUTED_SCALING_FACTOR 1.0f
+#define MOE_DEFAULT_N_GROUP 1
+#define MOE_DEFAULT_TOPK_GROUP 1
+#define MOE_DEFAULT_ACTIVATION MOE_ACTIVATION_SILU
+#define MOE_DEFAULT_SWIGLU_ALPHA 1.702f
+#define MOE_DEFAULT_SWIGLU_LIMIT 7.0f
+#define MOE_MXFP4_GROUP_SIZE 32
+
+/* OPTIONS-END */
+
+#define MOE_OPTION_ENUM_BACKEND_(NAME, code, ...) MOE_BACKEND_##NAME = code,
+#define MOE_OPTION_ENUM_SCORING_(NAME, code, ...) MOE_SCORING_##NAME = code,
+#define MOE_OPTION_ENUM_ACTIVATION_(NAME, code, ...) MOE_ACTIVATION_##NAME = code,
+#define MOE_OPTION_ENUM_DTYPE_(NAME, code, ...) MOE_DTYPE_##NAME = code,
+#define MOE_OPTION_ENUM_FORMAT_(NAME, code, ...) MOE_FORMAT_##NAME = code,
+#define MOE_OPTION_ENUM_SPECIALISATION_(suffix, ...) MOE_SPECIALISATION_##suffix,
+
+typedef enum moe_backend { MOE_BACKEND_ROWS(MOE_OPTION_ENUM_BACKEND_) } moe_backend;
+typedef enum moe_scoring { MOE_SCORING_ROWS(MOE_OPTION_ENUM_SCORING_) } moe_scoring;
+typedef enum moe_activation { MOE_ACTIVATION_ROWS(MOE_OPTION_ENUM_ACTIVATION_) } moe_activation;
+typedef enum moe_dtype { MOE_DTYPE_ROWS(MOE_OPTION_ENUM_DTYPE_) } moe_dtype;
+typedef enum moe_format { MOE_FORMAT_ROWS(MOE_OPTION_ENUM_FORMAT_) } moe_format;
+/* Indices of MOE_SPECIALISATION_ROWS, in row order (not part of the C ABI). */
+typedef enum moe_specialisation {
+    MOE_SPECIALISATION_ROWS(MOE_OPTION_ENUM_SPECIALISATION_) MOE_SPECIALISATION_COUNT
+} moe_specialisation;
+
+/* The defaults that name a row, as constants that Swift imports (it does not import a
+ * macro that names an enum constant). */
+enum moe_option_default_codes {
+    MOE_DEFAULT_BACKEND_CODE = MOE_DEFAULT_BACKEND,
+    MOE_DEFAULT_SCORING_CODE = MOE_DEFAULT_SCORING,
+    MOE_DEFAULT_ACTIVATION_CODE = MOE_DEFAULT_ACTIVATION
+};
+
+#endif /* MOE_OPTIONS_H */
