@@ -24,6 +24,7 @@ import numpy as np
 __all__ = ["Quantized", "quantize", "dequantize", "AFFINE_BITS", "GROUP_SIZES"]
 
 from . import options
+from .arrays import as_numpy, bf16_to_float32, float32_to_bf16, to_float64  # noqa: F401 (re-exported)
 
 AFFINE_BITS = options.AFFINE_BITS
 GROUP_SIZES = options.AFFINE_GROUP_SIZES
@@ -33,63 +34,6 @@ E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -
 
 # Dtypes of dense weights and of affine scales / biases.
 DTYPES = tuple(options.DTYPES)
-
-
-# --- reading arrays of any framework --------------------------------------------------
-
-
-def as_numpy(value, name):
-    """(ndarray, dtype name): `value` as a NumPy array in its stored dtype, bfloat16 as a
-    uint16 view named "bfloat16". No copy where the source allows it."""
-    module = type(value).__module__.split(".")[0]
-    if module == "torch":
-        import torch
-
-        t = value.detach()
-        if t.device.type != "cpu":
-            raise TypeError(f"{name} is a torch tensor on {t.device}; move it to the CPU first")
-        t = t.contiguous()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
-        a = t.numpy()
-        return a, a.dtype.name
-    if module == "mlx":
-        import mlx.core as mx
-
-        if value.dtype == mx.bfloat16:
-            return np.asarray(value.view(mx.uint16)), "bfloat16"
-        a = np.asarray(value)
-        return a, a.dtype.name
-    try:
-        a = np.asarray(value)
-    except Exception as exc:  # e.g. ragged nested lists
-        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
-    if a.dtype == object and not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
-        try:
-            a = np.from_dlpack(value)
-        except Exception as exc:
-            raise TypeError(f"{name}: cannot read it through DLPack: {exc}") from None
-    if a.dtype.name == "bfloat16":  # ml_dtypes
-        return a.view(np.uint16), "bfloat16"
-    return a, a.dtype.name
-
-
-def bf16_to_float32(bits):
-    """bfloat16 values (uint16 bit patterns) as float32, exactly."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def float32_to_bf16(values):
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
-    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
-
-
-def to_float64(array, dtype_name):
-    if dtype_name == "bfloat16":
-        return bf16_to_float32(array).astype(np.float64)
-    return np.asarray(array, dtype=np.float64)
 
 
 # --- Quantized -------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import _native
-from .formats import Quantized, as_numpy, bf16_to_float32, float32_to_bf16
+from .arrays import as_float32 as _array
+from .arrays import as_numpy, check_shape as _check_shape, output_like as _output_like
+from .formats import Quantized
 from .options import ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, SCORINGS
 
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
@@ -94,51 +96,6 @@ def run_layers(layers, x, input_norms=None, input_norm_offset=0.0):
 
 
 # --- argument checking --------------------------------------------------------------
-
-
-def _check_shape(name, actual, shape):
-    ok = len(actual) == len(shape) and all(s is None or s == n for s, n in zip(shape, actual))
-    if not ok:
-        want = ", ".join("?" if s is None else str(s) for s in shape)
-        raise ValueError(f"{name} must have shape ({want}), got {tuple(actual)}")
-
-
-def _array(name, value, shape=None):
-    """`value` (NumPy, torch, mx, DLPack...) as a C-contiguous float32 array; TypeError for
-    non-real data, ValueError naming `name` and the expected shape (None entries: any
-    size) for a wrong shape."""
-    if isinstance(value, Quantized):
-        raise TypeError(f"{name} must be a dense array; only weight matrices may be Quantized")
-    a, dtype = as_numpy(value, name)
-    if dtype == "bfloat16":
-        a = bf16_to_float32(a)
-    elif a.dtype.kind not in "fiu":
-        raise TypeError(f"{name} must be an array of real numbers, got dtype {a.dtype}")
-    if shape is not None:
-        _check_shape(name, a.shape, shape)
-    return np.asarray(a, dtype=np.float32, order="C")
-
-
-def _output_like(x):
-    """A function turning the float32 NumPy result into x's array type and dtype."""
-    module = type(x).__module__.split(".")[0]
-    if module == "torch":
-        import torch
-
-        dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
-        return lambda y: torch.from_numpy(y).to(dtype)
-    if module == "mlx":
-        import mlx.core as mx
-
-        dtype = x.dtype if x.dtype in (mx.float16, mx.bfloat16, mx.float32) else mx.float32
-        return lambda y: mx.array(y).astype(dtype)
-    dtype = getattr(x, "dtype", None)
-    name = getattr(dtype, "name", "")
-    if name == "float16":
-        return lambda y: y.astype(np.float16)
-    if name == "bfloat16":  # ml_dtypes
-        return lambda y: float32_to_bf16(y).view(dtype)
-    return lambda y: y
 
 
 class _Matrix:
@@ -495,9 +452,9 @@ class MoELayer:
         if ids_array.dtype.kind not in "iu":
             raise TypeError(f"ids must be an integer array, got dtype {ids_dtype}")
         _check_shape("ids", ids_array.shape, (T, self.top_k))
-        if ids_array.size and (ids_array.min() < 0 or ids_array.max() >= self.num_experts):
-            bad = ids_array[(ids_array < 0) | (ids_array >= self.num_experts)][0]
-            raise ValueError(f"ids must be expert ids in [0, {self.num_experts}), got {bad}")
+        # The library checks each id against [0, E); int32 must hold it unchanged first.
+        if ids_array.size and (ids_array.min() < -2**31 or ids_array.max() >= 2**31):
+            raise ValueError(f"ids must be expert ids in [0, {self.num_experts}), got {ids_array.max()}")
         ids_array = np.ascontiguousarray(ids_array, dtype=np.int32)
         w = _array("weights", weights, (T, self.top_k))
         y = np.empty(x.shape, dtype=np.float32)

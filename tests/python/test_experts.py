@@ -73,8 +73,10 @@ def test_bad_routing_is_refused_before_anything_runs():
         for bad in (4, -1, 2**31 - 1):
             wrong = ids.copy()
             wrong[1, 1] = bad
-            with pytest.raises(ValueError, match=r"ids must be expert ids in \[0, 4\)"):
+            with pytest.raises(ValueError, match=rf"ids\[1, 1\] = {bad} is not an expert id \(0\.\.<4\)"):
                 layer.experts(x, wrong, weights)
+        with pytest.raises(ValueError, match=r"ids must be expert ids in \[0, 4\), got 42949672"):
+            layer.experts(x, ids.astype(np.int64) + 2**32, weights)
         with pytest.raises(ValueError, match=r"ids must have shape \(3, 2\)"):
             layer.experts(x, ids[:, :1], weights)
         with pytest.raises(ValueError, match=r"weights must have shape \(3, 2\)"):
