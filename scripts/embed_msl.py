@@ -17,9 +17,10 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 METAL = ROOT / "Sources" / "MoEKernels" / "Metal"
+INCLUDE = ROOT / "Sources" / "CMoESwift" / "include"
 OUT = ROOT / "Sources" / "MoEKernels" / "MetalBackend" / "MetalSources.generated.swift"
 # Headers first, then the kernel files in the order they are joined.
-FILES = ["moe_kernel_params.h", "moe_common.h", "moe_formats.h",
+FILES = ["moe_options.h", "moe_kernel_params.h", "moe_common.h", "moe_formats.h",
          "moe_router.metal", "moe_bucket.metal", "moe_experts.metal", "moe_combine.metal"]
 
 
@@ -41,7 +42,7 @@ def render() -> str:
              "    /// File name -> contents, in the order of `names`.",
              "    static let files: [String: String] = ["]
     for name in FILES:
-        text = (METAL / name).read_text()
+        text = (METAL / name if (METAL / name).exists() else INCLUDE / name).read_text()
         lines.append(f'        "{name}": {literal(text)},')
     lines += ["    ]", "", "    static let names = [" + ", ".join(f'"{n}"' for n in FILES) + "]", "}", ""]
     return "\n".join(lines)

@@ -11,11 +11,12 @@ from pathlib import Path
 import cffi
 import numpy as np
 
-from moe_swift import formats
+from moe_swift import formats, options
 
 ROOT = Path(__file__).resolve().parents[2]
 METAL_DIR = ROOT / "Sources" / "MoEKernels" / "Metal"
 HEADER = METAL_DIR / "moe_kernel_params.h"
+INCLUDE_DIRS = (METAL_DIR, ROOT / "Sources" / "CMoESwift" / "include")
 # The order of MetalKernels.swift.
 KERNEL_FILES = ["moe_router.metal", "moe_bucket.metal", "moe_experts.metal", "moe_combine.metal"]
 
@@ -24,7 +25,8 @@ _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
 
 def library_source(files=None) -> str:
     def expand(text):  # headers include headers: expanded recursively (guards stop repeats)
-        return _INCLUDE.sub(lambda m: expand((METAL_DIR / m.group(1)).read_text()), text)
+        return _INCLUDE.sub(lambda m: expand(next(d / m.group(1) for d in INCLUDE_DIRS
+                                                  if (d / m.group(1)).is_file()).read_text()), text)
 
     return "\n".join(expand((METAL_DIR / name).read_text())
                      for name in (files or KERNEL_FILES) if (METAL_DIR / name).is_file())
@@ -40,6 +42,13 @@ ffi.cdef("typedef uint32_t moe_u32; typedef int32_t moe_i32;\n"
          + re.sub(r"^#define.*$", "", _params_section(), flags=re.M))
 CONST = {name: int(value) for name, value in
          re.findall(r"^#define\s+(MOE_\w+)\s+(\d+)", _params_section(), re.M)}
+
+
+def specialisation(format_name: str, bits: int) -> str:
+    """The host-name suffix of the kernels that read this format: the first row of
+    MOE_SPECIALISATION_ROWS that takes it."""
+    return next(suffix for suffix, row_format, row_bits in options.SPECIALISATIONS
+                if row_format == format_name and row_bits in (0, bits))
 
 
 def params(struct: str, **fields) -> bytes:
@@ -81,23 +90,22 @@ class KernelWeight:
         desc = dict(rows_per_expert=rows_per_expert, row_offset=row_offset)
         self.scales = self.biases = None
         if fmt in ("f32", "f16", "bf16"):
-            code = ("f32", "f16", "bf16").index(fmt)
+            dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[fmt]
             if fmt == "bf16":
                 self.codes = formats.float32_to_bf16(w)
                 self.values = formats.bf16_to_float32(self.codes).astype(np.float64)
             else:
-                self.codes = np.ascontiguousarray(w, np.float32 if fmt == "f32" else np.float16)
+                self.codes = np.ascontiguousarray(w, dtype)
                 self.values = self.codes.astype(np.float64)
-            desc.update(format=code, bits=32 if code == 0 else 16)
-            self.suffix = fmt
+            desc.update(format=options.FORMATS[dtype], bits=8 * options.DTYPE_SIZES[dtype])
+            self.suffix = specialisation(dtype, 0)
         else:
             q = formats.quantize(w, **KERNEL_FORMATS[fmt])
             self.codes, self.scales, self.biases = q.weight, q.scales, q.biases
             self.values = formats.dequantize(q)
-            desc.update(format=CONST["MOE_FMT_MXFP4"] if q.mode == "mxfp4" else CONST["MOE_FMT_AFFINE"], bits=q.bits,
-                        group_shift=q.group_size.bit_length() - 1,
-                        scale_type=formats.DTYPES.index(q.scale_dtype) if q.mode == "affine" else 0)
-            self.suffix = fmt if fmt in ("q4", "q8", "mxfp4") else "any"
+            desc.update(format=options.FORMATS[q.mode], bits=q.bits, group_shift=q.group_size.bit_length() - 1,
+                        scale_type=options.DTYPES[q.scale_dtype] if q.mode == "affine" else 0)
+            self.suffix = specialisation(q.mode, q.bits)
         self.desc = desc
 
     def at(self, row_offset):

@@ -103,6 +103,17 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// Its moe_format.
+    var code: moe_format {
+        switch self {
+        case .dense(.float32): return MOE_FORMAT_F32
+        case .dense(.float16): return MOE_FORMAT_F16
+        case .dense(.bfloat16): return MOE_FORMAT_BF16
+        case .quantized(.affine, _): return MOE_FORMAT_AFFINE
+        case .quantized(.mxfp4, _): return MOE_FORMAT_MXFP4
+        }
+    }
+
     /// Bits per code of a quantized format (0 for dense ones).
     var bits: Int {
         if case .quantized(let q, _) = self { return q.bits }

@@ -39,10 +39,10 @@ static inline void moe_simd_best(thread float& v, thread uint& i) {
 
 // The gated activations of the spec (GatedActivation in CPU/Activation.swift).
 static inline float moe_activate(uint kind, float g, float u, float alpha, float limit) {
-    if (kind == MOE_KERNEL_ACTIVATION_SILU) {
+    if (kind == MOE_ACTIVATION_SILU) {
         return g / (1.0f + exp(-g)) * u;
     }
-    if (kind == MOE_KERNEL_ACTIVATION_GELU_TANH) {
+    if (kind == MOE_ACTIVATION_GELU_TANH) {
         return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
     }
     const float gc = min(g, limit);

@@ -7,7 +7,7 @@
 // output on the GPU. Prefill: tiled GEMMs over the buckets of moe_bucket.metal.
 // Each kernel is a template over the weights' loader (moe_formats.h): the weights stay in
 // their stored format and are dequantized in registers (GEMV) or into the threadgroup
-// tile (GEMM); instances are named <kernel>_<format> (MOE_FOR_EACH_FORMAT). Gate and up
+// tile (GEMM); instances are named <kernel>_<suffix> (MOE_SPECIALISATION_ROWS). Gate and up
 // use one loader: gate and up in two different formats run the `any` instance.
 #include "moe_kernel_params.h"
 #include "moe_common.h"
@@ -483,9 +483,12 @@ template <typename L>
     }
 }
 
-#define MOE_INSTANTIATE_EXPERTS(name, L) \
-    template [[host_name("moe_gate_up_gemv_" #name)]] [[kernel]] decltype(moe_gate_up_gemv<L>) moe_gate_up_gemv<L>; \
-    template [[host_name("moe_down_gemv_" #name)]] [[kernel]] decltype(moe_down_gemv<L>) moe_down_gemv<L>; \
-    template [[host_name("moe_gate_up_gemm_" #name)]] [[kernel]] decltype(moe_gate_up_gemm<L>) moe_gate_up_gemm<L>; \
-    template [[host_name("moe_down_gemm_" #name)]] [[kernel]] decltype(moe_down_gemm<L>) moe_down_gemm<L>;
-MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_EXPERTS)
+#define MOE_INSTANTIATE_EXPERT_KERNEL(function, suffix) \
+    template [[host_name(#function "_" #suffix)]] [[kernel]] \
+    decltype(function<moe_fmt_##suffix>) function<moe_fmt_##suffix>;
+#define MOE_INSTANTIATE_EXPERTS(suffix, ...) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_gate_up_gemv, suffix) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_down_gemv, suffix) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_gate_up_gemm, suffix) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_down_gemm, suffix)
+MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_EXPERTS)

@@ -1,6 +1,6 @@
 // moe_formats.h - weight formats as the kernels read them: one "loader" type per format,
 // so that each kernel that reads weights is written once, as a template over its loader,
-// and instantiated per format under a [[host_name]] (MOE_FOR_EACH_FORMAT below), the way
+// and instantiated per format under a [[host_name]] (MOE_SPECIALISATION_ROWS), the way
 // MLX's quantized.h does. Weights stay in their stored format in device memory; a loader
 // turns 8 consecutive elements of one row into floats in registers, right before their
 // multiply-adds (GEMV) or their store into a threadgroup tile (GEMM).
@@ -44,7 +44,7 @@ static inline moe_wrow moe_row(constant moe_weight_desc& d, device const uchar* 
                                device const uchar* b, uint expert, uint r, uint cols)
 {
     const ulong row = (ulong)expert * d.rows_per_expert + d.row_offset + r;
-    const uint scale_size = d.format == MOE_FMT_MXFP4 ? 1u : (d.scale_type == MOE_SCALAR_F32 ? 4u : 2u);
+    const uint scale_size = d.format == MOE_FORMAT_MXFP4 ? 1u : (d.scale_type == MOE_DTYPE_F32 ? 4u : 2u);
     const ulong scale_offset = row * (cols >> d.group_shift) * scale_size;
     moe_wrow out;
     out.w = w + row * ((ulong)cols * d.bits / 8);   // whole bytes: dense bits >= 16, quantized cols % 32 == 0
@@ -59,10 +59,10 @@ static inline moe_wrow moe_row(constant moe_weight_desc& d, device const uchar* 
 
 static inline float moe_bf16(ushort v) { return as_type<float>(uint(v) << 16); }
 
-// Scale or bias i of an affine row, of element type `type` (MOE_SCALAR_*).
+// Scale or bias i of an affine row, of element type `type` (MOE_DTYPE_*).
 static inline float moe_scalar(device const uchar* p, uint i, uint type) {
-    if (type == MOE_SCALAR_F32) return ((device const float*)p)[i];
-    if (type == MOE_SCALAR_F16) return float(((device const half*)p)[i]);
+    if (type == MOE_DTYPE_F32) return ((device const float*)p)[i];
+    if (type == MOE_DTYPE_F16) return float(((device const half*)p)[i]);
     return moe_bf16(((device const ushort*)p)[i]);
 }
 
@@ -169,19 +169,19 @@ struct moe_fmt_mxfp4 {
 struct moe_fmt_any {
     static inline void load8(moe_wrow r, uint k, thread float* v) {
         switch (r.format) {
-        case MOE_FMT_F32: moe_fmt_f32::load8(r, k, v); break;
-        case MOE_FMT_F16: moe_fmt_f16::load8(r, k, v); break;
-        case MOE_FMT_BF16: moe_fmt_bf16::load8(r, k, v); break;
-        case MOE_FMT_MXFP4: moe_fmt_mxfp4::load8(r, k, v); break;
+        case MOE_FORMAT_F32: moe_fmt_f32::load8(r, k, v); break;
+        case MOE_FORMAT_F16: moe_fmt_f16::load8(r, k, v); break;
+        case MOE_FORMAT_BF16: moe_fmt_bf16::load8(r, k, v); break;
+        case MOE_FORMAT_MXFP4: moe_fmt_mxfp4::load8(r, k, v); break;
         default: moe_fmt_affine<0>::load8(r, k, v); break;
         }
     }
     static inline float load1(moe_wrow r, uint k) {
         switch (r.format) {
-        case MOE_FMT_F32: return moe_fmt_f32::load1(r, k);
-        case MOE_FMT_F16: return moe_fmt_f16::load1(r, k);
-        case MOE_FMT_BF16: return moe_fmt_bf16::load1(r, k);
-        case MOE_FMT_MXFP4: return moe_fmt_mxfp4::load1(r, k);
+        case MOE_FORMAT_F32: return moe_fmt_f32::load1(r, k);
+        case MOE_FORMAT_F16: return moe_fmt_f16::load1(r, k);
+        case MOE_FORMAT_BF16: return moe_fmt_bf16::load1(r, k);
+        case MOE_FORMAT_MXFP4: return moe_fmt_mxfp4::load1(r, k);
         default: return moe_fmt_affine<0>::load1(r, k);
         }
     }
@@ -200,11 +200,8 @@ static inline float moe_dot8(thread const float* v, device const float* x) {
 typedef moe_fmt_affine<4> moe_fmt_q4;
 typedef moe_fmt_affine<8> moe_fmt_q8;
 
-// The instances of every weight-reading kernel: (host-name suffix, loader). The host
-// (MetalWeight.kernelSuffix in ../MetalBackend/MetalBackend.swift) picks the suffix from the
-// weight's format; everything without its own instance runs on `any`.
-#define MOE_FOR_EACH_FORMAT(X) \
-    X(f32, moe_fmt_f32) X(f16, moe_fmt_f16) X(bf16, moe_fmt_bf16) \
-    X(q4, moe_fmt_q4) X(q8, moe_fmt_q8) X(mxfp4, moe_fmt_mxfp4) X(any, moe_fmt_any)
+// Every row X(suffix, ...) of MOE_SPECIALISATION_ROWS (moe_options.h) has its loader
+// moe_fmt_<suffix> above: the kernels that read weights are instantiated once per row, and
+// the host (MetalWeight.kernelSuffix) picks the row from the weight's format.
 
 #endif

@@ -12,6 +12,10 @@
 #ifndef MOE_KERNEL_PARAMS_H
 #define MOE_KERNEL_PARAMS_H
 
+/* The codes of every option (moe_scoring, moe_activation, moe_format, moe_dtype) and the
+ * kernel specialisations. */
+#include "moe_options.h"
+
 #ifdef __METAL_VERSION__
 typedef unsigned int moe_u32;
 typedef int moe_i32;
@@ -65,28 +69,9 @@ typedef int32_t moe_i32;
 /* Combine: MOE_COMBINE_THREADS consecutive hidden elements of one token per threadgroup. */
 #define MOE_COMBINE_THREADS 256
 
-/* The C ABI's enum codes (moe_scoring, moe_activation in moe_swift.h) as the kernels read
- * them from the parameter structs; CABITests proves the two headers agree. */
-#define MOE_KERNEL_SCORING_SOFTMAX 0
-#define MOE_KERNEL_SCORING_SIGMOID 1
-#define MOE_KERNEL_ACTIVATION_SILU 0
-#define MOE_KERNEL_ACTIVATION_GELU_TANH 1
-#define MOE_KERNEL_ACTIVATION_SWIGLU_OAI 2
-
 /* moe_ffn_params.mode */
 #define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
 #define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
-
-/* Weight formats (moe_weight_desc.format; the codes of moe_cpu_format) and the element
- * types of affine scales and biases (moe_weight_desc.scale_type; ScalarType's raw values). */
-#define MOE_FMT_F32 0
-#define MOE_FMT_F16 1
-#define MOE_FMT_BF16 2
-#define MOE_FMT_AFFINE 3
-#define MOE_FMT_MXFP4 4
-#define MOE_SCALAR_F32 0
-#define MOE_SCALAR_F16 1
-#define MOE_SCALAR_BF16 2
 
 /* One weight matrix as a kernel reads it, in its stored format (Formats/WeightFormat.swift):
  * three buffers - codes (or the dense values), scales, biases - and where the matrix's
@@ -95,10 +80,10 @@ typedef int32_t moe_i32;
  * scales (and biases). Gate and up of a fused (E, 2I, H) tensor are the same buffers with
  * row_offset 0 and I. */
 typedef struct moe_weight_desc {
-    moe_u32 format;               /* MOE_FMT_* */
+    moe_u32 format;               /* moe_format */
     moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4) */
     moe_u32 group_shift;          /* log2(group_size) of quantized formats */
-    moe_u32 scale_type;           /* MOE_SCALAR_* of affine scales and biases */
+    moe_u32 scale_type;           /* moe_dtype of affine scales and biases */
     moe_u32 rows_per_expert;
     moe_u32 row_offset;
     moe_u32 _pad0;
@@ -168,7 +153,7 @@ typedef struct moe_router_params {
     moe_u32 hidden;
     moe_u32 experts;
     moe_u32 top_k;
-    moe_u32 scoring;              /* MOE_KERNEL_SCORING_* */
+    moe_u32 scoring;              /* moe_scoring */
     moe_u32 norm_topk_prob;
     float routed_scaling_factor;
     moe_u32 n_group;
@@ -203,7 +188,7 @@ typedef struct moe_ffn_params {
     moe_u32 inner;                /* I (or the shared expert's Is) */
     moe_u32 top_k;                /* pairs per token (1 for the shared expert) */
     moe_u32 mode;                 /* MOE_FFN_ROUTED or MOE_FFN_SHARED */
-    moe_u32 activation;           /* MOE_KERNEL_ACTIVATION_* */
+    moe_u32 activation;           /* moe_activation */
     float swiglu_alpha;
     float swiglu_limit;
     moe_u32 has_bias;

@@ -21,7 +21,7 @@ static inline void moe_route_token(constant moe_router_params& p, threadgroup fl
     const uint E = p.experts, K = p.top_k;
     threadgroup float* c = p.has_selection_bias != 0 ? choice : s;
 
-    if (p.scoring == MOE_KERNEL_SCORING_SOFTMAX) {
+    if (p.scoring == MOE_SCORING_SOFTMAX) {
         float m = -INFINITY;
         for (uint e = lane; e < E; e += MOE_SIMD_WIDTH) {
             const float v = s[e];
@@ -257,9 +257,10 @@ template <typename L>
                     out_ids, out_weights, out_shared_factor, t0 + sg, lane);
 }
 
-#define MOE_INSTANTIATE_ROUTER(name, L) \
-    template [[host_name("moe_router_" #name)]] [[kernel]] decltype(moe_router<L>) moe_router<L>;
-MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_ROUTER)
+#define MOE_INSTANTIATE_ROUTER(suffix, ...) \
+    template [[host_name("moe_router_" #suffix)]] [[kernel]] \
+    decltype(moe_router<moe_fmt_##suffix>) moe_router<moe_fmt_##suffix>;
+MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER)
 
 // The decode router (tokens <= MOE_DECODE_MAX_TOKENS): the same routing, with the logits
 // as a matrix-vector product over many threadgroups instead of one, so that reading the
@@ -365,6 +366,7 @@ template <typename L>
     }
 }
 
-#define MOE_INSTANTIATE_ROUTER_GEMV(name, L) \
-    template [[host_name("moe_router_gemv_" #name)]] [[kernel]] decltype(moe_router_gemv<L>) moe_router_gemv<L>;
-MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_ROUTER_GEMV)
+#define MOE_INSTANTIATE_ROUTER_GEMV(suffix, ...) \
+    template [[host_name("moe_router_gemv_" #suffix)]] [[kernel]] \
+    decltype(moe_router_gemv<moe_fmt_##suffix>) moe_router_gemv<moe_fmt_##suffix>;
+MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER_GEMV)

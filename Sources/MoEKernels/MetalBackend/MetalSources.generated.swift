@@ -4,6 +4,126 @@
 enum MetalSources {
     /// File name -> contents, in the order of `names`.
     static let files: [String: String] = [
+        "moe_options.h": #"""
+/*
+ * moe_options.h - the vocabulary of every option, declared once.
+ *
+ * Each table is an X-macro: MOE_<TABLE>_ROWS(X) calls X once per row, one row per line.
+ * Everything else is expanded from these rows:
+ *   - C (moe_swift.h, the CPU kernels): the enums below, and the name lookups of
+ *     Sources/CMoESwift/options.c that Swift calls;
+ *   - MSL (moe_kernel_params.h includes this file): the same enums, and the kernel
+ *     instances of MOE_SPECIALISATION_ROWS;
+ *   - Swift: the imported enum constants and MOE_DEFAULT_* macros;
+ *   - Python (moe_swift/options.py): reads the rows and defaults between OPTIONS-BEGIN and
+ *     OPTIONS-END as text, so that part keeps one `X(...)` row or one `#define` per line.
+ * docs/extending.md lists what else a new row needs.
+ */
+#ifndef MOE_OPTIONS_H
+#define MOE_OPTIONS_H
+
+/* OPTIONS-BEGIN */
+
+/* Where a layer runs. X(NAME, code, "name") */
+#define MOE_BACKEND_ROWS(X) \
+    X(AUTO, 0, "auto") \
+    X(CPU, 1, "cpu") \
+    X(METAL, 2, "metal") \
+    X(SOFTMETAL, 3, "softmetal")
+
+/* How router scores are made from the logits. X(NAME, code, "name") */
+#define MOE_SCORING_ROWS(X) \
+    X(SOFTMAX, 0, "softmax") \
+    X(SIGMOID, 1, "sigmoid")
+
+/* The gated activation of every expert FFN, a = act(g, u).
+ * X(NAME, code, "name", "the Hugging Face hidden_act values that mean it, space-separated")
+ *   SILU:       silu(g) * u (SwiGLU: Mixtral, Qwen, DeepSeek, OLMoE, GLM)
+ *   GELU_TANH:  gelu_tanh(g) * u (GeGLU)
+ *   SWIGLU_OAI: gpt-oss: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, +-limit) + 1)
+ *               (no hidden_act names it: gpt-oss's modules carry alpha and limit) */
+#define MOE_ACTIVATION_ROWS(X) \
+    X(SILU, 0, "silu", "silu swish") \
+    X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh") \
+    X(SWIGLU_OAI, 2, "swiglu_oai", "")
+
+/* Element types: dense weights, affine scales and biases. X(NAME, code, "name", bytes) */
+#define MOE_DTYPE_ROWS(X) \
+    X(F32, 0, "float32", 4) \
+    X(F16, 1, "float16", 2) \
+    X(BF16, 2, "bfloat16", 2)
+
+/* How a weight matrix is stored (docs/formats.md). X(NAME, code, "name")
+ *   F32, F16, BF16: dense
+ *   AFFINE: MLX affine, value = scale * q + bias per group (bits and group sizes below)
+ *   MXFP4:  OCP MX FP4 as MLX stores it, e2m1 codes with an E8M0 scale per 32 */
+#define MOE_FORMAT_ROWS(X) \
+    X(F32, 0, "float32") \
+    X(F16, 1, "float16") \
+    X(BF16, 2, "bfloat16") \
+    X(AFFINE, 3, "affine") \
+    X(MXFP4, 4, "mxfp4")
+
+/* The code widths and group sizes of affine quantization (MLX's). X(n) */
+#define MOE_AFFINE_BITS_ROWS(X) X(2) X(3) X(4) X(5) X(6) X(8)
+#define MOE_AFFINE_GROUP_SIZE_ROWS(X) X(32) X(64) X(128)
+
+/* The formats with kernels of their own, on the CPU and in MSL: X(suffix, FORMAT, bits).
+ * A weight takes the first row whose format and bits (0: any) are its own; `any` reads
+ * format, bits, group size and scale type per call. MSL instantiates every kernel that
+ * reads weights once per row under the host name <kernel>_<suffix>; the CPU kernels have
+ * one driver per row (4-bit rows need the CPU's nibble order, else they run as `any`). */
+#define MOE_SPECIALISATION_ROWS(X) \
+    X(f32, F32, 0) \
+    X(f16, F16, 0) \
+    X(bf16, BF16, 0) \
+    X(q4, AFFINE, 4) \
+    X(q8, AFFINE, 8) \
+    X(mxfp4, MXFP4, 0) \
+    X(any, AFFINE, 0)
+
+/* The defaults of moe_layer_desc_init, one per line. */
+#define MOE_DEFAULT_BACKEND MOE_BACKEND_AUTO
+#define MOE_DEFAULT_SCORING MOE_SCORING_SOFTMAX
+#define MOE_DEFAULT_NORM_TOPK_PROB 1
+#define MOE_DEFAULT_ROUTED_SCALING_FACTOR 1.0f
+#define MOE_DEFAULT_N_GROUP 1
+#define MOE_DEFAULT_TOPK_GROUP 1
+#define MOE_DEFAULT_ACTIVATION MOE_ACTIVATION_SILU
+#define MOE_DEFAULT_SWIGLU_ALPHA 1.702f
+#define MOE_DEFAULT_SWIGLU_LIMIT 7.0f
+#define MOE_MXFP4_GROUP_SIZE 32
+
+/* OPTIONS-END */
+
+#define MOE_OPTION_ENUM_BACKEND_(NAME, code, ...) MOE_BACKEND_##NAME = code,
+#define MOE_OPTION_ENUM_SCORING_(NAME, code, ...) MOE_SCORING_##NAME = code,
+#define MOE_OPTION_ENUM_ACTIVATION_(NAME, code, ...) MOE_ACTIVATION_##NAME = code,
+#define MOE_OPTION_ENUM_DTYPE_(NAME, code, ...) MOE_DTYPE_##NAME = code,
+#define MOE_OPTION_ENUM_FORMAT_(NAME, code, ...) MOE_FORMAT_##NAME = code,
+#define MOE_OPTION_ENUM_SPECIALISATION_(suffix, ...) MOE_SPECIALISATION_##suffix,
+
+typedef enum moe_backend { MOE_BACKEND_ROWS(MOE_OPTION_ENUM_BACKEND_) } moe_backend;
+typedef enum moe_scoring { MOE_SCORING_ROWS(MOE_OPTION_ENUM_SCORING_) } moe_scoring;
+typedef enum moe_activation { MOE_ACTIVATION_ROWS(MOE_OPTION_ENUM_ACTIVATION_) } moe_activation;
+typedef enum moe_dtype { MOE_DTYPE_ROWS(MOE_OPTION_ENUM_DTYPE_) } moe_dtype;
+typedef enum moe_format { MOE_FORMAT_ROWS(MOE_OPTION_ENUM_FORMAT_) } moe_format;
+/* Indices of MOE_SPECIALISATION_ROWS, in row order (not part of the C ABI). */
+typedef enum moe_specialisation {
+    MOE_SPECIALISATION_ROWS(MOE_OPTION_ENUM_SPECIALISATION_) MOE_SPECIALISATION_COUNT
+} moe_specialisation;
+
+/* The defaults that name a row, as constants that Swift imports (it does not import a
+ * macro that names an enum constant). */
+enum moe_option_default_codes {
+    MOE_DEFAULT_BACKEND_CODE = MOE_DEFAULT_BACKEND,
+    MOE_DEFAULT_SCORING_CODE = MOE_DEFAULT_SCORING,
+    MOE_DEFAULT_ACTIVATION_CODE = MOE_DEFAULT_ACTIVATION
+};
+
+#endif /* MOE_OPTIONS_H */
+
+"""#,
         "moe_kernel_params.h": #"""
 /*
  * moe_kernel_params.h - the parameter structs and constants of the Metal kernels,
@@ -18,6 +138,10 @@ enum MetalSources {
  */
 #ifndef MOE_KERNEL_PARAMS_H
 #define MOE_KERNEL_PARAMS_H
+
+/* The codes of every option (moe_scoring, moe_activation, moe_format, moe_dtype) and the
+ * kernel specialisations. */
+#include "moe_options.h"
 
 #ifdef __METAL_VERSION__
 typedef unsigned int moe_u32;
@@ -72,28 +196,9 @@ typedef int32_t moe_i32;
 /* Combine: MOE_COMBINE_THREADS consecutive hidden elements of one token per threadgroup. */
 #define MOE_COMBINE_THREADS 256
 
-/* The C ABI's enum codes (moe_scoring, moe_activation in moe_swift.h) as the kernels read
- * them from the parameter structs; CABITests proves the two headers agree. */
-#define MOE_KERNEL_SCORING_SOFTMAX 0
-#define MOE_KERNEL_SCORING_SIGMOID 1
-#define MOE_KERNEL_ACTIVATION_SILU 0
-#define MOE_KERNEL_ACTIVATION_GELU_TANH 1
-#define MOE_KERNEL_ACTIVATION_SWIGLU_OAI 2
-
 /* moe_ffn_params.mode */
 #define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
 #define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
-
-/* Weight formats (moe_weight_desc.format; the codes of moe_cpu_format) and the element
- * types of affine scales and biases (moe_weight_desc.scale_type; ScalarType's raw values). */
-#define MOE_FMT_F32 0
-#define MOE_FMT_F16 1
-#define MOE_FMT_BF16 2
-#define MOE_FMT_AFFINE 3
-#define MOE_FMT_MXFP4 4
-#define MOE_SCALAR_F32 0
-#define MOE_SCALAR_F16 1
-#define MOE_SCALAR_BF16 2
 
 /* One weight matrix as a kernel reads it, in its stored format (Formats/WeightFormat.swift):
  * three buffers - codes (or the dense values), scales, biases - and where the matrix's
@@ -102,10 +207,10 @@ typedef int32_t moe_i32;
  * scales (and biases). Gate and up of a fused (E, 2I, H) tensor are the same buffers with
  * row_offset 0 and I. */
 typedef struct moe_weight_desc {
-    moe_u32 format;               /* MOE_FMT_* */
+    moe_u32 format;               /* moe_format */
     moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4) */
     moe_u32 group_shift;          /* log2(group_size) of quantized formats */
-    moe_u32 scale_type;           /* MOE_SCALAR_* of affine scales and biases */
+    moe_u32 scale_type;           /* moe_dtype of affine scales and biases */
     moe_u32 rows_per_expert;
     moe_u32 row_offset;
     moe_u32 _pad0;
@@ -175,7 +280,7 @@ typedef struct moe_router_params {
     moe_u32 hidden;
     moe_u32 experts;
     moe_u32 top_k;
-    moe_u32 scoring;              /* MOE_KERNEL_SCORING_* */
+    moe_u32 scoring;              /* moe_scoring */
     moe_u32 norm_topk_prob;
     float routed_scaling_factor;
     moe_u32 n_group;
@@ -210,7 +315,7 @@ typedef struct moe_ffn_params {
     moe_u32 inner;                /* I (or the shared expert's Is) */
     moe_u32 top_k;                /* pairs per token (1 for the shared expert) */
     moe_u32 mode;                 /* MOE_FFN_ROUTED or MOE_FFN_SHARED */
-    moe_u32 activation;           /* MOE_KERNEL_ACTIVATION_* */
+    moe_u32 activation;           /* moe_activation */
     float swiglu_alpha;
     float swiglu_limit;
     moe_u32 has_bias;
@@ -281,10 +386,10 @@ static inline void moe_simd_best(thread float& v, thread uint& i) {
 
 // The gated activations of the spec (GatedActivation in CPU/Activation.swift).
 static inline float moe_activate(uint kind, float g, float u, float alpha, float limit) {
-    if (kind == MOE_KERNEL_ACTIVATION_SILU) {
+    if (kind == MOE_ACTIVATION_SILU) {
         return g / (1.0f + exp(-g)) * u;
     }
-    if (kind == MOE_KERNEL_ACTIVATION_GELU_TANH) {
+    if (kind == MOE_ACTIVATION_GELU_TANH) {
         return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
     }
     const float gc = min(g, limit);
@@ -298,7 +403,7 @@ static inline float moe_activate(uint kind, float g, float u, float alpha, float
         "moe_formats.h": #"""
 // moe_formats.h - weight formats as the kernels read them: one "loader" type per format,
 // so that each kernel that reads weights is written once, as a template over its loader,
-// and instantiated per format under a [[host_name]] (MOE_FOR_EACH_FORMAT below), the way
+// and instantiated per format under a [[host_name]] (MOE_SPECIALISATION_ROWS), the way
 // MLX's quantized.h does. Weights stay in their stored format in device memory; a loader
 // turns 8 consecutive elements of one row into floats in registers, right before their
 // multiply-adds (GEMV) or their store into a threadgroup tile (GEMM).
@@ -342,7 +447,7 @@ static inline moe_wrow moe_row(constant moe_weight_desc& d, device const uchar* 
                                device const uchar* b, uint expert, uint r, uint cols)
 {
     const ulong row = (ulong)expert * d.rows_per_expert + d.row_offset + r;
-    const uint scale_size = d.format == MOE_FMT_MXFP4 ? 1u : (d.scale_type == MOE_SCALAR_F32 ? 4u : 2u);
+    const uint scale_size = d.format == MOE_FORMAT_MXFP4 ? 1u : (d.scale_type == MOE_DTYPE_F32 ? 4u : 2u);
     const ulong scale_offset = row * (cols >> d.group_shift) * scale_size;
     moe_wrow out;
     out.w = w + row * ((ulong)cols * d.bits / 8);   // whole bytes: dense bits >= 16, quantized cols % 32 == 0
@@ -357,10 +462,10 @@ static inline moe_wrow moe_row(constant moe_weight_desc& d, device const uchar* 
 
 static inline float moe_bf16(ushort v) { return as_type<float>(uint(v) << 16); }
 
-// Scale or bias i of an affine row, of element type `type` (MOE_SCALAR_*).
+// Scale or bias i of an affine row, of element type `type` (MOE_DTYPE_*).
 static inline float moe_scalar(device const uchar* p, uint i, uint type) {
-    if (type == MOE_SCALAR_F32) return ((device const float*)p)[i];
-    if (type == MOE_SCALAR_F16) return float(((device const half*)p)[i]);
+    if (type == MOE_DTYPE_F32) return ((device const float*)p)[i];
+    if (type == MOE_DTYPE_F16) return float(((device const half*)p)[i]);
     return moe_bf16(((device const ushort*)p)[i]);
 }
 
@@ -467,19 +572,19 @@ struct moe_fmt_mxfp4 {
 struct moe_fmt_any {
     static inline void load8(moe_wrow r, uint k, thread float* v) {
         switch (r.format) {
-        case MOE_FMT_F32: moe_fmt_f32::load8(r, k, v); break;
-        case MOE_FMT_F16: moe_fmt_f16::load8(r, k, v); break;
-        case MOE_FMT_BF16: moe_fmt_bf16::load8(r, k, v); break;
-        case MOE_FMT_MXFP4: moe_fmt_mxfp4::load8(r, k, v); break;
+        case MOE_FORMAT_F32: moe_fmt_f32::load8(r, k, v); break;
+        case MOE_FORMAT_F16: moe_fmt_f16::load8(r, k, v); break;
+        case MOE_FORMAT_BF16: moe_fmt_bf16::load8(r, k, v); break;
+        case MOE_FORMAT_MXFP4: moe_fmt_mxfp4::load8(r, k, v); break;
         default: moe_fmt_affine<0>::load8(r, k, v); break;
         }
     }
     static inline float load1(moe_wrow r, uint k) {
         switch (r.format) {
-        case MOE_FMT_F32: return moe_fmt_f32::load1(r, k);
-        case MOE_FMT_F16: return moe_fmt_f16::load1(r, k);
-        case MOE_FMT_BF16: return moe_fmt_bf16::load1(r, k);
-        case MOE_FMT_MXFP4: return moe_fmt_mxfp4::load1(r, k);
+        case MOE_FORMAT_F32: return moe_fmt_f32::load1(r, k);
+        case MOE_FORMAT_F16: return moe_fmt_f16::load1(r, k);
+        case MOE_FORMAT_BF16: return moe_fmt_bf16::load1(r, k);
+        case MOE_FORMAT_MXFP4: return moe_fmt_mxfp4::load1(r, k);
         default: return moe_fmt_affine<0>::load1(r, k);
         }
     }
@@ -498,12 +603,9 @@ static inline float moe_dot8(thread const float* v, device const float* x) {
 typedef moe_fmt_affine<4> moe_fmt_q4;
 typedef moe_fmt_affine<8> moe_fmt_q8;
 
-// The instances of every weight-reading kernel: (host-name suffix, loader). The host
-// (MetalWeight.kernelSuffix in ../MetalBackend/MetalBackend.swift) picks the suffix from the
-// weight's format; everything without its own instance runs on `any`.
-#define MOE_FOR_EACH_FORMAT(X) \
-    X(f32, moe_fmt_f32) X(f16, moe_fmt_f16) X(bf16, moe_fmt_bf16) \
-    X(q4, moe_fmt_q4) X(q8, moe_fmt_q8) X(mxfp4, moe_fmt_mxfp4) X(any, moe_fmt_any)
+// Every row X(suffix, ...) of MOE_SPECIALISATION_ROWS (moe_options.h) has its loader
+// moe_fmt_<suffix> above: the kernels that read weights are instantiated once per row, and
+// the host (MetalWeight.kernelSuffix) picks the row from the weight's format.
 
 #endif
 
@@ -532,7 +634,7 @@ static inline void moe_route_token(constant moe_router_params& p, threadgroup fl
     const uint E = p.experts, K = p.top_k;
     threadgroup float* c = p.has_selection_bias != 0 ? choice : s;
 
-    if (p.scoring == MOE_KERNEL_SCORING_SOFTMAX) {
+    if (p.scoring == MOE_SCORING_SOFTMAX) {
         float m = -INFINITY;
         for (uint e = lane; e < E; e += MOE_SIMD_WIDTH) {
             const float v = s[e];
@@ -768,9 +870,10 @@ template <typename L>
                     out_ids, out_weights, out_shared_factor, t0 + sg, lane);
 }
 
-#define MOE_INSTANTIATE_ROUTER(name, L) \
-    template [[host_name("moe_router_" #name)]] [[kernel]] decltype(moe_router<L>) moe_router<L>;
-MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_ROUTER)
+#define MOE_INSTANTIATE_ROUTER(suffix, ...) \
+    template [[host_name("moe_router_" #suffix)]] [[kernel]] \
+    decltype(moe_router<moe_fmt_##suffix>) moe_router<moe_fmt_##suffix>;
+MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER)
 
 // The decode router (tokens <= MOE_DECODE_MAX_TOKENS): the same routing, with the logits
 // as a matrix-vector product over many threadgroups instead of one, so that reading the
@@ -876,9 +979,10 @@ template <typename L>
     }
 }
 
-#define MOE_INSTANTIATE_ROUTER_GEMV(name, L) \
-    template [[host_name("moe_router_gemv_" #name)]] [[kernel]] decltype(moe_router_gemv<L>) moe_router_gemv<L>;
-MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_ROUTER_GEMV)
+#define MOE_INSTANTIATE_ROUTER_GEMV(suffix, ...) \
+    template [[host_name("moe_router_gemv_" #suffix)]] [[kernel]] \
+    decltype(moe_router_gemv<moe_fmt_##suffix>) moe_router_gemv<moe_fmt_##suffix>;
+MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER_GEMV)
 
 """#,
         "moe_bucket.metal": #"""
@@ -1021,7 +1125,7 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
 // output on the GPU. Prefill: tiled GEMMs over the buckets of moe_bucket.metal.
 // Each kernel is a template over the weights' loader (moe_formats.h): the weights stay in
 // their stored format and are dequantized in registers (GEMV) or into the threadgroup
-// tile (GEMM); instances are named <kernel>_<format> (MOE_FOR_EACH_FORMAT). Gate and up
+// tile (GEMM); instances are named <kernel>_<suffix> (MOE_SPECIALISATION_ROWS). Gate and up
 // use one loader: gate and up in two different formats run the `any` instance.
 #include "moe_kernel_params.h"
 #include "moe_common.h"
@@ -1497,12 +1601,15 @@ template <typename L>
     }
 }
 
-#define MOE_INSTANTIATE_EXPERTS(name, L) \
-    template [[host_name("moe_gate_up_gemv_" #name)]] [[kernel]] decltype(moe_gate_up_gemv<L>) moe_gate_up_gemv<L>; \
-    template [[host_name("moe_down_gemv_" #name)]] [[kernel]] decltype(moe_down_gemv<L>) moe_down_gemv<L>; \
-    template [[host_name("moe_gate_up_gemm_" #name)]] [[kernel]] decltype(moe_gate_up_gemm<L>) moe_gate_up_gemm<L>; \
-    template [[host_name("moe_down_gemm_" #name)]] [[kernel]] decltype(moe_down_gemm<L>) moe_down_gemm<L>;
-MOE_FOR_EACH_FORMAT(MOE_INSTANTIATE_EXPERTS)
+#define MOE_INSTANTIATE_EXPERT_KERNEL(function, suffix) \
+    template [[host_name(#function "_" #suffix)]] [[kernel]] \
+    decltype(function<moe_fmt_##suffix>) function<moe_fmt_##suffix>;
+#define MOE_INSTANTIATE_EXPERTS(suffix, ...) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_gate_up_gemv, suffix) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_down_gemv, suffix) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_gate_up_gemm, suffix) \
+    MOE_INSTANTIATE_EXPERT_KERNEL(moe_down_gemm, suffix)
+MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_EXPERTS)
 
 """#,
         "moe_combine.metal": #"""
@@ -1575,5 +1682,5 @@ kernel void moe_combine(constant moe_combine_params& p [[buffer(MOE_COMBINE_BUF_
 """#,
     ]
 
-    static let names = ["moe_kernel_params.h", "moe_common.h", "moe_formats.h", "moe_router.metal", "moe_bucket.metal", "moe_experts.metal", "moe_combine.metal"]
+    static let names = ["moe_options.h", "moe_kernel_params.h", "moe_common.h", "moe_formats.h", "moe_router.metal", "moe_bucket.metal", "moe_experts.metal", "moe_combine.metal"]
 }

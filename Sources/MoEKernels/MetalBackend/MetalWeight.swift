@@ -36,15 +36,14 @@ struct MetalWeight {
         format = data.format
         desc = moe_weight_desc()
         desc.rows_per_expert = UInt32(rowsPerExpert)
+        desc.format = format.code.rawValue
         switch format {
         case .dense(let t):
-            desc.format = UInt32([MOE_FMT_F32, MOE_FMT_F16, MOE_FMT_BF16][Int(t.rawValue)])
             desc.bits = UInt32(8 * t.size)
         case .quantized(let q, let scaleType):
-            desc.format = UInt32(q == .mxfp4 ? MOE_FMT_MXFP4 : MOE_FMT_AFFINE)
             desc.bits = UInt32(q.bits)
             desc.group_shift = UInt32(q.groupSize.trailingZeroBitCount)
-            desc.scale_type = UInt32([MOE_SCALAR_F32, MOE_SCALAR_F16, MOE_SCALAR_BF16][Int(scaleType.rawValue)])
+            desc.scale_type = UInt32(scaleType.rawValue)
         }
     }
 
