@@ -6,6 +6,8 @@ line by line over speed. Array layouts are the Hugging Face / MLX ones (out-by-i
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import formats
@@ -128,7 +130,17 @@ def _swiglu_oai(g, u, *, alpha, limit):
     return g * (1.0 / (1.0 + np.exp(-alpha * g))) * (u + 1.0)
 
 
-ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai}
+def _gelu(g, u, **_):
+    return 0.5 * g * (1.0 + _erf(g / np.sqrt(2.0))) * u
+
+
+def _relu(g, u, **_):
+    return np.maximum(g, 0.0) * u
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai, "gelu": _gelu, "relu": _relu}
 
 
 def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation=DEFAULTS["activation"],

@@ -57,7 +57,7 @@ CASES = {
     "groups too small": expect(ValueError, r"cannot hold top_k", n_group=4, topk_group=1),
     "n_group 0": expect(ValueError, r"n_group must be at least 1, got 0", n_group=0),
     "scoring": expect(ValueError, r"scoring must be one of", scoring="relu"),
-    "activation": expect(ValueError, r"activation must be one of", activation="relu"),
+    "activation": expect(ValueError, r"activation must be one of", activation="relu2"),
     "backend": expect(ValueError, r"backend must be one of", backend="cuda"),
     "scale nan": expect(ValueError, r"routed_scaling_factor must be finite", routed_scaling_factor=float("nan")),
     "scale str": expect(TypeError, r"routed_scaling_factor must be a real number", routed_scaling_factor="1"),

@@ -32,13 +32,17 @@
 /* The gated activation of every expert FFN, a = act(g, u).
  * X(NAME, code, "name", "the Hugging Face hidden_act values that mean it, space-separated")
  *   SILU:       silu(g) * u (SwiGLU: Mixtral, Qwen, DeepSeek, OLMoE, GLM)
- *   GELU_TANH:  gelu_tanh(g) * u (GeGLU)
+ *   GELU_TANH:  gelu_tanh(g) * u (GeGLU with the tanh approximation)
  *   SWIGLU_OAI: gpt-oss: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, +-limit) + 1)
- *               (no hidden_act names it: gpt-oss's modules carry alpha and limit) */
+ *               (no hidden_act names it: gpt-oss's modules carry alpha and limit)
+ *   GELU:       gelu(g) * u, gelu(g) = g * (1 + erf(g / sqrt(2))) / 2 (GeGLU, exact)
+ *   RELU:       max(g, 0) * u (ReGLU) */
 #define MOE_ACTIVATION_ROWS(X) \
     X(SILU, 0, "silu", "silu swish") \
-    X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh") \
-    X(SWIGLU_OAI, 2, "swiglu_oai", "")
+    X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh gelu_new gelu_fast") \
+    X(SWIGLU_OAI, 2, "swiglu_oai", "") \
+    X(GELU, 3, "gelu", "gelu gelu_python") \
+    X(RELU, 4, "relu", "relu")
 
 /* Element types: dense weights, affine scales and biases. X(NAME, code, "name", bytes) */
 #define MOE_DTYPE_ROWS(X) \

@@ -21,6 +21,10 @@ struct GatedActivation {
             let gc = Swift.min(g, limit)
             let uc = Swift.max(Swift.min(u, limit), -limit)
             return gc / (1 + expf(-alpha * gc)) * (uc + 1)
+        case .gelu:
+            return 0.5 * g * (1 + erff(g * 0.70710678118654752)) * u
+        case .relu:
+            return Swift.max(g, 0) * u
         }
     }
 }

@@ -43,12 +43,18 @@ public enum MoEActivation: MoEOptionRow, CustomStringConvertible {
     case geluTanh
     /// gpt-oss: `min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, ±limit) + 1)`.
     case swigluOAI
+    /// `gelu(g) * u` with the exact GELU, `g * (1 + erf(g / √2)) / 2`.
+    case gelu
+    /// `max(g, 0) * u` (ReGLU).
+    case relu
 
     public var rawValue: Int32 {
         switch self {
         case .silu: return Int32(MOE_ACTIVATION_SILU.rawValue)
         case .geluTanh: return Int32(MOE_ACTIVATION_GELU_TANH.rawValue)
         case .swigluOAI: return Int32(MOE_ACTIVATION_SWIGLU_OAI.rawValue)
+        case .gelu: return Int32(MOE_ACTIVATION_GELU.rawValue)
+        case .relu: return Int32(MOE_ACTIVATION_RELU.rawValue)
         }
     }
     /// The activation a Hugging Face config's `hidden_act` names, if any.

@@ -39,13 +39,17 @@ enum MetalSources {
 /* The gated activation of every expert FFN, a = act(g, u).
  * X(NAME, code, "name", "the Hugging Face hidden_act values that mean it, space-separated")
  *   SILU:       silu(g) * u (SwiGLU: Mixtral, Qwen, DeepSeek, OLMoE, GLM)
- *   GELU_TANH:  gelu_tanh(g) * u (GeGLU)
+ *   GELU_TANH:  gelu_tanh(g) * u (GeGLU with the tanh approximation)
  *   SWIGLU_OAI: gpt-oss: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, +-limit) + 1)
- *               (no hidden_act names it: gpt-oss's modules carry alpha and limit) */
+ *               (no hidden_act names it: gpt-oss's modules carry alpha and limit)
+ *   GELU:       gelu(g) * u, gelu(g) = g * (1 + erf(g / sqrt(2))) / 2 (GeGLU, exact)
+ *   RELU:       max(g, 0) * u (ReGLU) */
 #define MOE_ACTIVATION_ROWS(X) \
     X(SILU, 0, "silu", "silu swish") \
-    X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh") \
-    X(SWIGLU_OAI, 2, "swiglu_oai", "")
+    X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh gelu_new gelu_fast") \
+    X(SWIGLU_OAI, 2, "swiglu_oai", "") \
+    X(GELU, 3, "gelu", "gelu gelu_python") \
+    X(RELU, 4, "relu", "relu")
 
 /* Element types: dense weights, affine scales and biases. X(NAME, code, "name", bytes) */
 #define MOE_DTYPE_ROWS(X) \
@@ -384,6 +388,15 @@ static inline void moe_simd_best(thread float& v, thread uint& i) {
     }
 }
 
+// erf(x) in float32 for the exact GELU: MSL's math library has no erf. Abramowitz and
+// Stegun 7.1.26 (absolute error below 1.5e-7), on |x| with erf's odd symmetry.
+static inline float moe_erf(float x) {
+    const float a = fabs(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * a);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    return copysign(1.0f - poly * exp(-a * a), x);
+}
+
 // The gated activations of the spec (GatedActivation in CPU/Activation.swift).
 static inline float moe_activate(uint kind, float g, float u, float alpha, float limit) {
     if (kind == MOE_ACTIVATION_SILU) {
@@ -392,9 +405,18 @@ static inline float moe_activate(uint kind, float g, float u, float alpha, float
     if (kind == MOE_ACTIVATION_GELU_TANH) {
         return 0.5f * g * (1.0f + tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
     }
-    const float gc = min(g, limit);
-    const float uc = max(min(u, limit), -limit);
-    return gc / (1.0f + exp(-alpha * gc)) * (uc + 1.0f);
+    if (kind == MOE_ACTIVATION_SWIGLU_OAI) {
+        const float gc = min(g, limit);
+        const float uc = max(min(u, limit), -limit);
+        return gc / (1.0f + exp(-alpha * gc)) * (uc + 1.0f);
+    }
+    if (kind == MOE_ACTIVATION_GELU) {
+        return 0.5f * g * (1.0f + moe_erf(g * 0.70710678f)) * u;
+    }
+    if (kind == MOE_ACTIVATION_RELU) {
+        return max(g, 0.0f) * u;
+    }
+    return NAN;  // not an activation: validated on the host, never reached
 }
 
 #endif

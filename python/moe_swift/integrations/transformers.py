@@ -117,6 +117,10 @@ def _activation(module):
         return "silu", {}
     if "gelu" in name and "tanh" in name:
         return "gelu_tanh", {}
+    if name in ("geluactivation", "gelu"):  # GELUActivation, torch.nn.GELU (exact unless approximate="tanh")
+        return ("gelu_tanh" if getattr(act, "approximate", "none") == "tanh" else "gelu"), {}
+    if name == "relu":
+        return "relu", {}
     raise NotImplementedError(f"moe_swift has no activation matching {type(act).__name__} "
                               f"(hidden_act={hidden_act!r}) of {type(module).__name__}")
 

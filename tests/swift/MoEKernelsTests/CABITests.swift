@@ -25,16 +25,12 @@ final class CDescriptor {
         desc.intermediate_size = Int64(c.intermediateSize)
         desc.num_experts = Int64(c.numExperts)
         desc.top_k = Int64(c.topK)
-        desc.scoring = c.scoring == .sigmoid ? Int32(MOE_SCORING_SIGMOID.rawValue) : Int32(MOE_SCORING_SOFTMAX.rawValue)
+        desc.scoring = c.scoring.rawValue  // the header's codes (OptionTableTests)
         desc.norm_topk_prob = c.normTopKProb ? 1 : 0
         desc.routed_scaling_factor = c.routedScalingFactor
         desc.n_group = Int32(c.nGroup)
         desc.topk_group = Int32(c.topKGroup)
-        switch c.activation {
-        case .silu: desc.activation = Int32(MOE_ACTIVATION_SILU.rawValue)
-        case .geluTanh: desc.activation = Int32(MOE_ACTIVATION_GELU_TANH.rawValue)
-        case .swigluOAI: desc.activation = Int32(MOE_ACTIVATION_SWIGLU_OAI.rawValue)
-        }
+        desc.activation = c.activation.rawValue
         desc.swiglu_alpha = c.swigluAlpha
         desc.swiglu_limit = c.swigluLimit
         desc.router_weight = copy(d.router)
@@ -256,6 +252,8 @@ final class CABITests: XCTestCase {
         let edits: [(inout MoEConfiguration) -> Void] = [
             { $0.activation = .geluTanh },
             { $0.activation = .swigluOAI; $0.swigluAlpha = 1.5; $0.swigluLimit = 4 },
+            { $0.activation = .gelu },
+            { $0.activation = .relu },
             { $0.scoring = .sigmoid; $0.normTopKProb = false; $0.routedScalingFactor = 0.5 },
         ]
         for (n, edit) in edits.enumerated() {
@@ -344,7 +342,7 @@ final class CABITests: XCTestCase {
         failing("backend") { $0.backend = -1 }
         failing("scoring") { $0.scoring = 2 }
         failing("scoring") { $0.scoring = -7 }
-        failing("activation") { $0.activation = 3 }
+        failing("activation") { $0.activation = Int32(MoEActivation.allCases.count) }
         failing("activation") { $0.activation = Int32.min }
         for kind in [MoEBackendKind.metal, .softMetal] where !MoELayer.availableBackends.contains(kind) {
             failing(kind.name, MOE_ERROR_UNAVAILABLE) { $0.backend = kind.rawValue }

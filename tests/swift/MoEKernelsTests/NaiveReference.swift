@@ -141,6 +141,10 @@ struct NaiveReference {
             let gc = min(g, limit)
             let uc = max(min(u, limit), -limit)
             return gc * Self.sigmoid(alpha * gc) * (uc + 1)
+        case .gelu:
+            return 0.5 * g * (1 + erf(g / 2.0.squareRoot())) * u
+        case .relu:
+            return max(g, 0) * u
         }
     }
 

@@ -27,10 +27,12 @@ final class OptionTableTests: XCTestCase {
     func testHiddenActAliases() {
         XCTAssertEqual(MoEActivation(hiddenAct: "swish"), .silu)
         XCTAssertEqual(MoEActivation(hiddenAct: "gelu_pytorch_tanh"), .geluTanh)
-        XCTAssertNil(MoEActivation(hiddenAct: "gelu"))
+        XCTAssertNil(MoEActivation(hiddenAct: "gelu_10"))
         XCTAssertNil(MoEActivation(hiddenAct: ""))
         XCTAssertNil(MoEActivation(hiddenAct: "silu swish"))
-        XCTAssertEqual(Set(MoEActivation.hiddenActNames), ["silu", "swish", "gelu_pytorch_tanh", "gelu_tanh"])
+        XCTAssertEqual(MoEActivation(hiddenAct: "gelu"), .gelu)
+        XCTAssertEqual(MoEActivation(hiddenAct: "relu"), .relu)
+        XCTAssertTrue(Set(MoEActivation.hiddenActNames).isSuperset(of: ["silu", "swish", "gelu_pytorch_tanh", "gelu", "relu"]))
     }
 
     func testAffineWidthsAndSpecialisations() {
