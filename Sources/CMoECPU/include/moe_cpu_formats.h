@@ -15,11 +15,11 @@
  *   mxfp4:  e2m1(code_i) * 2^(scale[g] - 127), g = i / 32, 4-bit codes lowest nibble
  *           first, scales E8M0 bytes (255 is NaN).
  * Dense formats multiply with 256-bit code even where AVX-512 exists: it streams memory
- * faster (formats.c, moe_cpu_matmul_formatted).
+ * faster (formats/dispatch.c, moe_cpu_matmul_formatted).
  * Scale and bias products are single-rounded (fmaf), accumulation is float32. With
  * AVX-512, the decode products of affine 4- and 8-bit codes take the activations in a
  * per-group fixed point as fine as float32 and sum code products exactly in int32
- * (formats.c, docs/formats.md).
+ * (formats/avx512_fixed.c, docs/formats.md).
  */
 #ifndef MOE_CPU_FORMATS_H
 #define MOE_CPU_FORMATS_H
