@@ -50,16 +50,21 @@ let package = Package(
                 .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
             ],
             path: "Sources/MoEKernels",
-            // The MSL files are compiled into the binary as Swift string literals
-            // (MetalBackend/MetalSources.generated.swift, from scripts/embed_msl.py), not as
-            // resources: Xcode does not implement embedInCode, and must not compile them
-            // into a metallib either. The kernel parameter header is also imported into
-            // Swift through CMoESwift's module map.
+            // The MSL files are compiled into the binary as a Swift string literal that the
+            // EmbedMSL plugin writes at build time from Metal/library.txt, not as resources:
+            // Xcode does not implement embedInCode, and must not compile them into a
+            // metallib either. The kernel parameter header is also imported into Swift
+            // through CMoESwift's module map.
             exclude: ["Metal"],
             // MTLCreateSystemDefaultDevice() in a process without an app (Python, swift test)
             // finds the GPU only with CoreGraphics linked.
-            linkerSettings: [.linkedFramework("CoreGraphics", .when(platforms: [.macOS]))]
+            linkerSettings: [.linkedFramework("CoreGraphics", .when(platforms: [.macOS]))],
+            plugins: [.plugin(name: "EmbedMSL")]
         ),
+        // The build step above and its tool: the Metal library's MSL, includes pasted, as
+        // a Swift source file in the build folder.
+        .plugin(name: "EmbedMSL", capability: .buildTool(), dependencies: ["embed-msl"]),
+        .executableTarget(name: "embed-msl", path: "Sources/embed-msl"),
         .testTarget(
             name: "MoEKernelsTests",
             dependencies: ["MoEKernels", "CMoESwift", "CMoECPU"],
