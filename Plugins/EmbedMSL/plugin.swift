@@ -1,5 +1,5 @@
 // The build step that compiles the Metal backend's MSL into the binary: runs embed-msl
-// (Sources/embed-msl) on the target's Metal/library.txt, writing MetalSources.swift into
+// (Sources/embed-msl, a C program) on the target's Metal/library.txt, writing MetalSources.swift into
 // the build folder.
 //
 // A plugin rather than SwiftPM's `embedInCode` resources, which Xcode's build system does
@@ -19,8 +19,24 @@ struct EmbedMSL: BuildToolPlugin {
         let output = context.pluginWorkDirectory.appending(subpath: "MetalSources.swift")
         return [.buildCommand(displayName: "Embedding the MSL of \(list)", executable: tool,
                               arguments: [list, context.package.directory.string, output.string],
+                              environment: toolEnvironment(context),
                               inputFiles: try inputs(of: list).map { Path($0) },
                               outputFiles: [output])]
+    }
+
+    /// On Linux, where the toolchain's Swift runtime is: SwiftPM links every executable
+    /// against it, even a C one, and a build with `-Xswiftc -no-toolchain-stdlib-rpath`
+    /// (the wheel's, hatch_build.py) leaves the tool unable to find it.
+    func toolEnvironment(_ context: PluginContext) -> [String: String] {
+#if os(Linux)
+        guard let swiftc = try? context.tool(named: "swiftc") else { return [:] }
+        let bin = URL(fileURLWithPath: swiftc.path.string).resolvingSymlinksInPath().deletingLastPathComponent()
+        let runtime = bin.deletingLastPathComponent().appendingPathComponent("lib/swift/linux").path
+        let inherited = ProcessInfo.processInfo.environment["LD_LIBRARY_PATH"].map { ":" + $0 } ?? ""
+        return ["LD_LIBRARY_PATH": runtime + inherited]
+#else
+        return [:]
+#endif
     }
 
     /// The list and every file the source can come from: the kernel files and the files
