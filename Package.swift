@@ -27,7 +27,7 @@ let package = Package(
             providers: [.apt(["libopenblas-dev"])]
         ),
         // Small-M matrix products (AVX2 / AVX-512, chosen at run time) where BLAS is slow.
-        .target(name: "CMoECPU", path: "Sources/CMoECPU"),
+        .target(name: "CMoECPU", dependencies: ["CMoESwift"], path: "Sources/CMoECPU"),
         // SoftMetal: a software Metal device (Apple's Metal API names, MSL compiled to C++ and
         // run on the CPU) so that the Metal backend runs on Linux. Empty on Apple platforms.
         // CSoftMetal is its low-level C part: guarded memory, the SIGSEGV handler, fiber stacks,
@@ -50,16 +50,21 @@ let package = Package(
                 .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
             ],
             path: "Sources/MoEKernels",
-            // The MSL files are compiled into the binary as Swift string literals
-            // (MetalBackend/MetalSources.generated.swift, from scripts/embed_msl.py), not as
-            // resources: Xcode does not implement embedInCode, and must not compile them
-            // into a metallib either. The kernel parameter header is also imported into
-            // Swift through CMoESwift's module map.
+            // The MSL files are compiled into the binary as a Swift string literal that the
+            // EmbedMSL plugin writes at build time from Metal/library.txt, not as resources:
+            // Xcode does not implement embedInCode, and must not compile them into a
+            // metallib either. The kernel parameter header is also imported into Swift
+            // through CMoESwift's module map.
             exclude: ["Metal"],
             // MTLCreateSystemDefaultDevice() in a process without an app (Python, swift test)
             // finds the GPU only with CoreGraphics linked.
-            linkerSettings: [.linkedFramework("CoreGraphics", .when(platforms: [.macOS]))]
+            linkerSettings: [.linkedFramework("CoreGraphics", .when(platforms: [.macOS]))],
+            plugins: [.plugin(name: "EmbedMSL")]
         ),
+        // The build step above and its tool: the Metal library's MSL, includes pasted, as
+        // a Swift source file in the build folder.
+        .plugin(name: "EmbedMSL", capability: .buildTool(), dependencies: ["embed-msl"]),
+        .executableTarget(name: "embed-msl", path: "Sources/embed-msl"),
         .testTarget(
             name: "MoEKernelsTests",
             dependencies: ["MoEKernels", "CMoESwift", "CMoECPU"],

@@ -77,15 +77,15 @@ CATALOGUE = [
      "float acc = pairs[0];\n    for (uint j = 1; j < p.top_k; j++) acc += pairs[j * H];\n    const ulong i = (ulong)t * H + h;\n    if (p.has_shared != 0) acc += shared_out[i];",
      "const ulong i = (ulong)t * H + h;\n    float acc = p.has_shared != 0 ? shared_out[i] : 0.0f;\n    for (uint j = 0; j < p.top_k; j++) acc += pairs[j * H];"),
     # formats
-    ("format-bf16-shift", "formats", "Sources/CMoECPU/formats.c",
+    ("format-bf16-shift", "formats", "Sources/CMoECPU/formats/internal.h",
      "return from_bits((uint32_t)b << 16);", "return from_bits((uint32_t)b << 15);"),
-    ("format-e8m0-nan", "formats", "Sources/CMoECPU/formats.c",
+    ("format-e8m0-nan", "formats", "Sources/CMoECPU/formats/internal.h",
      "if (s == 255) return NAN;", "if (s == 254) return NAN;"),
-    ("format-bit-stream-shift", "formats", "Sources/CMoECPU/formats.c",
+    ("format-bit-stream-shift", "formats", "Sources/CMoECPU/formats/internal.h",
      "return (v >> (bit & 7)) & ((1u << bits) - 1u);", "return (v >> (bit & 3)) & ((1u << bits) - 1u);"),
-    ("format-split-nibble-order", "formats", "Sources/CMoECPU/formats.c",
+    ("format-split-nibble-order", "formats", "Sources/CMoECPU/formats/internal.h",
      "const uint8_t byte = row[(i >> 5) * 16 + (i & 15)];", "const uint8_t byte = row[(i >> 5) * 16 + (15 - (i & 15))];"),
-    ("format-q4-table-bias", "formats", "Sources/CMoECPU/formats.c",
+    ("format-q4-table-bias", "formats", "Sources/CMoECPU/formats/avx512.c",
      "table = _mm512_fmadd_ps(iota, scale, _mm512_set1_ps(p->b[g]));",
      "table = _mm512_mul_ps(iota, scale);"),
     # C ABI
@@ -177,10 +177,6 @@ def prepare_scratch():
     return head
 
 
-def embed_msl():
-    subprocess.run([sys.executable, "scripts/embed_msl.py"], cwd=SCRATCH, check=True, capture_output=True)
-
-
 def build_and_test(suites):
     """(status, details): 'killed' if a suite fails, 'survived' if all pass,
     'stillborn' if the mutant does not build."""
@@ -249,15 +245,10 @@ def main(argv=None):
         target.write_text(original.replace(old, new, 1))
         t0 = time.time()
         try:
-            # A kernel mutant must reach the library: the MSL is compiled in as generated
-            # Swift literals (and an unregenerated literal would be caught for the wrong reason).
-            if path.startswith("Sources/MoEKernels/Metal/"):
-                embed_msl()
+            # A kernel mutant reaches the library through the build (Plugins/EmbedMSL).
             status, details = build_and_test(args.suites.split(","))
         finally:
             target.write_text(original)
-            if path.startswith("Sources/MoEKernels/Metal/"):
-                embed_msl()
         results[mid] = {"status": status, "details": details, "commit": head, "seconds": round(time.time() - t0)}
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         print(f"{mid}: {status} ({details})", flush=True)

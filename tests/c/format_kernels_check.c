@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-// The CPU format kernels (Sources/CMoECPU/formats.c) on exact-size buffers in every format
+// The CPU format kernels (Sources/CMoECPU/formats/) on exact-size buffers in every format
 // and odd sizes, built with AddressSanitizer by tests/python/test_valgrind.py: no read past
 // a buffer; each product against dequantize + a double-precision dot; and a row's result
 // bitwise the same whatever other activation rows share the call.

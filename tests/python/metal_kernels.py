@@ -1,6 +1,7 @@
-"""The Metal backend's MSL kernels as the kernel tests see them: the library source
-assembled exactly like MetalKernels.swift does (each `#include "x.h"` of our own replaced
-by the file), and the parameter structs packed from the one C declaration in
+"""The Metal backend's MSL kernels as the kernel tests see them: the library made from the
+files that Sources/MoEKernels/Metal/library.txt lists, the list the build embeds in the
+binary from (Plugins/EmbedMSL), its includes resolved by SoftMetal's preprocessor in the
+list's include folders; and the parameter structs packed from the one C declaration in
 moe_kernel_params.h (read by cffi)."""
 
 from __future__ import annotations
@@ -16,20 +17,31 @@ from moe_swift import formats, options
 ROOT = Path(__file__).resolve().parents[2]
 METAL_DIR = ROOT / "Sources" / "MoEKernels" / "Metal"
 HEADER = METAL_DIR / "moe_kernel_params.h"
-INCLUDE_DIRS = (METAL_DIR, ROOT / "Sources" / "CMoESwift" / "include")
-# The order of MetalKernels.swift.
-KERNEL_FILES = ["moe_router.metal", "moe_bucket.metal", "moe_experts.metal", "moe_combine.metal"]
-
-_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
 
 
-def library_source(files=None) -> str:
-    def expand(text):  # headers include headers: expanded recursively (guards stop repeats)
-        return _INCLUDE.sub(lambda m: expand(next(d / m.group(1) for d in INCLUDE_DIRS
-                                                  if (d / m.group(1)).is_file()).read_text()), text)
+def _library_list():
+    """(kernel files, include folders) of library.txt, in its order."""
+    kernels, folders = [], []
+    for line in (METAL_DIR / "library.txt").read_text().splitlines():
+        words = line.split()
+        if len(words) == 2 and not line.startswith("#"):
+            {"kernels": kernels, "include": folders}[words[0]].append((METAL_DIR / words[1]).resolve())
+    return kernels, folders
 
-    return "\n".join(expand((METAL_DIR / name).read_text())
-                     for name in (files or KERNEL_FILES) if (METAL_DIR / name).is_file())
+
+KERNEL_FILES, INCLUDE_DIRS = _library_list()
+
+
+def library_source() -> str:
+    """The kernel files as includes, to compile with include_dirs=library_include_dirs()."""
+    return "".join(f'#include "{path.name}"\n' for path in KERNEL_FILES)
+
+
+def library_include_dirs() -> list[str]:
+    """The list's include folders, after the kernel files' own (which library_source names
+    by file name)."""
+    folders = [path.parent for path in KERNEL_FILES] + INCLUDE_DIRS
+    return [str(folder) for folder in dict.fromkeys(folders)]
 
 
 def _params_section() -> str:

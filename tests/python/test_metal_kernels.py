@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 
 from moe_swift import reference, softmetal
-from metal_kernels import CONST, KERNEL_FORMATS, KernelWeight, dummy, f32, ffn_buffers, library_source, params
+from metal_kernels import (CONST, KERNEL_FORMATS, KernelWeight, dummy, f32, ffn_buffers, library_include_dirs,
+                           library_source, params)
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
 
 
 @pytest.fixture(scope="module")
 def lib():
-    return softmetal.compile(library_source())
+    return softmetal.compile(library_source(), include_dirs=library_include_dirs())
 
 
 # --- router ----------------------------------------------------------------------

@@ -73,9 +73,10 @@ def test_format_kernels_under_address_sanitizer(tmp_path):
     root = pathlib.Path(__file__).parents[2]
     program = tmp_path / "check"
     build = subprocess.run(["cc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                            f"-I{root / 'Sources' / 'CMoECPU' / 'include'}", str(root / "tests" / "c" / "format_kernels_check.c"),
-                            str(root / "Sources" / "CMoECPU" / "formats.c"), str(root / "Sources" / "CMoECPU" / "isa.c"),
-                            "-lm", "-o", str(program)],
+                            f"-I{root / 'Sources' / 'CMoECPU' / 'include'}", f"-I{root / 'Sources' / 'CMoESwift' / 'include'}",
+                            str(root / "tests" / "c" / "format_kernels_check.c"),
+                            *map(str, sorted((root / "Sources" / "CMoECPU" / "formats").glob("*.c"))),
+                            str(root / "Sources" / "CMoECPU" / "isa.c"), "-lm", "-o", str(program)],
                            capture_output=True, text=True)
     if build.returncode != 0 and "asan" in build.stderr.lower():
         pytest.skip("no AddressSanitizer runtime: " + build.stderr[-200:])

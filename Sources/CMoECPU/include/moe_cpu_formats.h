@@ -15,40 +15,27 @@
  *   mxfp4:  e2m1(code_i) * 2^(scale[g] - 127), g = i / 32, 4-bit codes lowest nibble
  *           first, scales E8M0 bytes (255 is NaN).
  * Dense formats multiply with 256-bit code even where AVX-512 exists: it streams memory
- * faster (formats.c, moe_cpu_matmul_formatted).
+ * faster (formats/dispatch.c, moe_cpu_matmul_formatted).
  * Scale and bias products are single-rounded (fmaf), accumulation is float32. With
  * AVX-512, the decode products of affine 4- and 8-bit codes take the activations in a
  * per-group fixed point as fine as float32 and sum code products exactly in int32
- * (formats.c, docs/formats.md).
+ * (formats/avx512_fixed.c, docs/formats.md).
  */
 #ifndef MOE_CPU_FORMATS_H
 #define MOE_CPU_FORMATS_H
 
 #include <stdint.h>
 
-typedef enum moe_cpu_format {
-    MOE_CPU_F32 = 0,
-    MOE_CPU_F16 = 1,
-    MOE_CPU_BF16 = 2,
-    MOE_CPU_AFFINE = 3,
-    MOE_CPU_MXFP4 = 4
-} moe_cpu_format;
-
-/* Element type of affine scales and biases. */
-typedef enum moe_cpu_scalar {
-    MOE_CPU_SCALAR_F32 = 0,
-    MOE_CPU_SCALAR_F16 = 1,
-    MOE_CPU_SCALAR_BF16 = 2
-} moe_cpu_scalar;
+#include "moe_options.h"  /* moe_format, moe_dtype, the kernel specialisations */
 
 /* A row-major matrix of `cols` columns in one format. Row r starts at
  * data + r * row_bytes, its scales at scales + r * (cols / group_size) scale elements, its
  * biases likewise. Quantized formats need cols % group_size == 0 and group_size % 32 == 0. */
 typedef struct moe_cpu_matrix {
-    int32_t format;        /* moe_cpu_format */
-    int32_t bits;          /* affine: 2, 3, 4, 5, 6 or 8 */
-    int32_t group_size;    /* affine: 32, 64 or 128; mxfp4: 32 */
-    int32_t scale_type;    /* affine: moe_cpu_scalar of scales and biases */
+    int32_t format;        /* moe_format */
+    int32_t bits;          /* affine: one of MOE_AFFINE_BITS_ROWS */
+    int32_t group_size;    /* affine: one of MOE_AFFINE_GROUP_SIZE_ROWS; mxfp4: 32 */
+    int32_t scale_type;    /* affine: moe_dtype of scales and biases */
     int32_t split_nibbles; /* 4-bit codes in the CPU layout (moe_cpu_split_nibbles) */
     int32_t _pad;
     int64_t cols;

@@ -130,11 +130,8 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
         var m = moe_cpu_matrix()
         m.cols = Int64(cols)
         m.row_bytes = Int64(rowBytes(cols: cols))
-        switch self {
-        case .dense(let t):
-            m.format = Int32(bitPattern: [MOE_CPU_F32, MOE_CPU_F16, MOE_CPU_BF16][Int(t.rawValue)].rawValue)
-        case .quantized(let q, let s):
-            m.format = Int32(bitPattern: (q == .mxfp4 ? MOE_CPU_MXFP4 : MOE_CPU_AFFINE).rawValue)
+        m.format = Int32(bitPattern: code.rawValue)
+        if case .quantized(let q, let s) = self {
             m.bits = Int32(q.bits)
             m.group_size = Int32(q.groupSize)
             m.scale_type = s.rawValue

@@ -1,35 +1,13 @@
 import CMoESwift
 
-/// The MSL source of the Metal backend, compiled into the binary as string literals
-/// (MetalSources.generated.swift, written by scripts/embed_msl.py) and assembled here: each `#include "x.h"` of our own headers is replaced by the file
-/// (recursively: headers include headers; their include guards drop repeats), because
-/// Apple's `makeLibrary(source:options:)` cannot resolve includes.
-/// tests/python/metal_kernels.py assembles the same source for the kernel tests.
+/// The MSL source of the Metal backend and its kernels' names. The source is
+/// MetalSources.library, which the EmbedMSL build plugin (Plugins/EmbedMSL) assembles from
+/// the files of Metal/library.txt with every `#include "x.h"` pasted, because Apple's
+/// `makeLibrary(source:options:)` cannot resolve includes; `#line` markers in it name the
+/// original files for the compiler's messages.
 enum MetalKernels {
-    static let headers: [String: String] = MetalSources.files.filter { $0.key.hasSuffix(".h") }
-
-    /// In this order (helpers of later files may come from earlier ones).
-    static let files: [String] = MetalSources.names.filter { $0.hasSuffix(".metal") }
-
     /// The whole library source.
-    static let source: String = files.map { expand(MetalSources.files[$0]!) }.joined(separator: "\n")
-
-    private static func expand(_ text: String) -> String {
-        var out: [Substring] = []
-        for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
-            let trimmed = line.drop { $0 == " " || $0 == "\t" }
-            if trimmed.hasPrefix("#include \""), let end = trimmed.dropFirst(10).firstIndex(of: "\"") {
-                let name = String(trimmed[trimmed.index(trimmed.startIndex, offsetBy: 10)..<end])
-                if let header = headers[name] {
-                    out.append(Substring(expand(header)))
-                    continue
-                }
-            }
-            out.append(line)
-        }
-        return out.joined(separator: "\n")
-    }
-
+    static let source: String = MetalSources.library
     /// The kernels' names (MSL `kernel void` functions). Those that read weights are
     /// template instances per format, `<kernel>_<suffix>` (MetalWeight.kernelSuffix).
     static let bucket = "moe_bucket"

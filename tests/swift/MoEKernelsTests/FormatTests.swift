@@ -91,15 +91,6 @@ func checkAffineLayer(_ config: MoEConfiguration, bits: Int, seed: UInt64, backe
 }
 
 final class FormatTests: XCTestCase {
-    /// The format codes of the C ABI, the CPU kernels and the Metal kernels are one numbering.
-    func testFormatCodesAgree() {
-        let abi = [MOE_FORMAT_F32, MOE_FORMAT_F16, MOE_FORMAT_BF16, MOE_FORMAT_AFFINE, MOE_FORMAT_MXFP4].map { Int($0.rawValue) }
-        let cpu = [MOE_CPU_F32, MOE_CPU_F16, MOE_CPU_BF16, MOE_CPU_AFFINE, MOE_CPU_MXFP4].map { Int($0.rawValue) }
-        XCTAssertEqual(abi, cpu)
-        XCTAssertEqual([MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16].map { Int($0.rawValue) },
-                       [MOE_CPU_SCALAR_F32, MOE_CPU_SCALAR_F16, MOE_CPU_SCALAR_BF16].map { Int($0.rawValue) })
-    }
-
     let config = makeConfig(h: 64, i: 64, e: 6, k: 2) { $0.sharedIntermediateSize = 32 }
 
     func testAffineEveryBitWidthMatchesTheReference() throws {

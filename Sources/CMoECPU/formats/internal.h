@@ -1,0 +1,301 @@
+// What the files of this folder share: the weight-format kernels of moe_cpu_formats.h,
+// one file per instruction set, as ggml-cpu splits its kernels.
+//
+//   dispatch.c      moe_cpu_matmul_formatted / moe_cpu_dequantize_rows: picks a file's
+//                   kernels by moe_cpu_isa_level()
+//   portable.c      any CPU (its chunk unpacker, unpack_chunk_portable, is below: the
+//                   vector files use it for the formats without a vector unpacker)
+//   avx2.c          AVX2 + FMA + F16C
+//   avx512.c        AVX-512 (F, BW, VL), float arithmetic
+//   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
+//                   with VNNI and GFNI where the CPU has them (called by avx512.c)
+//   drivers.h       the loops over rows and activation rows of avx2.c and avx512.c,
+//                   written once over each file's row kernels
+//
+// Every format is read 32 elements at a time ("a chunk": one group boundary never falls
+// inside it, since group sizes are multiples of 32). Each instruction set has one
+// unpacker per format that turns a chunk into float vectors; the drivers are written once
+// and specialised per format by inlining with constant arguments, so no format branch is
+// left in an inner loop. Formats without a vector unpacker (affine 2, 3, 5, 6 bits) go
+// through the portable unpacker, still one chunk at a time.
+//
+// Internal to CMoECPU (not in include/, not part of any module).
+#ifndef MOE_CPU_FORMATS_INTERNAL_H
+#define MOE_CPU_FORMATS_INTERNAL_H
+
+#include "moe_cpu_formats.h"
+#include "moe_cpu_kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define HIDDEN __attribute__((visibility("hidden")))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+enum { CHUNK = 32 };
+
+// The kernels' kinds: the rows of MOE_SPECIALISATION_ROWS (moe_options.h), by short names.
+// Affine 4 and 8 bits and mxfp4 have vector unpackers; every other affine width runs as
+// K_AFFINE_ANY.
+enum {
+    K_F32 = MOE_SPECIALISATION_f32,
+    K_F16 = MOE_SPECIALISATION_f16,
+    K_BF16 = MOE_SPECIALISATION_bf16,
+    K_Q4 = MOE_SPECIALISATION_q4,
+    K_Q8 = MOE_SPECIALISATION_q8,
+    K_MXFP4 = MOE_SPECIALISATION_mxfp4,
+    K_AFFINE_ANY = MOE_SPECIALISATION_any
+};
+
+// The first row that takes w's format and bits. 4-bit codes need the CPU's nibble order
+// (moe_cpu_split_nibbles) for their own kernels; in MLX's order they run as K_AFFINE_ANY.
+static inline int kernel_kind(const moe_cpu_matrix* w) {
+    int kind = K_AFFINE_ANY;
+#define KIND_IF_(suffix, FORMAT, row_bits)                                                    \
+    if (kind == K_AFFINE_ANY && w->format == MOE_FORMAT_##FORMAT && ((row_bits) == 0 || w->bits == (row_bits))) \
+        kind = MOE_SPECIALISATION_##suffix;
+    MOE_SPECIALISATION_ROWS(KIND_IF_)
+#undef KIND_IF_
+    if ((kind == K_Q4 || kind == K_MXFP4) && !w->split_nibbles) return K_AFFINE_ANY;
+    return kind;
+}
+
+// ---- scalar conversions (portable) ------------------------------------------------
+
+INLINE float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+INLINE float bf16_to_float(uint16_t b) { return from_bits((uint32_t)b << 16); }
+
+INLINE float f16_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+        const float v = (float)mantissa * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exponent == 31) return from_bits(sign | 0x7f800000u | (mantissa << 13));
+    return from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+INLINE float scalar_at(const void* p, int type, int64_t i) {
+    switch (type) {
+    case MOE_DTYPE_F16: return f16_to_float(((const uint16_t*)p)[i]);
+    case MOE_DTYPE_BF16: return bf16_to_float(((const uint16_t*)p)[i]);
+    default: return ((const float*)p)[i];
+    }
+}
+
+// E8M0: 2^(s - 127); 0 is 2^-127 (a float32 subnormal), 255 is NaN.
+INLINE float e8m0_to_float(uint8_t s) {
+    if (s == 255) return NAN;
+    if (s == 0) return from_bits(0x00400000u);
+    return from_bits((uint32_t)s << 23);
+}
+
+static const float e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+INLINE const uint8_t* row_data(const moe_cpu_matrix* w, int64_t r) {
+    return (const uint8_t*)w->data + r * w->row_bytes;
+}
+
+// Where row r's scales and biases start, and how to find an element's group: a shift,
+// since group sizes are powers of two (a division per chunk would cost more than the
+// chunk's arithmetic).
+typedef struct {
+    const uint8_t* scales;
+    const uint8_t* biases;
+    int shift;
+    int type;
+    int mx;
+} group_cursor;
+
+INLINE group_cursor group_cursor_for(const moe_cpu_matrix* w, int64_t r) {
+    group_cursor c;
+    const int64_t groups = w->cols / w->group_size;
+    c.shift = __builtin_ctz((unsigned)w->group_size);
+    c.mx = w->format == MOE_FORMAT_MXFP4;
+    c.type = w->scale_type;
+    const int64_t size = c.mx ? 1 : (c.type == MOE_DTYPE_F32 ? 4 : 2);
+    c.scales = (const uint8_t*)w->scales + r * groups * size;
+    c.biases = c.mx ? 0 : (const uint8_t*)w->biases + r * groups * size;
+    return c;
+}
+
+// Dense rows may end in fewer than 32 elements.
+INLINE float dense_element(const moe_cpu_matrix* w, int64_t r, int64_t i) {
+    const uint8_t* row = row_data(w, r);
+    switch (w->format) {
+    case MOE_FORMAT_F16: return f16_to_float(((const uint16_t*)row)[i]);
+    case MOE_FORMAT_BF16: return bf16_to_float(((const uint16_t*)row)[i]);
+    default: return ((const float*)row)[i];
+    }
+}
+
+INLINE int64_t chunked_cols(const moe_cpu_matrix* w) { return w->cols / CHUNK * CHUNK; }
+
+// The `bits`-bit code of element i in a little-endian bit stream of `row_bytes` bytes.
+INLINE uint32_t bit_stream_code(const uint8_t* row, int bits, int64_t i, int64_t row_bytes) {
+    const int64_t bit = i * bits, byte = bit >> 3;
+    uint32_t v = row[byte];
+    if (byte + 1 < row_bytes) v |= (uint32_t)row[byte + 1] << 8;
+    return (v >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+// Code of element i in the CPU layout of 4-bit codes (moe_cpu_split_nibbles).
+INLINE uint32_t split_nibble_code(const uint8_t* row, int64_t i) {
+    const uint8_t byte = row[(i >> 5) * 16 + (i & 15)];
+    return (i & 16) ? byte >> 4 : byte & 0x0f;
+}
+
+INLINE uint32_t code_at(const moe_cpu_matrix* w, const uint8_t* row, int bits, int64_t i) {
+    return w->split_nibbles ? split_nibble_code(row, i) : bit_stream_code(row, bits, i, w->row_bytes);
+}
+
+// Scale and bias of the group that element k0 lies in.
+INLINE void group_params(const group_cursor* c, int64_t k0, float* s, float* b) {
+    const int64_t g = k0 >> c->shift;
+    if (c->mx) {
+        *s = e8m0_to_float(c->scales[g]);
+        *b = 0.0f;
+    } else {
+        *s = scalar_at(c->scales, c->type, g);
+        *b = scalar_at(c->biases, c->type, g);
+    }
+}
+
+// Elements [k0, k0 + 32) of row r as floats (any format): the portable kernels' unpacker,
+// and the vector ones' for the formats without a vector unpacker. Static in every file
+// that uses it, as when these files were one: an extern function would change the code
+// compiled around its calls.
+static __attribute__((unused)) void unpack_chunk_portable(const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
+                                                          int64_t k0, float* out) {
+    const uint8_t* row = row_data(w, r);
+    switch (w->format) {
+    case MOE_FORMAT_F32:
+        memcpy(out, (const float*)row + k0, CHUNK * sizeof(float));
+        return;
+    case MOE_FORMAT_F16:
+        for (int i = 0; i < CHUNK; i++) out[i] = f16_to_float(((const uint16_t*)row)[k0 + i]);
+        return;
+    case MOE_FORMAT_BF16:
+        for (int i = 0; i < CHUNK; i++) out[i] = bf16_to_float(((const uint16_t*)row)[k0 + i]);
+        return;
+    case MOE_FORMAT_AFFINE: {
+        float s, b;
+        group_params(gc, k0, &s, &b);
+        for (int i = 0; i < CHUNK; i++)
+            out[i] = fmaf((float)code_at(w, row, w->bits, k0 + i), s, b);
+        return;
+    }
+    case MOE_FORMAT_MXFP4: {
+        float s, b;
+        group_params(gc, k0, &s, &b);
+        for (int i = 0; i < CHUNK; i++)
+            out[i] = e2m1_values[code_at(w, row, 4, k0 + i)] * s;
+        return;
+    }
+    }
+}
+
+INLINE int is_dense(int kind) { return kind == K_F32 || kind == K_F16 || kind == K_BF16; }
+
+// ---- what each instruction set's file provides --------------------------------------
+
+// c[i * ldc + j] = row row0 + j of w . row i of a (moe_cpu_matmul_formatted).
+typedef void moe_cpu_matmul_fn(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                               int64_t row0, float* c, int64_t ldc);
+// Rows [row0, row0 + rows) of w as floats (moe_cpu_dequantize_rows).
+typedef void moe_cpu_dequantize_fn(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
+
+typedef struct {
+    moe_cpu_matmul_fn* matmul;
+    moe_cpu_dequantize_fn* dequantize;
+} moe_cpu_format_kernels;
+
+HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_portable;
+
+HIDDEN void moe_cpu_dequantize_rows_portable(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
+
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+#define MOE_CPU_FORMATS_X86 1
+#include <immintrin.h>
+
+HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx2;
+HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx512;
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+// avx512_fixed.c: the fixed-point product for K_Q4 and K_Q8; 0 (nothing done) where it
+// does not apply, and the float product then serves.
+HIDDEN T512 int moe_cpu_matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64_t lda,
+                                            const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc);
+// avx512.c: the float row of any kind, for the rare rows the fixed-point product leaves.
+HIDDEN T512 void moe_cpu_row_float_avx512(int kind, int mm, const moe_cpu_matrix* w, int64_t r, const float* a,
+                                          int64_t lda, float* c, int64_t ldc);
+
+// Group parameters with the hardware half conversion: the portable f16_to_float's
+// branches cost more than a 4-bit chunk's unpacking.
+INLINE __attribute__((target("f16c"))) float scalar_at_f16c(const void* p, int type, int64_t i) {
+    switch (type) {
+    case MOE_DTYPE_F16: return _cvtsh_ss(((const uint16_t*)p)[i]);
+    case MOE_DTYPE_BF16: return bf16_to_float(((const uint16_t*)p)[i]);
+    default: return ((const float*)p)[i];
+    }
+}
+
+// A row is processed in segments of up to SEGMENT_GROUPS groups whose scales and biases
+// are first converted to float here, so the chunk loop reads a float and broadcasts it.
+enum { SEGMENT_GROUPS = 256 };
+typedef struct {
+    float s[SEGMENT_GROUPS];
+    float b[SEGMENT_GROUPS];
+} segment_params;
+
+// Elements [k0, k1) of the row: the whole chunked row for dense formats, else up to
+// SEGMENT_GROUPS groups from k0, with their parameters in p (indexed from k0's group).
+INLINE __attribute__((target("f16c"))) int64_t load_segment(const group_cursor* c, int dense, int64_t k0, int64_t kv,
+                                                             segment_params* p) {
+    if (dense) return kv;
+    const int64_t k1 = MIN(kv, k0 + ((int64_t)SEGMENT_GROUPS << c->shift));
+    const int64_t g0 = k0 >> c->shift, n = (k1 - k0) >> c->shift;
+    if (c->mx) {
+        for (int64_t g = 0; g < n; g++) p->s[g] = e8m0_to_float(c->scales[g0 + g]);
+    } else {
+        for (int64_t g = 0; g < n; g++) {
+            p->s[g] = scalar_at_f16c(c->scales, c->type, g0 + g);
+            p->b[g] = scalar_at_f16c(c->biases, c->type, g0 + g);
+        }
+    }
+    return k1;
+}
+
+// Bytes ahead of the 4-bit codes being read that a product prefetches (8-bit codes stream
+// faster without: 18 against 13-15 GB/s on one core).
+enum { CODE_PREFETCH = 1024 };
+// Floats of activation group sums a factored product keeps on the stack; a row may have
+// at most FACTORED_SUMS / 4 groups.
+enum { FACTORED_SUMS = 4096 };
+
+// Scale or bias elements [g, g + n) as floats in the first n lanes (n <= 16), zeros in the
+// others: masked loads, so short rows (a down projection's 12 groups) convert theirs in
+// one step and nothing past the row is read.
+INLINE __mmask16 first_lanes(int64_t n) { return (__mmask16)((1u << n) - 1u); }
+
+INLINE T512 __m512 load_scalars(const void* p, int type, int64_t g, int64_t n) {
+    const __mmask16 m = first_lanes(n);
+    switch (type) {
+    case MOE_DTYPE_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t*)p + g));
+    case MOE_DTYPE_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t*)p + g)), 16));
+    default: return _mm512_maskz_loadu_ps(m, (const float*)p + g);
+    }
+}
+
+#endif
+
+#endif
