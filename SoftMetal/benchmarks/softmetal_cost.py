@@ -1,10 +1,10 @@
 """What SoftMetal emulation costs: one fiber switch, one blocking collective per GPU
 thread, a 64x512x512 simdgroup-matrix GEMM, and the price of each check.
 
-    python benchmarks/softmetal_cost.py            # prints a table, writes benchmarks/results/softmetal_cost.json
+    python SoftMetal/benchmarks/softmetal_cost.py  # prints a table, writes SoftMetal/benchmarks/results/softmetal_cost.json
 
-Numbers are for this machine at the time of the run (2 cores here); the README of
-Sources/SoftMetal quotes one run.
+Numbers are for this machine at the time of the run (2 cores here); SoftMetal's README
+quotes one run.
 """
 
 from __future__ import annotations

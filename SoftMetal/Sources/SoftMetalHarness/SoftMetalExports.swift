@@ -1,9 +1,11 @@
-// The SoftMetal part of the C ABI (moe_softmetal_* in moe_softmetal.h): compile MSL and launch
-// one kernel on the software Metal device, for the Python harness moe_swift.softmetal.
+// SoftMetal's kernel harness (moe_softmetal_* in moe_softmetal.h): compile MSL and launch
+// one kernel on the software Metal device, for the Python harness (SoftMetal/python/softmetal).
+// Linked into libMoESwift, whose status codes and error slot it shares.
 // Like every export, nothing here traps: errors become a status, a moe_softmetal_error
 // kind and the thread's moe_last_error() message. Without SoftMetal (Apple platforms)
 // every function returns MOE_ERROR_UNAVAILABLE.
 import CMoESwift
+import CSoftMetalHarness
 #if os(Linux)
 import Dispatch
 import SoftMetal
@@ -25,7 +27,7 @@ private final class SoftMetalHandle {
     }
 }
 
-private let softMetalLock = Lock()
+private let softMetalLock = DispatchQueue(label: "moe_softmetal.handles")
 nonisolated(unsafe) private var softMetalHandles: [OpaquePointer: SoftMetalHandle] = [:]
 nonisolated(unsafe) private var softMetalLastHandle = 8
 
@@ -71,7 +73,7 @@ private func usage(_ message: String) -> HarnessError {
 
 private func handle(_ h: OpaquePointer?) throws -> SoftMetalHandle {
     guard let h else { throw usage("library handle is NULL") }
-    guard let found = softMetalLock.withLock({ softMetalHandles[h] }) else {
+    guard let found = softMetalLock.sync(execute: { softMetalHandles[h] }) else {
         throw usage("library handle \(h) is not a live SoftMetal library")
     }
     return found
@@ -100,7 +102,7 @@ public func moe_softmetal_compile_with_options(_ source: UnsafePointer<CChar>?,
         let compileOptions = try options.map { try softMetalCompileOptions($0.pointee) }
         let library = try device.makeLibrary(source: String(cString: source), options: compileOptions)
         let made = SoftMetalHandle(library: library, queue: queue)
-        out.pointee = softMetalLock.withLock {
+        out.pointee = softMetalLock.sync {
             softMetalLastHandle += 8
             let h = OpaquePointer(bitPattern: softMetalLastHandle)!
             softMetalHandles[h] = made
@@ -268,7 +270,7 @@ public func moe_softmetal_fiber_switch_ns(_ library: OpaquePointer?, _ iteration
 public func moe_softmetal_free(_ library: OpaquePointer?) {
 #if os(Linux)
     guard let library else { return }
-    _ = softMetalLock.withLock { softMetalHandles.removeValue(forKey: library) }
+    _ = softMetalLock.sync { softMetalHandles.removeValue(forKey: library) }
 #endif
 }
 

@@ -1,10 +1,15 @@
 """Kernel-level harness for SoftMetal, the software Metal device (Linux).
 
-    lib = moe_swift.softmetal.compile(msl_source, include_dirs=(), defines=None)
+    import softmetal                  # also reachable as moe_swift.softmetal
+    lib = softmetal.compile(msl_source, include_dirs=(), defines=None)
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
                threadgroup_memory={0: nbytes}, check_races=False, check_memory=False,
                schedule="round-robin")
+
+The harness's C functions (moe_softmetal.h) live in libMoESwift, loaded through
+moe_swift, so that one process has one SoftMetal - one SIGSEGV handler and one registry
+of guarded memory - whether it runs layers, kernels or both.
 
 NumPy arrays are copied into guarded Metal buffers and their contents copied back after
 the dispatch (in place; arrays must be C-contiguous and writeable). Anything else that
@@ -38,15 +43,17 @@ InvalidUsageError.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
 import numbers
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
 
+import cffi
 import numpy as np
 
-from . import _native
-from ._native import MoEError
+from moe_swift import _native
+from moe_swift._native import MoEError
 
 __all__ = [
     "compile",
@@ -60,6 +67,41 @@ __all__ = [
     "InvalidUsageError",
     "available",
 ]
+
+
+HEADER = "moe_softmetal.h"
+_HEADER_PLACES = (
+    Path(__file__).resolve().parent,  # an installed wheel
+    Path(__file__).resolve().parents[2] / "Sources" / "CSoftMetalHarness",  # a source checkout
+)
+
+
+def header_path() -> Path:
+    """moe_softmetal.h, whose CFFI-BEGIN/CFFI-END section declares the harness to cffi."""
+    for place in _HEADER_PLACES:
+        if (place / HEADER).is_file():
+            return place / HEADER
+    raise _native.LibraryNotFoundError(
+        f"{HEADER} not found (looked in: {', '.join(str(p) for p in _HEADER_PLACES)}); "
+        "reinstall moe-swift with `pip install .`")
+
+
+_lock = threading.Lock()
+_loaded = None
+
+
+def _harness():
+    """(ffi, lib) of the harness, loaded on first use: its ffi includes the layer ABI's types
+    (moe_status); the layer ABI's functions, moe_last_error among them, stay on moe_swift's lib."""
+    global _loaded
+    ffi, _, path = _native.load()
+    with _lock:
+        if _loaded is None:
+            harness = cffi.FFI()
+            harness.include(ffi)
+            harness.cdef(_native.cdef_source(header_path().read_text()))
+            _loaded = harness, harness.dlopen(str(path), harness.RTLD_NOW | getattr(harness, "RTLD_NODELETE", 0))
+        return _loaded
 
 
 # moe_softmetal_launch_desc.schedule
@@ -144,7 +186,7 @@ def compile(source: str, include_dirs=(), defines=None, metal_version=None, time
     constructors and includes outside include_dirs raise CompileError (see SoftMetal's
     README, "What the sandbox promises").
     """
-    ffi, lib = _native.load_softmetal()
+    ffi, lib = _harness()
     _text("source", source)
     out = ffi.new("moe_softmetal_library **")
     kind = ffi.new("int32_t *")
@@ -209,7 +251,7 @@ class Library:
     def close(self):
         """Frees the library; its shared object is unloaded once no launch needs it."""
         if self._handle is not None:
-            _, lib = _native.load_softmetal()
+            _, lib = _harness()
             lib.moe_softmetal_free(self._handle)
             self._handle = None
 
@@ -221,7 +263,7 @@ class Library:
 
     def fiber_switch_ns(self, iterations: int = 2_000_000) -> float:
         """The cost of one fiber switch (ns) with this library's context switch."""
-        ffi, lib = _native.load_softmetal()
+        ffi, lib = _harness()
         out = ffi.new("double *")
         _native.check(lib.moe_softmetal_fiber_switch_ns(self._handle, iterations, out))
         return out[0]
@@ -232,7 +274,7 @@ class Library:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
-        ffi, lib = _native.load_softmetal()
+        ffi, lib = _harness()
         if isinstance(buffers, Mapping):
             items = sorted((int(k), v) for k, v in buffers.items())
         else:

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from moe_swift import softmetal
+import softmetal
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
 

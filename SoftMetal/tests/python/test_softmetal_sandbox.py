@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_swift import softmetal
+import softmetal
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
 

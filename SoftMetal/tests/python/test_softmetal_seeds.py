@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_swift import softmetal
+import softmetal
 
 
 def _seed_dir():
     candidates = [os.environ.get("MOE_SWIFT_SEEDS")]
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     candidates += [root.parent / "shared" / "seeds", root.parent.parent / "shared" / "seeds", Path("/work/shared/seeds")]
     for c in candidates:
         if c and Path(c).is_dir() and list(Path(c).glob("*.txt")):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sm = pytest.importorskip("moe_swift.softmetal")
+sm = pytest.importorskip("softmetal")
 
 if not sm.available():
     pytest.skip("SoftMetal needs Linux and clang++", allow_module_level=True)
