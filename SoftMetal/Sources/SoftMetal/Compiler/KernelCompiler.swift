@@ -13,7 +13,29 @@ import Glibc
 final class KernelCompiler: @unchecked Sendable {
     static let shared = KernelCompiler()
 
-    static let runtimeHeader: String = String(decoding: PackageResources.softmetal_runtime_h, as: UTF8.self)
+    /// The runtime header's parts (Runtime/, embedded whole by the manifests) in the order
+    /// they are joined: each one uses only what the parts before it declare.
+    static let runtimeParts: [(name: String, text: [UInt8])] = [
+        ("prelude.h", PackageResources.prelude_h),            // macros Apple's headers define
+        ("abi.h", PackageResources.abi_h),                    // sm_dispatch: csoftmetal.h's mirror
+        ("scalars.h", PackageResources.scalars_h),            // half, bfloat
+        ("vectors.h", PackageResources.vectors_h),            // vectors, matrices, vmake, as_type
+        ("math.h", PackageResources.math_h),
+        ("atomics.h", PackageResources.atomics_h),            // memory flags, atomics
+        ("fibers.h", PackageResources.fibers_h),              // lanes, groups, the context switch
+        ("messages.h", PackageResources.messages_h),          // error messages and failing
+        ("memory_check.h", PackageResources.memory_check_h),  // SM_CHECK_MEMORY builds
+        ("scheduler.h", PackageResources.scheduler_h),        // round robin, run-ahead, threadgroup memory
+        ("arguments.h", PackageResources.arguments_h),        // binding kernel parameters
+        ("simd.h", PackageResources.simd_h),                  // barriers, simd and quad operations
+        ("simdgroup_matrix.h", PackageResources.simdgroup_matrix_h),
+        ("builtins.h", PackageResources.builtins_h),          // Apple's __metal_* compiler builtins
+    ]
+    /// The folder the parts' `#line` directives name (see Runtime/prelude.h).
+    static let runtimePartFolder = "softmetal_runtime/"
+    static let runtimeHeader: String = runtimeParts.map {
+        "#line 1 \"\(runtimePartFolder)\($0.name)\"\n" + String(decoding: $0.text, as: UTF8.self)
+    }.joined()
     static let runtimeHash: String = Hash128.of([runtimeHeader])
 
     static let flags = [

@@ -127,13 +127,15 @@ final class MemoryCheck {
         return pcs.indices.map { i in
             guard i < blocks.count else { return unknown[i] }
             let frames = blocks[i].map { String($0) }
-            let frame = frames.first { !$0.contains("softmetal_runtime-") } ?? frames.first ?? "??"
+            let frame = frames.first { !$0.contains(KernelCompiler.runtimePartFolder) } ?? frames.first ?? "??"
             // file:line:column
             let parts = frame.split(separator: ":")
             guard parts.count >= 2, let line = Int(parts[parts.count - 2]), line > 0 else { return "an unknown line" }
             let file = parts[0..<(parts.count - 2)].joined(separator: ":")
             if file.hasSuffix(MSLTranslator.sourceName) { return "MSL line \(line)" }
-            if file.contains("softmetal_runtime-") { return "a SoftMetal library function (line \(line) of its runtime)" }
+            if file.contains(KernelCompiler.runtimePartFolder), let part = file.split(separator: "/").last {
+                return "a SoftMetal library function (line \(line) of its runtime's \(part))"
+            }
             return "\(file) line \(line)"
         }
     }
