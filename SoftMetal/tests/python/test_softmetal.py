@@ -670,7 +670,7 @@ def test_missing_barrier_is_a_race(bugs):
 
 def test_a_threadgroup_variables_initializer_is_not_relied_on():
     """Apple's compiler accepts `threadgroup T x[N] = {...};`, but neither the MSL specification
-    nor Metal says it runs (Sources/SoftMetal/README.md): SoftMetal drops it, so the variable
+    nor Metal says it runs (SoftMetal/README.md): SoftMetal drops it, so the variable
     starts poisoned and a read before any write is reported by the memory check."""
     lib = softmetal.compile("""
 #include <metal_stdlib>

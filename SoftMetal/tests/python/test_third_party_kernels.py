@@ -218,7 +218,7 @@ _UNARY_CASES = ([(op, "kernel_unary_f32_f32", 1, np.float32, c) for op in UNARY 
 def test_ggml_unary(ggml, op, kernel, width, dtype, contiguous):
     if op == "LEAKY_RELU" and width == 4:
         # TC(x > 0) with a vector TC: MSL converts the bool4 to 1.0; SoftMetal's comparisons
-        # give integer vectors of -1 (Sources/SoftMetal/README.md, "MSL not supported").
+        # give integer vectors of -1 (SoftMetal/README.md, "MSL not supported").
         pytest.xfail("vector comparisons are -1 on SoftMetal")
     rows, ne0 = 3, 96
     x = RNG.standard_normal((rows, ne0)).astype(dtype)

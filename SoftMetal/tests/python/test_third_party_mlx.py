@@ -263,7 +263,7 @@ def test_mlx_rms_norm(host_name, axis, threads, w_stride):
 # ---- layer_norm.metal: out = (x - mean) / sqrt(var + eps) * w[i * w_stride] + b[i * b_stride] ----
 # Launched as MLX's LayerNorm::eval_gpu does: the single-row kernel with 32 * ceil(ceil(axis / 8)
 # / 32) threads, the looped one with 1024. `threadgroup float local_buffer[SIMD_SIZE] = {0};`
-# compiles: the initializer is dropped (see Sources/SoftMetal/README.md), and the kernel zeroes
+# compiles: the initializer is dropped (see SoftMetal/README.md), and the kernel zeroes
 # the buffer itself (initialize_buffer) before any read, so the memory check finds nothing
 # uninitialised.
 

@@ -2,7 +2,7 @@
  * csoftmetal.h - the low-level C part of SoftMetal (Linux only; empty elsewhere).
  *
  * - sm_dispatch: the C ABI between the Swift host and the launchers that the MSL
- *   translator generates for each kernel. The runtime header (softmetal_runtime.h)
+ *   translator generates for each kernel. The runtime header (Runtime/abi.h)
  *   declares the same struct; SM_ABI_VERSION guards the two against drifting apart.
  * - guarded memory: buffer storage whose end touches a PROT_NONE page, registered so that
  *   the SIGSEGV handler recognises faults in it;
