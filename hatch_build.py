@@ -70,9 +70,11 @@ class SwiftBuildHook(BuildHookInterface):
         shutil.copy2(bin_dir / LIBRARY, native / LIBRARY)
         shutil.copy2(root / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native / "moe_swift.h")
         # SoftMetal's harness (in the library above) is declared to cffi by its own header,
-        # which its Python package reads from beside itself once installed.
-        build_data["force_include"][str(root / "SoftMetal" / "Sources" / "CSoftMetalHarness" / "moe_softmetal.h")] = \
-            "softmetal/moe_softmetal.h"
+        # which its Python package reads from beside itself once installed; an editable
+        # install reads it from the source tree.
+        if version != "editable":
+            harness_header = root / "SoftMetal" / "Sources" / "CSoftMetalHarness" / "moe_softmetal.h"
+            build_data["force_include"][str(harness_header)] = "softmetal/moe_softmetal.h"
         # For C programs: `pkg-config --cflags --libs moe_swift` with PKG_CONFIG_PATH set to
         # this folder (`python -m moe_swift --pkg-config-path`); ${pcfiledir} keeps it
         # valid wherever the package is installed.
