@@ -11,7 +11,10 @@ let package = Package(
         .library(name: "MoEKernels", targets: ["MoEKernels"]),
         // The shared library that the Python package loads (libMoESwift.so / .dylib);
         // its C ABI is Sources/CMoESwift/include/moe_swift.h.
-        .library(name: "MoESwift", type: .dynamic, targets: ["MoEKernels"]),
+        // SoftMetalHarness adds SoftMetal's kernel harness (SoftMetal/Sources/CSoftMetalHarness/
+        // moe_softmetal.h) to this library rather than to one of its own, so that a process has
+        // one SoftMetal (one SIGSEGV handler, one guarded-memory registry) for both.
+        .library(name: "MoESwift", type: .dynamic, targets: ["MoEKernels", "SoftMetalHarness"]),
         // SoftMetal on its own (Linux; empty on Apple platforms): Apple's Metal API names on
         // the CPU, for running and checking any MSL compute kernels off a Mac.
         .library(name: "SoftMetal", targets: ["SoftMetal"]),
@@ -28,18 +31,29 @@ let package = Package(
         ),
         // Small-M matrix products (AVX2 / AVX-512, chosen at run time) where BLAS is slow.
         .target(name: "CMoECPU", dependencies: ["CMoESwift"], path: "Sources/CMoECPU"),
-        // SoftMetal: a software Metal device (Apple's Metal API names, MSL compiled to C++ and
-        // run on the CPU) so that the Metal backend runs on Linux. Empty on Apple platforms.
-        // CSoftMetal is its low-level C part: guarded memory, the SIGSEGV handler, fiber stacks,
-        // running the compiler.
-        .target(name: "CSoftMetal", path: "Sources/CSoftMetal"),
+        // SoftMetal (SoftMetal/README.md): a software Metal device so that the Metal backend runs
+        // on Linux; empty on Apple platforms. It is a package of its own (SoftMetal/Package.swift,
+        // for standalone use and its tests), declared again here by path because SwiftPM refuses
+        // a package added by URL that depends on a local package. Keep the two in step.
+        .target(name: "CSoftMetal", path: "SoftMetal/Sources/CSoftMetal"),
         .target(
             name: "SoftMetal",
             dependencies: ["CSoftMetal"],
-            path: "Sources/SoftMetal",
-            exclude: ["README.md"],
-            // The stand-in for <metal_stdlib>, compiled into every kernel library.
-            resources: [.embedInCode("Runtime/softmetal_runtime.h")]
+            path: "SoftMetal/Sources/SoftMetal",
+            // The parts of the stand-in for <metal_stdlib>, joined in KernelCompiler.runtimeParts.
+            resources: [.embedInCode("Runtime")]
+        ),
+        // The moe_softmetal_* harness (Python's moe_swift.softmetal) builds on the layer's status
+        // codes and error slot (moe_swift.h), so only this package declares it.
+        .systemLibrary(name: "CSoftMetalHarness", path: "SoftMetal/Sources/CSoftMetalHarness"),
+        .target(
+            name: "SoftMetalHarness",
+            dependencies: [
+                "CMoESwift",
+                "CSoftMetalHarness",
+                .target(name: "SoftMetal", condition: .when(platforms: [.linux])),
+            ],
+            path: "SoftMetal/Sources/SoftMetalHarness"
         ),
         .target(
             name: "MoEKernels",
@@ -73,7 +87,7 @@ let package = Package(
         .testTarget(
             name: "SoftMetalTests",
             dependencies: [.target(name: "SoftMetal", condition: .when(platforms: [.linux]))],
-            path: "tests/swift/SoftMetalTests"
+            path: "SoftMetal/tests/swift/SoftMetalTests"
         ),
     ]
 )

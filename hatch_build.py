@@ -2,7 +2,8 @@
 
 `swift build -c release --product MoESwift` builds the shared library; it lands in
 python/moe_swift/_native/ together with the C header (which the Python side reads for its
-cffi declarations) and, on Linux, the Swift runtime libraries it links, so the installed
+cffi declarations; SoftMetal's harness header goes into the `softmetal` package) and, on
+Linux, the Swift runtime libraries it links, so the installed
 package works on machines without a Swift toolchain. The library's RUNPATH is `$ORIGIN`
 only, so it finds that runtime beside itself wherever the package is installed.
 """
@@ -67,8 +68,14 @@ class SwiftBuildHook(BuildHookInterface):
             shutil.rmtree(native)
         native.mkdir(parents=True)
         shutil.copy2(bin_dir / LIBRARY, native / LIBRARY)
-        for header in ("moe_swift.h", "moe_options.h", "moe_softmetal.h"):
+        for header in ("moe_swift.h", "moe_options.h"):
             shutil.copy2(root / "Sources" / "CMoESwift" / "include" / header, native / header)
+        # SoftMetal's harness (in the library above) is declared to cffi by its own header,
+        # which its Python package reads from beside itself once installed; an editable
+        # install reads it from the source tree.
+        if version != "editable":
+            harness_header = root / "SoftMetal" / "Sources" / "CSoftMetalHarness" / "moe_softmetal.h"
+            build_data["force_include"][str(harness_header)] = "softmetal/moe_softmetal.h"
         # For C programs: `pkg-config --cflags --libs moe_swift` with PKG_CONFIG_PATH set to
         # this folder (`python -m moe_swift --pkg-config-path`); ${pcfiledir} keeps it
         # valid wherever the package is installed.

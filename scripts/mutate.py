@@ -188,8 +188,7 @@ def build_and_test(suites):
         return "stillborn", f"build failed ({secs:.0f} s): {out[-500:]}"
     native = SCRATCH / "python" / "moe_swift" / "_native"
     shutil.copy2(SCRATCH / ".build" / "python" / "release" / ("libMoESwift.dylib" if sys.platform == "darwin" else "libMoESwift.so"), native)
-    for header in ("moe_swift.h", "moe_softmetal.h"):
-        shutil.copy2(SCRATCH / "Sources" / "CMoESwift" / "include" / header, native)
+    shutil.copy2(SCRATCH / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native)
     killed_by = []
     if "swift" in suites:
         code, secs, out = run(["swift", "test"], SCRATCH)

@@ -11,7 +11,7 @@ Weight matrices may be float16 / bfloat16 arrays or `moe_swift.Quantized` (MLX's
 and mxfp4 layouts; `moe_swift.formats.quantize` makes one), kept in that format.
 `moe_swift.reference.moe_forward` is the NumPy float64 oracle of the same computation.
 `moe_swift.softmetal` compiles and launches single MSL kernels on SoftMetal, the software
-Metal device (Linux).
+Metal device (Linux): it is SoftMetal's own harness, the package `softmetal`.
 """
 
 from . import formats, reference

@@ -40,7 +40,7 @@ class LibraryNotFoundError(ImportError):
 
 
 def header_path(name: str = "moe_swift.h") -> Path:
-    """The C header `name` (moe_swift.h: the layer's ABI; moe_softmetal.h: the SoftMetal harness)."""
+    """The C header `name` of the layer's ABI (moe_swift.h)."""
     candidates = [d / name for d in _HEADER_DIRS]
     for path in candidates:
         if path.is_file():
@@ -121,23 +121,6 @@ def load():
         if _loaded is None:
             _loaded = _load()
         return _loaded
-
-
-_softmetal = None
-
-
-def load_softmetal():
-    """(ffi, lib) of the SoftMetal harness (moe_softmetal.h), loaded on first use: its
-    ffi includes the layer ABI's types; the layer ABI's functions stay on load()'s lib."""
-    global _softmetal
-    ffi, _, path = load()
-    with _lock:
-        if _softmetal is None:
-            harness = cffi.FFI()
-            harness.include(ffi)
-            harness.cdef(cdef_source(header_path("moe_softmetal.h").read_text()))
-            _softmetal = harness, harness.dlopen(str(path), harness.RTLD_NOW | getattr(harness, "RTLD_NODELETE", 0))
-        return _softmetal
 
 
 def check(status: int) -> None:

@@ -2,7 +2,11 @@
 SoftMetal), "metal" where an Apple GPU is available: every family of the spec against the
 float64 reference for T in {0, 1, 3, 64, 300} and odd sizes, agreement with "cpu", the
 budgets of issue 4 through moe_swift.last_stats(), run_layers, and the CPU backend's
-bad-input catalogue."""
+bad-input catalogue; and the softmetal backend's kernels under SoftMetal's memory check."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -395,3 +399,32 @@ def test_many_experts_in_prefill():
     x = np.random.default_rng(0).standard_normal((6, 32)).astype(np.float32)
     with moe_swift.MoELayer(**args, backend=BACKEND) as layer:
         check(layer, args, x)
+
+
+@pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal is Linux-only")
+def test_the_moe_layers_kernels_run_clean_under_it():
+    """A few forwards of the softmetal backend (routing, grouping, GEMV, GEMM, combine;
+    float32 and quantized) with every dispatch checked."""
+    code = r"""
+import numpy as np, moe_swift
+from moe_swift import reference, formats
+import sys; sys.path.insert(0, %r)
+from families import make_layer_args
+for family, fmt in [("qwen2_moe", None), ("deepseek_v3", "q4"), ("gpt_oss", "mxfp4")]:
+    args = make_layer_args(family, H=64, I=32, E=8, k=2, seed=1, shared=32)
+    if fmt:
+        for name in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
+            if name in args:
+                args[name] = formats.quantize(args[name], mode="mxfp4") if fmt == "mxfp4" else formats.quantize(args[name], bits=4, group_size=32)
+    x = np.random.default_rng(2).standard_normal((9, 64)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        for T in (1, 9):
+            y = layer(x[:T])
+            ids, _ = layer.route(x[:T])
+            ref = reference.moe_forward(x[:T], **args, ids=ids)
+            assert np.abs(y - ref).max() < 1e-3, (family, fmt, T)
+print("clean")
+""" % os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SOFTMETAL_CHECK_MEMORY="1"),
+                         capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip().endswith("clean"), out.stdout[-2000:] + out.stderr[-3000:]

@@ -3,9 +3,10 @@ float32 and 4-bit layers through the C header, runs forward, route and the exper
 call, provokes errors and destroys them: no invalid access, no definite leak. Skipped
 where valgrind is not installed (scripts/install.sh installs it with the test extras).
 The library is copied without its debug info, which valgrind 3.19 cannot read (DWARF 5).
-SoftMetal's harness too (tests/c/softmetal_under_valgrind.c): compile, launch, a caught
-fault, a memory-checked launch; its compiled kernels' own reports (fibers switch stacks by
-hand) are suppressed by tests/c/softmetal_kernels.supp, libMoESwift's are not. And the CPU
+SoftMetal's harness too, which libMoESwift carries
+(SoftMetal/tests/c/softmetal_under_valgrind.c): compile, launch, a caught fault, a
+memory-checked launch; its compiled kernels' own reports (fibers switch stacks by hand) are
+suppressed by SoftMetal/tests/c/softmetal_kernels.supp, libMoESwift's are not. And the CPU
 format kernels under AddressSanitizer (built from source with cc)."""
 
 import os
@@ -18,8 +19,8 @@ import pytest
 
 from moe_swift import _native
 
-def run_under_valgrind(tmp_path, source_name, env=None, suppressions=None, options=()):
-    """Builds tests/c/<source_name> against a copy of the library without its debug info and
+def run_under_valgrind(tmp_path, source, env=None, suppressions=None, options=(), include_dirs=()):
+    """Builds the C program `source` against a copy of the library without its debug info and
     runs it under valgrind; asserts no error, no definite leak and "0 failures"."""
     library = _native.library_path()
     lib = tmp_path / "lib"
@@ -27,9 +28,9 @@ def run_under_valgrind(tmp_path, source_name, env=None, suppressions=None, optio
     for so in library.parent.glob("*.so*"):
         shutil.copy2(so, lib / so.name)
     subprocess.run(["strip", "--strip-debug", str(lib / library.name)], check=True)
-    source = pathlib.Path(__file__).parents[1] / "c" / source_name
     program = tmp_path / "program"
-    subprocess.run(["cc", "-O1", "-gdwarf-4", f"-I{_native.header_path().parent}", str(source),
+    includes = [f"-I{d}" for d in (_native.header_path().parent, *include_dirs)]
+    subprocess.run(["cc", "-O1", "-gdwarf-4", *includes, str(source),
                     f"-L{lib}", "-lMoESwift", f"-Wl,-rpath,{lib}", "-o", str(program)], check=True)
     extra = ([f"--suppressions={suppressions}"] if suppressions else []) + list(options)
     result = subprocess.run(["valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite",
@@ -48,7 +49,7 @@ needs_valgrind = pytest.mark.skipif(
 
 @needs_valgrind
 def test_forward_under_valgrind(tmp_path):
-    run_under_valgrind(tmp_path, "forward_under_valgrind.c")
+    run_under_valgrind(tmp_path, pathlib.Path(__file__).parents[1] / "c" / "forward_under_valgrind.c")
 
 
 @needs_valgrind
@@ -56,13 +57,15 @@ def test_forward_under_valgrind(tmp_path):
 def test_softmetal_harness_under_valgrind(tmp_path):
     # The kernels compile into a folder the suppressions name (cold: about a second).
     env = dict(os.environ, SOFTMETAL_CACHE_DIR=str(tmp_path / "softmetal-kernels"))
-    suppressions = pathlib.Path(__file__).parents[1] / "c" / "softmetal_kernels.supp"
+    from moe_swift import softmetal
+    tests = pathlib.Path(__file__).parents[2] / "SoftMetal" / "tests" / "c"
+    suppressions = tests / "softmetal_kernels.supp"
     # A move of the stack pointer by more than the fiber stacks' size is a switch between
     # stacks: with valgrind's default (2 MB), a fiber stack mapped within 2 MB of the
     # thread's own stack made each switch look like the stack shrinking, and every later
     # read of the thread's frames an invalid read (about 4 runs in 5 failed).
-    run_under_valgrind(tmp_path, "softmetal_under_valgrind.c", env=env, suppressions=suppressions,
-                       options=["--max-stackframe=65536"])
+    run_under_valgrind(tmp_path, tests / "softmetal_under_valgrind.c", env=env, suppressions=suppressions,
+                       options=["--max-stackframe=65536"], include_dirs=[softmetal.header_path().parent])
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")

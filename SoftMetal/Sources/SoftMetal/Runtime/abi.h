@@ -1,0 +1,108 @@
+// ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
+extern "C" {
+#define SM_ABI_VERSION 6
+#define SM_MAX_BUFFERS 31
+#define SM_MAX_THREADGROUP_MEMORY 31
+#define SM_FLAG_POISON 1u
+#define SM_FLAG_RUN_AHEAD 2u
+#define SM_FLAG_REVERSE_SIMDGROUPS 4u
+#define SM_OK 0
+#define SM_ERROR_OUT_OF_BOUNDS 1
+#define SM_ERROR_DIVERGENCE 2
+#define SM_ERROR_RUNTIME 3
+#define SM_ERROR_CHECK 7
+typedef struct sm_dispatch {
+    uint32_t abi_version;
+    uint32_t flags;
+    const char* kernel_name;
+    void* buffers[SM_MAX_BUFFERS];
+    uint64_t buffer_lengths[SM_MAX_BUFFERS];
+    void* tg_mem[SM_MAX_THREADGROUP_MEMORY];
+    uint64_t tg_mem_lengths[SM_MAX_THREADGROUP_MEMORY];
+    void* tg_static;
+    uint64_t tg_static_capacity;
+    uint32_t threadgroups[3];
+    uint32_t tptg[3];
+    uint32_t grid[3];
+    uint32_t first_group, end_group;
+    uint32_t order_mul, order_add;
+    uint64_t seed;
+    void* stacks;
+    uint64_t stack_size;
+    uint32_t stack_count;
+    uint32_t error_kind;
+    void* scratch;
+    uint64_t scratch_size;
+    char* error;
+    uint32_t error_capacity;
+    uint32_t max_threads;
+    struct sm_check* check;
+} sm_dispatch;
+/* The memory check (a library compiled with SM_CHECK_MEMORY: every load and store of the
+ * kernel calls the runtime). Filled by the host, which runs checked dispatches one at a
+ * time on one OS thread; the runtime writes the first finding. */
+#define SM_CHECK_NONE 0
+#define SM_CHECK_BOUNDS 1         /* an access outside every bound buffer, threadgroup allocation and the thread's own memory */
+#define SM_CHECK_RACE 2           /* two threads, one writing, touched a byte with nothing ordering them */
+#define SM_CHECK_UNINITIALIZED 3  /* a read of threadgroup memory no thread of the threadgroup wrote, or of buffer bytes never written */
+#define SM_REGION_NONE (-1000)
+#define SM_REGION_ARENA (-100)    /* threadgroup variables declared in the kernel */
+/* The last writer and last reader of one byte (device memory: within the dispatch;
+ * threadgroup memory: within the threadgroup). group: linear threadgroup number + 1
+ * (0: none); thread: index in the threadgroup (SM_SHADOW_ATOMIC: by an atomic); epoch:
+ * threadgroup barriers the threadgroup had passed; sg_epoch: simd operations the
+ * thread's simdgroup had completed; pc: code offset in the library. */
+#define SM_SHADOW_ATOMIC 0xFFFFu
+#define SM_SHADOW_MANY 0x8000u    /* r_thread: another thread read too (same group, epoch) */
+#define SM_SHADOW_MIXED 0x4000u   /* r_thread: ... from another simdgroup or simd epoch */
+typedef struct sm_shadow {
+    uint32_t w_group; uint16_t w_thread, w_sg_epoch; uint32_t w_epoch, w_pc;
+    uint32_t r_group; uint16_t r_thread, r_sg_epoch; uint32_t r_epoch, r_pc;
+} sm_shadow;
+typedef struct sm_check {
+    sm_shadow* buffer_shadow[SM_MAX_BUFFERS];  /* one cell per byte of buffers[i] (NULL: no race tracking) */
+    sm_shadow* tg_shadow[SM_MAX_THREADGROUP_MEMORY];
+    sm_shadow* arena_shadow;                   /* tg_static_capacity cells */
+    uint32_t races;                            /* report races (else the shadow only tracks initialisation) */
+    uint32_t uninitialized;                    /* report reads of unwritten threadgroup memory */
+    uintptr_t image_start, image_end;          /* out: the library's own image (constants) */
+    /* out: the first finding */
+    uint32_t kind;
+    uint32_t size;                             /* bytes of the access */
+    uint32_t is_write, other_is_write;
+    int32_t region;                            /* buffer index, -(i + 1) for threadgroup(i), SM_REGION_* */
+    uint64_t offset;                           /* in the region (buffer: from the bound pointer; arena: in the variable) */
+    uint64_t region_length;                    /* bytes of the region (bound bytes, the variable's size) */
+    uint32_t outside;                          /* in no region: `region` is the nearest buffer */
+    uintptr_t address;
+    uint32_t pc, other_pc;
+    uint32_t group, other_group;               /* linear threadgroup number + 1 */
+    uint32_t thread, other_thread;
+    uint32_t epoch, other_epoch;
+    /* One bit per byte of the buffer bound at i (bit 0: the bound pointer), persistent across
+     * dispatches: set once host or kernel wrote it. NULL: every byte counts as written. */
+    uint8_t* buffer_init[SM_MAX_BUFFERS];
+    uint64_t buffer_init_bit[SM_MAX_BUFFERS];   /* the bound pointer's bit in buffer_init[i] */
+} sm_check;
+#define SM_PARAM_BUFFER 1
+#define SM_PARAM_THREADGROUP 2
+#define SM_PARAM_BUILTIN 3
+typedef struct sm_param_info {
+    int32_t kind;
+    int32_t index;
+    int64_t elem_size;
+    int32_t is_reference;
+    const char* type;
+    const char* name;
+    const char* attribute;
+} sm_param_info;
+typedef struct sm_kernel_info {
+    int32_t abi_version;
+    int32_t param_count;
+    const sm_param_info* params;
+    int32_t max_total_threads;
+} sm_kernel_info;
+int snprintf(char*, unsigned long, const char*, ...);
+void* memset(void*, int, unsigned long);
+void* memcpy(void*, const void*, unsigned long);
+}
