@@ -1,7 +1,8 @@
 """python -m moe_swift --pkg-config-path | --include-dir | --library: where the installed
 native library is, for C programs:
 
-    PKG_CONFIG_PATH=$(python -m moe_swift --pkg-config-path) cc app.c $(pkg-config --cflags --libs moe_swift)
+    export PKG_CONFIG_PATH=$(python3 -m moe_swift --pkg-config-path)
+    cc app.c -o app $(pkg-config --cflags --libs moe_swift)
 """
 
 import argparse

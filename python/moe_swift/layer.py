@@ -1,4 +1,4 @@
-"""MoELayer: the whole MoE layer of the README's "What one call computes" in one native call."""
+"""MoELayer: the whole MoE layer of docs/spec.md ("What one call computes") in one native call."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ public enum MoEBackendKind: Int32, Sendable, CaseIterable {
     }
 }
 
-/// Every option of one MoE layer (see the README's "What one call computes"); checked once by `validate()`.
+/// Every option of one MoE layer (see docs/spec.md, "What one call computes"); checked once by `validate()`.
 public struct MoEConfiguration: Sendable, Equatable {
     public var hiddenSize: Int
     public var intermediateSize: Int
