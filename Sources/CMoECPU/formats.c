@@ -273,9 +273,8 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
 }
 
 // The factored row of kind K for mm activation rows, specialised on the group size too:
-// a group loop of constant length unrolls (measured +6% for 4-bit codes at K = 2048, +12%
-// at K = 768). Other group sizes cannot reach here (WeightFormat validates them); GS 0 reads
-// it at run time all the same.
+// a group loop of constant length unrolls. Other group sizes cannot reach here
+// (WeightFormat validates them); GS 0 reads it at run time all the same.
 #define AFFINE_ROW(ISA, K, MM, GS) row_affine_##ISA(K, MM, GS, w, row0 + j, ai, lda, xs, ci, ldc)
 #define AFFINE_MM(ISA, K, GS)                   \
     switch (mm) {                               \
@@ -384,7 +383,7 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
 // ---- AVX-512 ------------------------------------------------------------------------
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 // Bytes ahead of the 4-bit codes being read that a product prefetches (8-bit codes stream
-// faster without: 18 against 13-15 GB/s on one core).
+// faster without it).
 enum { CODE_PREFETCH = 1024 };
 // Floats of activation group sums a factored product keeps on the stack; a row may have
 // at most FACTORED_SUMS / 4 groups.
@@ -460,8 +459,8 @@ INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* 
         for (; k0 + 2 * CHUNK <= end; k0 += 2 * CHUNK) {
             __m512 v[4];
             // Packed codes are consumed slower than the prefetcher ramps up on a new row:
-            // fetching 1 KiB ahead (the next row, near a row's end) measured 9.7 -> 10.8
-            // GB/s on one core for mxfp4 (8.7 -> 11.6 for affine 4-bit, row_affine_avx512).
+            // fetching 1 KiB ahead (the next row, near a row's end) covers the ramp, for
+            // mxfp4 here as for affine 4-bit in row_affine_avx512.
             if (kind == K_MXFP4) _mm_prefetch((const char*)row_data(w, r) + (k0 >> 1) + CODE_PREFETCH, _MM_HINT_T0);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0, v);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0 + CHUNK, v + 2);
@@ -492,10 +491,9 @@ INLINE T512 void row_avx512(const int kind, const int MM, const moe_cpu_matrix* 
 //   sum_i (s q_i + b) x_i = s * sum_i q_i x_i + b * sum_i x_i,
 // so the inner loop only widens codes to floats and does one FMA per element (no per-group
 // table, no bias), the scale is applied once per group, and sum_i x_i is computed once per
-// activation row (group_sums) and dotted with the row's biases at the end. On one
-// Zen 4 core (K = 2048, 4-bit, in L2) this measured 9.6 -> 12.7 GB/s of codes; the table
-// path is shuffle-bound. The rounding differs from the table path but stays float32 with
-// float32 accumulation, well inside the spec's tolerance.
+// activation row (group_sums) and dotted with the row's biases at the end, where the
+// table path is shuffle-bound. The rounding differs from the table path but stays float32
+// with float32 accumulation, well inside the spec's tolerance.
 
 // Scale or bias elements [g, g + n) as floats in the first n lanes (n <= 16), zeros in the
 // others: masked loads, so short rows (a down projection's 12 groups) convert theirs in
@@ -522,7 +520,7 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float scales[FACTORED_SUMS / 4 + 16];  // whole vectors are stored
     // The row's scales as floats first: converting one per group inside the loop costs
-    // more than the group's FMAs (measured 8.9 -> 11.8 GB/s for 4-bit codes).
+    // more than the group's FMAs.
     for (int64_t g = 0; g < groups; g += 16) _mm512_storeu_ps(scales + g, load_scalars(gc.scales, gc.type, g, MIN(16, groups - g)));
     __m512 total[4][2];
     for (int i = 0; i < MM; i++) total[i][0] = total[i][1] = _mm512_setzero_ps();
@@ -580,10 +578,8 @@ INLINE T512 void row_affine_avx512(const int kind, const int MM, const int GS, c
 // size, and a dot product's error is dominated by its largest terms. Then per group
 //   sum_k (s q_k + b) x_k = s d (H + L / 2^15) + b sum_k x_k   (or s D T + b sum_k x_k),
 // with sum_k x_k summed from the float activations. Without AVX512-VNNI the same integers
-// come from vpmaddwd / vpmaddubsw + vpmaddwd and adds. One Zen 4 core, codes in L2, K =
-// 2048: 4-bit 12.7 GB/s (float factored row) -> 19 GB/s here, 8-bit 24 -> 30 GB/s with
-// 512-bit multiply-adds (23 GB/s with the 256-bit ones of group_fixed_q8, which stream
-// faster from memory).
+// come from vpmaddwd / vpmaddubsw + vpmaddwd and adds. An integer multiply-add does 64
+// (4-bit) or 32 (8-bit) products an instruction, where the float factored row does 16.
 // A row of activations with a non-finite value keeps the float path (IEEE propagation).
 
 enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
@@ -754,9 +750,8 @@ INLINE T512 int fixed_row_scales(const int MM, const group_cursor* gc, int64_t g
 // chains in flight. The integer work runs on 256-bit halves (codes 0-15 and 16-31 of a
 // step), joined into the 16 lanes of the 512-bit form only per group: the same integers
 // in the same lanes, but 8-bit codes stream from memory and, as with dense rows
-// (moe_cpu_matmul_formatted), 256-bit code streams faster: the Qwen3-30B-A3B-shaped
-// decode layer took 1.13x less time than with 512-bit multiply-adds, although from L2 the
-// 512-bit form is faster (30 against 23 GB/s of codes on one core).
+// (moe_cpu_matmul_formatted), 256-bit code streams faster from memory, although from L2
+// the 512-bit form is faster (docs/cpu-backend.md).
 INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, const int u, const uint8_t* row,
                                 int64_t g, int64_t cols, const fixed_rows* x, float cs[][FIXED_MAX_GROUPS + 16],
                                 __m512 hi_total[][2], __m512 lo_total[][2]) {
@@ -783,9 +778,8 @@ INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, 
 // The 64 codes of 32 bytes in the split layout (low nibbles, then high nibbles) as the
 // bytes of one vector. With GFNI, one bit-matrix transform per 64-bit lane of a broadcast
 // keeps the low nibbles in the lower half and moves the high nibbles down in the upper
-// half: one instruction where mask, shift, mask and insert take four (the Qwen3-30B-A3B-
-// shaped 4-bit decode layer measured 1.03-1.045x faster; the same codes). Inline assembly
-// for the reason dot_bytes gives.
+// half: one instruction where mask, shift, mask and insert take four (the same codes).
+// Inline assembly for the reason dot_bytes gives.
 INLINE T512 __m512i nibble_codes(const int gfni, const uint8_t* p) {
     if (gfni) {
         const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)p));
@@ -1161,12 +1155,9 @@ DEFINE_DRIVERS(avx2, T256, 1)
 
 
 // Dense rows take the 256-bit kernels on AVX-512 machines too. These products only stream
-// memory (the 512-bit row does 60 GB/s of bf16 from L2 on one core, several times what
-// DRAM delivers), and streaming is what 512-bit code does worse: on the Zen 4 machines of
-// this project the 256-bit rows made the Qwen3-30B-A3B-shaped decode layer 1.19x (f32)
-// and 1.24x (bf16) faster, measured in alternating blocks in one process, and the f32
-// row over 410 MB on two threads read 8-26% more GB/s (four alternating runs). ggml's
-// CPU build in the benchmark is AVX2-only, and it was ahead of the 512-bit rows.
+// memory (from L2 the 512-bit row is several times faster than DRAM delivers), and
+// streaming from DRAM is what 512-bit code did worse on the Zen 4 machines this was
+// measured on (docs/cpu-backend.md).
 void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                               int64_t row0, float* c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
