@@ -336,3 +336,15 @@ def test_cli_formats(tmp_path, monkeypatch, capsys):
     data = json.loads(out.read_text())
     assert [r["format"] for r in data["rows"]] == ["f32", "q4"]
     assert data["settings"]["formats"] == ["f32", "q4"] and data["roofline"]["used"]["GBps"] == 12.0
+
+
+def test_the_old_entry_point_says_where_the_suite_went():
+    """`python -m moe_swift.bench` (the suite's home before it left the package) fails with
+    one line naming the command that replaced it."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "moe_swift.bench", "--quick"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "python benchmarks/run.py" in result.stderr
