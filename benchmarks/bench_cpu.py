@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
 """CPU benchmark of ours vs the grouped NumPy baseline and the float64 reference.
 
-This was the first benchmark; it now lives in the package as `python -m moe_swift.bench`
-(the grouped NumPy baseline is moe_swift.bench.grouped, the alternating-block timing
-moe_swift.bench.runner). This file runs it with the peers this script always had:
+This was the first benchmark; the suite it grew into is `python benchmarks/run.py`
+(the grouped NumPy baseline is moe_bench.grouped, the alternating-block timing
+moe_bench.runner). This file runs it with the peers this script always had:
 
-    python benchmarks/bench_cpu.py                 # = python -m moe_swift.bench --peers ours,numpy,reference
+    python benchmarks/bench_cpu.py                 # = python benchmarks/run.py --peers ours,numpy,reference
     python benchmarks/bench_cpu.py --no-reference  # ours and NumPy only
     python benchmarks/bench_cpu.py --quick --shapes qwen3-30b-a3b --tokens 1,64
 
-Every other option is `python -m moe_swift.bench`'s (see --help); results go to
+Every other option is `python benchmarks/run.py`'s (see --help); results go to
 benchmarks/results/bench_cpu.json unless --json says otherwise.
 """
 
 import sys
 from pathlib import Path
 
-from moe_swift.bench.__main__ import main
+from moe_bench.__main__ import main
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

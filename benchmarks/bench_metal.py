@@ -13,12 +13,12 @@ device (moe_swift.last_stats: dispatches, command buffers, waits, allocations), 
 stack of --layers layers as separate forwards vs one run_layers call - against "cpu".
 
 --formats mode: for each weight format, ours on --backend and MLX (mlx-lm's SwitchGLU:
-mx.gather_mm, or mx.gather_qmm on the same quantized arrays; moe_swift.bench.peers.MLXLayer)
+mx.gather_mm, or mx.gather_qmm on the same quantized arrays; moe_bench.peers.MLXLayer)
 on MLX's GPU device (--mlx-device) where mlx is installed, same weights and inputs; median of --repeats
 calls, each on a fresh input; the largest difference between the two outputs relative to
 max|ours| (bf16: MLX computes in bfloat16, so expect ~1e-2).
 
---model: moe_swift.bench.metal_model - per dispatch of one forward (decode T = 1, prefill
+--model: moe_bench.metal_model - per dispatch of one forward (decode T = 1, prefill
 T = 512) bytes, FLOPs and a roofline time on M2 / M3 / M4 Max, with its assumptions.
 
 Every mode prints a table and writes JSON (--json; default benchmarks/results/bench_metal.json,
@@ -60,7 +60,7 @@ def write_json(path, payload):
 
 def layer_shape(a):
     """The benchmarked shape: --shape, or the small default sizes with Qwen3's family options."""
-    from moe_swift.bench.shapes import SHAPES
+    from moe_bench.shapes import SHAPES
     if a.shape:
         s = SHAPES[a.shape]
         return replace(s, shared=a.shared or s.shared), a.experts or s.experts
@@ -69,8 +69,8 @@ def layer_shape(a):
 
 
 def weights(a, fmt):
-    from moe_swift.bench.shapes import Weights
-    from moe_swift.bench.weightformats import FormatWeights
+    from moe_bench.shapes import Weights
+    from moe_bench.weightformats import FormatWeights
     shape, E = layer_shape(a)
     return FormatWeights(Weights(shape, E), fmt)
 
@@ -128,7 +128,7 @@ def median_ms(fn, xs):
 
 def against_mlx(a):
     import moe_swift
-    from moe_swift.bench import peers
+    from moe_bench import peers
     mlx_status = peers.status("mlx")
     rows = []
     print(f"backend {a.backend}; MLX on its {a.mlx_device.upper()} device: "
@@ -180,7 +180,7 @@ def against_mlx(a):
 
 
 def modelled(a):
-    from moe_swift.bench import metal_model as mm
+    from moe_bench import metal_model as mm
     shape, E = layer_shape(a) if a.shape else (None, None)
     s = mm.QWEN3 if shape is None else mm.LayerShape(shape.hidden, shape.inter, E, shape.top_k, shape.name)
     tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens_given else (1, 512)
@@ -193,7 +193,7 @@ def modelled(a):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default=None, help="default: metal if available, else softmetal")
-    ap.add_argument("--shape", default=None, help="a shape of moe_swift.bench (e.g. qwen3-30b-a3b); overrides the sizes")
+    ap.add_argument("--shape", default=None, help="a shape of moe_bench (e.g. qwen3-30b-a3b); overrides the sizes")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--inter", type=int, default=128)
     ap.add_argument("--experts", type=int, default=0, help="default: the shape's (16 for the small default)")

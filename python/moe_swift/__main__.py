@@ -2,8 +2,8 @@
 commands and integrations that can run here. For C programs, where the library is:
 --pkg-config-path | --include-dir | --library, e.g.
 
-    export PKG_CONFIG_PATH=$(python -m moe_swift --pkg-config-path)
-    cc app.c $(pkg-config --cflags --libs moe_swift)
+    export PKG_CONFIG_PATH=$(python3 -m moe_swift --pkg-config-path)
+    cc app.c -o app $(pkg-config --cflags --libs moe_swift)
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""The MoE layer of the README's "What one call computes" in NumPy float64, step by step.
+"""The MoE layer of docs/spec.md ("What one call computes") in NumPy float64, step by step.
 
 This is the oracle every backend is tested against: it favours following the spec
 line by line over speed. Array layouts are the Hugging Face / MLX ones (out-by-in).

@@ -83,5 +83,5 @@ def make_layer_args(family: str, *, H: int, I: int, E: int, k: int, seed: int = 
 
 
 def spec_tolerance(ref) -> float:
-    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (the README's "What one call computes")."""
+    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (docs/spec.md, "What one call computes")."""
     return 1e-4 * (float(np.abs(ref).max()) if np.size(ref) else 0.0) + 1e-5

@@ -1,6 +1,6 @@
-"""moe_swift.bench on tiny layers: the grouped NumPy baseline and every installed peer
-compute the spec's layer, the checks and the timing loop produce rows, the tables, JSON
-and plot are written. (torch, transformers and MLX are not CI dependencies: their tests
+"""The benchmark suite (benchmarks/moe_bench) on tiny layers: the grouped NumPy baseline
+and every installed peer compute the spec's layer, the checks and the timing loop produce
+rows, the tables, JSON and plot are written. (torch, transformers and MLX are not CI dependencies: their tests
 skip when the package is missing.)"""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from moe_swift import reference
-from moe_swift.bench import grouped, peers, report, roofline
-from moe_swift.bench.__main__ import main, parse_args
-from moe_swift.bench.runner import bench_shape, tolerance
-from moe_swift.bench.shapes import SHAPES, Weights
+from moe_bench import grouped, peers, report, roofline
+from moe_bench.__main__ import main, parse_args
+from moe_bench.runner import bench_shape, tolerance
+from moe_bench.shapes import SHAPES, Weights
 
 
 def tiny(name, E=8):
@@ -84,7 +84,7 @@ def test_decode_blocks_hold_enough_calls():
     """Decode points time at least DECODE_BLOCK_CALLS calls per block where the budget
     allows (the first calls after a block's pause are the cold ones); other points keep
     --repeats."""
-    from moe_swift.bench.runner import DECODE_BLOCK_CALLS
+    from moe_bench.runner import DECODE_BLOCK_CALLS
     rows = bench_shape(tiny("qwen3-30b-a3b"), 8, [1, 16], ["ours"], args(budget=5.0), lambda m: None, [])
     decode, other = (r["impl"]["ours"] for r in rows)
     assert decode["runs"] == 2 * 2 * DECODE_BLOCK_CALLS  # rounds=2, doubled for decode
@@ -132,7 +132,7 @@ def test_env_warning(monkeypatch):
 def test_cli_tiny_run(tmp_path, monkeypatch, capsys):
     """The command end to end on a tiny shape: table, JSON, and the PNG or the reason it
     was skipped."""
-    import moe_swift.bench.__main__ as cli
+    import moe_bench.__main__ as cli
     monkeypatch.setitem(cli.SHAPES, "tiny-olmoe", replace(tiny("olmoe-1b-7b"), name="tiny-olmoe"))
     monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
         gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, gemm_n=64,
@@ -248,8 +248,8 @@ def test_ggml_matches_reference(gtype):
     routing, against the float32 layer (loosely: ggml quantizes weights and activations)."""
     if peers.status("ggml") is not None:
         pytest.skip(f"ggml: {peers.status('ggml')}")
-    from moe_swift.bench import ggml
-    from moe_swift.bench.runner import GGML_REL_RMS, rel_rms
+    from moe_bench import ggml
+    from moe_bench.runner import GGML_REL_RMS, rel_rms
     w = Weights(tiny_formats(H=256, I=256), 8)
     x = np.random.default_rng(5).standard_normal((7, w.H), dtype=np.float32)
     ours = peers.Ours(w)
@@ -274,7 +274,7 @@ def test_ggml_matches_reference(gtype):
 def test_ggml_not_applicable():
     if peers.status("ggml") is not None:
         pytest.skip(f"ggml: {peers.status('ggml')}")
-    from moe_swift.bench import ggml
+    from moe_bench import ggml
     assert "n/a" in ggml.supports(Weights(tiny_formats("gpt-oss-20b"), 8), "Q4_0")
     assert "multiples of 256" in ggml.supports(Weights(tiny_formats(), 8), "Q4_K")
 
@@ -283,7 +283,7 @@ def test_ggml_not_applicable():
 def test_mlx_quantized_agrees_with_ours(fmt):
     if peers.status("mlx") is not None:
         pytest.skip(f"mlx: {peers.status('mlx')}")
-    from moe_swift.bench.weightformats import FormatWeights
+    from moe_bench.weightformats import FormatWeights
     w = Weights(tiny_formats(), 8)
     fw = FormatWeights(w, fmt)
     x = np.random.default_rng(6).standard_normal((9, w.H), dtype=np.float32)
@@ -320,7 +320,7 @@ def test_native_read_probe():
 
 
 def test_cli_formats(tmp_path, monkeypatch, capsys):
-    import moe_swift.bench.__main__ as cli
+    import moe_bench.__main__ as cli
     monkeypatch.setitem(cli.SHAPES, "tiny-qwen", replace(tiny_formats(), name="tiny-qwen"))
     monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
         gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, stream_GBps_best=12.0,
@@ -336,3 +336,15 @@ def test_cli_formats(tmp_path, monkeypatch, capsys):
     data = json.loads(out.read_text())
     assert [r["format"] for r in data["rows"]] == ["f32", "q4"]
     assert data["settings"]["formats"] == ["f32", "q4"] and data["roofline"]["used"]["GBps"] == 12.0
+
+
+def test_the_old_entry_point_says_where_the_suite_went():
+    """`python -m moe_swift.bench` (the suite's home before it left the package) fails with
+    one line naming the command that replaced it."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "moe_swift.bench", "--quick"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "python benchmarks/run.py" in result.stderr

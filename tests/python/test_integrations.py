@@ -63,7 +63,7 @@ def test_bfloat16_parameters_stay_bfloat16():
 
 
 def test_one_line_of_glue(tmp_path):
-    """The README's recipe: importing the module is all it takes before from_pretrained."""
+    """docs/integrations.md's recipe: importing the module is all it takes before from_pretrained."""
     import moe_swift.integrations.transformers  # noqa: F401  (registers "moe_swift")
 
     tiny_model("mixtral").save_pretrained(tmp_path)

@@ -1,5 +1,5 @@
-"""The Metal speed model (moe_swift.bench.metal_model, `bench_metal.py --model`): its byte
-and FLOP accounting against sizes computed independently, and its dispatch plan against
+"""The Metal speed model (benchmarks/moe_bench/metal_model.py, `bench_metal.py --model`):
+its byte and FLOP accounting against sizes computed independently, and its dispatch plan against
 the budgets of the Metal README."""
 
 import json
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from moe_swift import formats
-from moe_swift.bench import metal_model as mm
+from moe_bench import metal_model as mm
 
 H, I, E, K = 2048, 768, 128, 8
 

@@ -1,6 +1,6 @@
 """Developer check: `moe_swift.reference` against Hugging Face transformers' MoE blocks.
 
-The spec (the README's "What one call computes") names transformers as the authority for every model
+The spec (docs/spec.md, "What one call computes") names transformers as the authority for every model
 family. This file builds each family's MoE block from a tiny config, fills it with
 seeded random weights, runs it in float64 / eval mode, converts the module's weights to
 the reference's argument layout and compares:

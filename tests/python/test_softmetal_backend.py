@@ -106,7 +106,7 @@ def test_deterministic_and_thread_safe():
                     np.testing.assert_array_equal(a, b)
 
 
-# --- budgets (issue 4) --------------------------------------------------------------
+# --- budgets ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -294,7 +294,7 @@ def test_non_finite_inputs_give_valid_ids_and_no_crash():
         layer(x)  # no crash
 
 
-# --- the decode router (issue 12) ------------------------------------------------------
+# --- the decode router ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "qwen2_moe", "gpt_oss", "gemma4"])

@@ -456,7 +456,7 @@ static void install_one(int sig, struct sigaction* previous) {
     if (sigaction(sig, &action, &old) == 0) *previous = old;
 }
 
-// Called at every csm_run: one sigaction query per signal (~1 us) keeps the handler in
+// Called at every csm_run: one sigaction query per signal (a system call) keeps the handler in
 // place while kernels run even if someone else installed a handler after SoftMetal.
 static void install_handler(void) {
     pthread_mutex_lock(&handler_lock);

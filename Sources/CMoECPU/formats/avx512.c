@@ -76,8 +76,8 @@ INLINE T512 void row_kernel(const int kind, const int MM, const moe_cpu_matrix* 
         for (; k0 + 2 * CHUNK <= end; k0 += 2 * CHUNK) {
             __m512 v[4];
             // Packed codes are consumed slower than the prefetcher ramps up on a new row:
-            // fetching 1 KiB ahead (the next row, near a row's end) measured 9.7 -> 10.8
-            // GB/s on one core for mxfp4 (8.7 -> 11.6 for affine 4-bit, row_affine_kernel).
+            // fetching 1 KiB ahead (the next row, near a row's end) covers the ramp, for
+            // mxfp4 here as for affine 4-bit in row_affine_kernel.
             if (kind == K_MXFP4) _mm_prefetch((const char*)row_data(w, r) + (k0 >> 1) + CODE_PREFETCH, _MM_HINT_T0);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0, v);
             unpack_avx512(kind, w, &gc, r, &p, seg, k0 + CHUNK, v + 2);
@@ -108,10 +108,9 @@ INLINE T512 void row_kernel(const int kind, const int MM, const moe_cpu_matrix* 
 //   sum_i (s q_i + b) x_i = s * sum_i q_i x_i + b * sum_i x_i,
 // so the inner loop only widens codes to floats and does one FMA per element (no per-group
 // table, no bias), the scale is applied once per group, and sum_i x_i is computed once per
-// activation row (group_sums) and dotted with the row's biases at the end. On one
-// Zen 4 core (K = 2048, 4-bit, in L2) this measured 9.6 -> 12.7 GB/s of codes; the table
-// path is shuffle-bound. The rounding differs from the table path but stays float32 with
-// float32 accumulation, well inside the spec's tolerance.
+// activation row (group_sums) and dotted with the row's biases at the end, where the
+// table path is shuffle-bound. The rounding differs from the table path but stays float32
+// with float32 accumulation, well inside the spec's tolerance.
 
 // One affine weight row (kind K_Q4 or K_Q8) against MM <= 4 activation rows whose group
 // sums are xsum[i * groups + g].
@@ -123,7 +122,7 @@ INLINE T512 void row_affine_kernel(const int kind, const int MM, const int GS, c
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float scales[FACTORED_SUMS / 4 + 16];  // whole vectors are stored
     // The row's scales as floats first: converting one per group inside the loop costs
-    // more than the group's FMAs (measured 8.9 -> 11.8 GB/s for 4-bit codes).
+    // more than the group's FMAs.
     for (int64_t g = 0; g < groups; g += 16) _mm512_storeu_ps(scales + g, load_scalars(gc.scales, gc.type, g, MIN(16, groups - g)));
     __m512 total[4][2];
     for (int i = 0; i < MM; i++) total[i][0] = total[i][1] = _mm512_setzero_ps();

@@ -23,10 +23,8 @@
 // size, and a dot product's error is dominated by its largest terms. Then per group
 //   sum_k (s q_k + b) x_k = s d (H + L / 2^15) + b sum_k x_k   (or s D T + b sum_k x_k),
 // with sum_k x_k summed from the float activations. Without AVX512-VNNI the same integers
-// come from vpmaddwd / vpmaddubsw + vpmaddwd and adds. One Zen 4 core, codes in L2, K =
-// 2048: 4-bit 12.7 GB/s (float factored row) -> 19 GB/s here, 8-bit 24 -> 30 GB/s with
-// 512-bit multiply-adds (23 GB/s with the 256-bit ones of group_fixed_q8, which stream
-// faster from memory).
+// come from vpmaddwd / vpmaddubsw + vpmaddwd and adds. An integer multiply-add does 64
+// (4-bit) or 32 (8-bit) products an instruction, where the float factored row does 16.
 // A row of activations with a non-finite value keeps the float path (IEEE propagation).
 
 enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
@@ -197,9 +195,8 @@ INLINE T512 int fixed_row_scales(const int MM, const group_cursor* gc, int64_t g
 // chains in flight. The integer work runs on 256-bit halves (codes 0-15 and 16-31 of a
 // step), joined into the 16 lanes of the 512-bit form only per group: the same integers
 // in the same lanes, but 8-bit codes stream from memory and, as with dense rows
-// (moe_cpu_matmul_formatted), 256-bit code streams faster: the Qwen3-30B-A3B-shaped
-// decode layer took 1.13x less time than with 512-bit multiply-adds, although from L2 the
-// 512-bit form is faster (30 against 23 GB/s of codes on one core).
+// (moe_cpu_matmul_formatted), 256-bit code streams faster from memory, although from L2
+// the 512-bit form is faster (docs/cpu-backend.md).
 INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, const int u, const uint8_t* row,
                                 int64_t g, int64_t cols, const fixed_rows* x, float cs[][FIXED_MAX_GROUPS + 16],
                                 __m512 hi_total[][2], __m512 lo_total[][2]) {
@@ -226,9 +223,8 @@ INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, 
 // The 64 codes of 32 bytes in the split layout (low nibbles, then high nibbles) as the
 // bytes of one vector. With GFNI, one bit-matrix transform per 64-bit lane of a broadcast
 // keeps the low nibbles in the lower half and moves the high nibbles down in the upper
-// half: one instruction where mask, shift, mask and insert take four (the Qwen3-30B-A3B-
-// shaped 4-bit decode layer measured 1.03-1.045x faster; the same codes). Inline assembly
-// for the reason dot_bytes gives.
+// half: one instruction where mask, shift, mask and insert take four (the same codes).
+// Inline assembly for the reason dot_bytes gives.
 INLINE T512 __m512i nibble_codes(const int gfni, const uint8_t* p) {
     if (gfni) {
         const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)p));

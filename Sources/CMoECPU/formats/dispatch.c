@@ -15,12 +15,9 @@ static const moe_cpu_format_kernels* kernels_for(int level) {
 }
 
 // Dense rows take the 256-bit kernels on AVX-512 machines too. These products only stream
-// memory (the 512-bit row does 60 GB/s of bf16 from L2 on one core, several times what
-// DRAM delivers), and streaming is what 512-bit code does worse: on the Zen 4 machines of
-// this project the 256-bit rows made the Qwen3-30B-A3B-shaped decode layer 1.19x (f32)
-// and 1.24x (bf16) faster, measured in alternating blocks in one process, and the f32
-// row over 410 MB on two threads read 8-26% more GB/s (four alternating runs). ggml's
-// CPU build in the benchmark is AVX2-only, and it was ahead of the 512-bit rows.
+// memory (from L2 the 512-bit row is several times faster than DRAM delivers), and
+// streaming from DRAM is what 512-bit code did worse on the Zen 4 machines this was
+// measured on (docs/cpu-backend.md).
 void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                               int64_t row0, float* c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;

@@ -35,9 +35,8 @@ static void group_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
 }
 
 // The factored row of kind K for mm activation rows, specialised on the group size too:
-// a group loop of constant length unrolls (measured +6% for 4-bit codes at K = 2048, +12%
-// at K = 768). Other group sizes cannot reach here (WeightFormat validates them); GS 0 reads
-// it at run time all the same. Macros, not always-inline functions: the same calls through
+// a group loop of constant length unrolls. Other group sizes cannot reach here
+// (WeightFormat validates them); GS 0 reads it at run time all the same. Macros, not always-inline functions: the same calls through
 // functions compile to other code (the same instructions, differently laid out).
 #define AFFINE_ROW(K, MM, GS) row_affine_kernel(K, MM, GS, w, row0 + j, ai, lda, xs, ci, ldc)
 #define AFFINE_MM(K, GS)                   \

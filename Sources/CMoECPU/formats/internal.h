@@ -275,7 +275,7 @@ INLINE __attribute__((target("f16c"))) int64_t load_segment(const group_cursor* 
 }
 
 // Bytes ahead of the 4-bit codes being read that a product prefetches (8-bit codes stream
-// faster without: 18 against 13-15 GB/s on one core).
+// faster without it).
 enum { CODE_PREFETCH = 1024 };
 // Floats of activation group sums a factored product keeps on the stack; a row may have
 // at most FACTORED_SUMS / 4 groups.

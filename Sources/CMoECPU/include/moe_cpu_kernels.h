@@ -3,9 +3,8 @@
  * An MoE layer multiplies each expert's weights by the few rows routed to it: typically
  * 4-32 in prefill (decode, M <= 4, takes the row kernels of moe_cpu_formats.h). OpenBLAS
  * packs the weight matrix for every call, which at such M costs more than the product:
- * measured on this project's machines (OpenBLAS 0.3.21, Zen 4, one thread, K = 2048) it
- * streams weights at only 4-5 GB/s for M = 4..16 and 33 GFLOP/s at M = 16, against ~26
- * GB/s of memory bandwidth and ~95 GFLOP/s of GEMM peak. These kernels read each weight
+ * it streams weights at a fraction of the memory bandwidth (docs/cpu-backend.md has the
+ * measurement). These kernels read each weight
  * row once from memory and reuse it from cache across all M rows. Large M still goes to
  * BLAS.
  */

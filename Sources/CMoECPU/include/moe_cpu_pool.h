@@ -1,8 +1,7 @@
 /* The CPU backend's worker threads (Linux).
  *
- * A decode call is one to two milliseconds of work split over a few stages; waking
- * libdispatch's parked workers for each stage cost 60-80 us per stage on this project's
- * machines (measured: a tiny layer took 25 us back to back and 130-175 us after 2 ms idle).
+ * A decode call is little work split over a few stages; waking libdispatch's parked
+ * workers for each stage costs a large share of such a call (docs/cpu-backend.md).
  * These workers spin for a while after each job, so the stages of one call, and calls
  * that follow each other closely, start without a wake-up; after that they sleep on a
  * futex. Which thread runs which index never changes a result: callers split work into

@@ -8,7 +8,7 @@
  * (after the enums it expands from moe_options.h's rows), so that part must stay plain C
  * declarations without preprocessor directives.
  *
- * What one forward computes is specified in README.md, "What one call computes" (mirrored by
+ * What one forward computes is specified in docs/spec.md, "What one call computes" (mirrored by
  * python/moe_swift/reference.py). Arrays are dense and row-major; activations and the
  * float fields of moe_layer_desc are float32, ids int32. Weight matrices may instead be
  * given in other formats (float16, bfloat16, MLX's affine and mxfp4 quantizations)

@@ -90,7 +90,7 @@ public enum MoEBackendKind: MoEOptionRow {
     public var name: String { optionName(MOE_OPTION_TABLE_BACKEND, rawValue) }
 }
 
-/// Every option of one MoE layer (see the README's "What one call computes"); checked once by `validate()`.
+/// Every option of one MoE layer (see docs/spec.md, "What one call computes"); checked once by `validate()`.
 public struct MoEConfiguration: Sendable, Equatable {
     public var hiddenSize: Int
     public var intermediateSize: Int

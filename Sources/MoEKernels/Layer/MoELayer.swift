@@ -2,7 +2,7 @@ import CMoECPU
 import CMoESwift
 
 /// One Mixture-of-Experts feed-forward layer: router, top-k, expert FFNs, weighted combine,
-/// shared expert and residual, in one call (the README's "What one call computes").
+/// shared expert and residual, in one call (docs/spec.md, "What one call computes").
 ///
 /// The weights are copied at creation; `forward` and `route` may be called from several
 /// threads at once and give the same results as sequential calls.

@@ -22,8 +22,8 @@ public struct RMSNorm {
         }
     }
 
-    /// `Σ v[i]²` in 16 lanes (a single chain of additions is latency-bound: ~4x slower at
-    /// H = 2048), then the lanes and the tail; a fixed order, so the same on every core count.
+    /// `Σ v[i]²` in 16 lanes (a single chain of additions is latency-bound), then the
+    /// lanes and the tail; a fixed order, so the same on every core count.
     static func sumOfSquares(_ v: UnsafePointer<Float>, count: Int) -> Float {
         var lanes = SIMD16<Float>()
         var i = 0

@@ -4,7 +4,7 @@ import Darwin
 import Glibc
 #endif
 
-/// The router of the README's "What one call computes" for one token, in float32: scores, selection bias,
+/// The router of docs/spec.md ("What one call computes") for one token, in float32: scores, selection bias,
 /// group-limited top-k, weights. Backends that route on the CPU share this code; the
 /// Metal kernels implement the same steps in MSL.
 struct TokenRouter {

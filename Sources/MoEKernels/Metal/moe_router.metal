@@ -1,4 +1,4 @@
-// moe_router.metal - the whole router of the README's "What one call computes" in one dispatch:
+// moe_router.metal - the whole router of docs/spec.md ("What one call computes") in one dispatch:
 // logits (+ router bias), softmax or sigmoid, selection bias, group-limited top-k,
 // renormalisation, scaling, per-expert scale; and the shared expert's gate factor.
 // The selection rules are those of TokenRouter (Layer/Routing.swift): ties go to the

@@ -1,4 +1,4 @@
-// A deliberately naive float64 implementation of the README's "What one call computes", written from
+// A deliberately naive float64 implementation of docs/spec.md ("What one call computes"), written from
 // the spec alone (it shares no code with Sources/MoEKernels): loops over tokens, slots and
 // matrix rows, no BLAS, no packing, no parallelism.
 import Foundation

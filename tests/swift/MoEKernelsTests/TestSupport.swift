@@ -1,5 +1,5 @@
 // Shared helpers of the suite: a seeded PRNG, random layers as plain arrays, and the
-// tolerance check of the README's "What one call computes".
+// tolerance check of docs/spec.md ("What one call computes").
 import Foundation
 import XCTest
 import MoEKernels

@@ -65,7 +65,7 @@ struct MSLPreprocessor {
 
     /// The preprocessed source, with `#line` markers. A source that includes no file of its
     /// own (only <metal_*>) preprocesses the same every time: such results are kept in the
-    /// process, so that a library made again costs no `clang++ -E` (~13 ms).
+    /// process, so that a library made again costs no `clang++ -E` process.
     static func run(_ source: String, options: Options) throws -> String {
         let compiler = try KernelCompiler.findCompiler()
         let dir = KernelCompiler.cacheDirectory

@@ -124,7 +124,7 @@ def native_read(nbytes: int, repeats: int):
     worker threads streaming `nbytes` with its kernels' loads; None if the library
     cannot be loaded (its ABI error is not a roofline)."""
     try:
-        from .. import _native
+        from moe_swift import _native
         ffi, lib, _ = _native.load()
         out = ffi.new("double *")
         _native.check(lib.moe_measure_read_bandwidth(nbytes, repeats, out))

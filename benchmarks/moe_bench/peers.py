@@ -127,7 +127,7 @@ def _probe(name: str) -> str | None:
             import mlx_lm
             src = f"mlx-lm {getattr(mlx_lm, '__version__', '?')} SwitchGLU ({sl.__name__})"
         except Exception:  # noqa: BLE001
-            src = "SwitchGLU written in moe_swift.bench.peers (mlx-lm not installed)"
+            src = "SwitchGLU written in moe_bench.peers (mlx-lm not installed)"
         desc = f"mlx {mx.__version__} on the CPU device, {src}"
         blas = _mlx_blas()
         if blas:

@@ -1,11 +1,11 @@
-"""python -m moe_swift.bench: the CPU backend against NumPy, the reference, transformers
-(torch) and MLX on the shapes of notes/landscape.md, with the machine's roofline.
+"""python benchmarks/run.py: the CPU backend against NumPy, the reference, transformers
+(torch), MLX and ggml on five model shapes, with the machine's roofline.
 
-    python -m moe_swift.bench                      # every shape, T in {1, 8, 64, 512} (~15 min)
-    python -m moe_swift.bench --quick              # 2 shapes, 16 experts, T in {1, 64} (~1 min)
-    python -m moe_swift.bench --shapes qwen3-30b-a3b --tokens 1,512 --peers ours,numpy,torch-grouped
-    python -m moe_swift.bench --experts mixtral-8x7b=8 --json /tmp/b.json --plot /tmp/b.png
-    python -m moe_swift.bench --formats f32,bf16,q8,q4,mxfp4 --shapes qwen3-30b-a3b --tokens 1,8,512
+    python benchmarks/run.py                      # every shape, T in {1, 8, 64, 512} (~15 min)
+    python benchmarks/run.py --quick              # 2 shapes, 16 experts, T in {1, 64} (~1 min)
+    python benchmarks/run.py --shapes qwen3-30b-a3b --tokens 1,512 --peers ours,numpy,torch-grouped
+    python benchmarks/run.py --experts mixtral-8x7b=8 --json /tmp/b.json --plot /tmp/b.png
+    python benchmarks/run.py --formats f32,bf16,q8,q4,mxfp4 --shapes qwen3-30b-a3b --tokens 1,8,512
 """
 
 from __future__ import annotations
@@ -30,16 +30,12 @@ QUICK_TOKENS = [1, 64]
 
 
 def results_dir() -> Path:
-    """benchmarks/results of the source checkout this package lives in (editable
-    install), else ./benchmarks/results."""
-    root = Path(__file__).resolve().parents[3]
-    if (root / "benchmarks").is_dir() and (root / "python" / "moe_swift").is_dir():
-        return root / "benchmarks" / "results"
-    return Path.cwd() / "benchmarks" / "results"
+    """benchmarks/results of the checkout this suite is in (gitignored)."""
+    return Path(__file__).resolve().parents[1] / "results"
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m moe_swift.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python benchmarks/run.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="shapes: " + ", ".join(SHAPES) + "\npeers: " + ", ".join(peers.PEERS))
     p.add_argument("--shapes", help=f"comma list (default: all; --quick: {','.join(QUICK_SHAPES)})")
@@ -217,7 +213,7 @@ def main(argv=None) -> int:
     out(f"peak RSS {peak_rss_gb():.1f} GB, total {total:.0f} s, load average at end {loadavg()}")
 
     payload = dict(
-        benchmark="moe_swift.bench", date=started.isoformat(timespec="seconds"), argv=sys.argv[1:],
+        benchmark="moe_bench", date=started.isoformat(timespec="seconds"), argv=sys.argv[1:],
         machine=dict(arch=platform.machine(), cores=peers.cores(), cpu=_cpu_model(), memory_gb=_mem_gb(),
                      python=platform.python_version(), numpy=np.__version__, blas=roofline.blas_info()),
         env={k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from .. import reference
+from moe_swift import reference
 from . import peers
 from . import grouped
 from . import roofline
@@ -104,7 +104,7 @@ def peak_rss_gb() -> float:
 
 
 def tolerance(ref) -> float:
-    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (the README's "What one call computes")."""
+    """|y - ref| <= 1e-4 * max|ref| + 1e-5 (docs/spec.md, "What one call computes")."""
     return 1e-4 * float(np.max(np.abs(ref))) + 1e-5
 
 

@@ -1,4 +1,5 @@
-"""The benchmarked layer shapes (notes/landscape.md) and their random weights.
+"""The benchmarked layer shapes (five MoE models at their published sizes) and their
+random weights.
 
 One `Weights` object per shape holds the master float32 arrays; every implementation is
 built from them (NumPy and torch use them in place, ours and MLX copy them), so all

@@ -1,4 +1,4 @@
-"""The weight formats of `python -m moe_swift.bench --formats ...`.
+"""The weight formats of `python benchmarks/run.py --formats ...`.
 
 Each format turns the master float32 experts of a `shapes.Weights` into:
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import formats as F
+from moe_swift import formats as F
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ expert is one dense FFN over all tokens.
 from __future__ import annotations
 
 import numpy as np
+from moe_swift.options import DEFAULTS
 
 
 def route(x, router, top_k, *, norm_topk_prob=True, router_bias=None):
@@ -40,7 +41,7 @@ def _split(gu, I, interleaved):
     return (gu[:, 0::2], gu[:, 1::2]) if interleaved else (gu[:, :I], gu[:, I:])
 
 
-def _act(g, u, activation, alpha=1.702, limit=7.0):
+def _act(g, u, activation, alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"]):
     """act(g, u) of the spec, elementwise in float32."""
     if activation == "silu":
         return g / (1 + np.exp(-g)) * u
