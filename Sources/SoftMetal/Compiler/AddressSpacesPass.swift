@@ -87,7 +87,7 @@ extension MSLTranslator {
                 + (word == "constant" && cv.isEmpty && !isConstructor ? "const" : "")
             if seen.contains(key) {
                 blankInPlace(declStart, declEnd)
-                t = tokenIndex(in: tokens, atOrAfter: declEnd, from: t - 1)
+                t = MSLLexer.index(in: tokens, atOrAfter: declEnd, from: t - 1)
                 continue
             }
             seen.insert(key)
@@ -147,7 +147,7 @@ extension MSLTranslator {
             } else {
                 seen.insert(key)
             }
-            t = tokenIndex(in: tokens, atOrAfter: end, from: t - 1)  // the body: no overloads inside a function
+            t = MSLLexer.index(in: tokens, atOrAfter: end, from: t - 1)  // the body: no overloads inside a function
         }
     }
 
@@ -177,13 +177,6 @@ extension MSLTranslator {
             }
             k = end
         }
-    }
-
-    /// The first of `tokens` that starts at or after `offset`, searching forward from `t`.
-    func tokenIndex(in tokens: [MSLToken], atOrAfter offset: Int, from t: Int) -> Int {
-        var t = t + 1
-        while t < tokens.count && tokens[t].start < offset { t += 1 }
-        return t
     }
 }
 #endif

@@ -170,6 +170,14 @@ enum MSLLexer {
         return j
     }
 
+    /// The first of `tokens` after token `t` that starts at or after `offset` (a pass goes on
+    /// there after rewriting a range).
+    static func index(in tokens: [MSLToken], atOrAfter offset: Int, from t: Int) -> Int {
+        var t = t + 1
+        while t < tokens.count && tokens[t].start < offset { t += 1 }
+        return t
+    }
+
     /// Comments become spaces (their newlines stay, so every line keeps its number); string
     /// and character literals are left as they are.
     static func blankComments(_ text: [UInt8]) -> [UInt8] {

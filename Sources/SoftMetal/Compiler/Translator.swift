@@ -1,13 +1,28 @@
 #if os(Linux)
 /// MSL source -> C++17 source that includes softmetal_runtime.h.
 ///
-/// The text is read by `MSLLexer` into tokens (identifiers, numbers, literals, punctuation,
-/// spaces), then rewritten by passes, one per MSL feature, in the order `passes` writes down.
-/// A pass edits by byte range and keeps every line where it was (replacements never add or
-/// remove newlines), so a `#line 1` directive maps the compiler's line numbers back to the
-/// MSL source. Then, per kernel, `Launchers.swift` writes a body thunk that binds arguments
-/// and built-ins, an `extern "C"` launcher `__sm_launch_<name>` and a reflection table
-/// `__sm_info_<name>`.
+/// `MSLLexer` reads the text into tokens (identifiers, numbers, literals, punctuation and
+/// the spaces between them); then passes, one per MSL feature, rewrite it in the order that
+/// `passes` writes down. Each edits by byte range and keeps every line where it was
+/// (replacements never add or remove newlines), so a `#line 1` directive maps the compiler's
+/// line numbers back to the MSL source. Where each rule lives:
+/// - `MSLLexer.swift`: comments blanked, tokens;
+/// - `DirectivesPass.swift`: `#include <metal_*>` / `<simd/*>` dropped, `#pragma unroll` blanked;
+/// - `AddressSpacesPass.swift`: `device` and `thread` dropped, `constant` made `const`;
+///   members qualified by the address space of `this`, functions overloaded on address spaces;
+/// - `KernelHeads.swift`: kernels, kernel templates and their explicit instantiations found,
+///   heads made `static`, instantiations blanked;
+/// - `FunctionConstantsPass.swift`: `constant T x [[function_constant(i)]]`,
+///   `is_function_constant_defined`;
+/// - `KernelSignatures.swift`: each kernel's parameters (attributes recorded and blanked),
+///   the kernels of the library;
+/// - `ThreadgroupMemoryPass.swift`: `threadgroup T x[N];` in a body -> `metal::__sm::tg_var`;
+/// - `RestrictionsPass.swift`: `double` and the C++ MSL excludes, rejected;
+/// - `ConversionsPass.swift`: vector constructors and casts, conversions to a template's
+///   type parameter, `1.0h`;
+/// - `Launchers.swift`: per kernel, a body thunk that binds arguments and built-ins, an
+///   `extern "C"` launcher `__sm_launch_<name>` and a reflection table `__sm_info_<name>`;
+/// - `TranslatorText.swift`: looking around a position (brackets, declarations, locations).
 struct MSLTranslator {
     struct Parameter: Equatable {
         enum Kind: Equatable { case buffer(Int), threadgroup(Int), builtin(String) }
@@ -94,7 +109,6 @@ struct MSLTranslator {
         var type: String
         var index: Int
     }
-
 
     static let sourceName = "source.metal"
 
@@ -262,11 +276,8 @@ struct MSLTranslator {
         return j + 2
     }
 
-    /// The first token that starts at or after `offset`, searching forward from token `t`.
     func tokenIndex(atOrAfter offset: Int, from t: Int) -> Int {
-        var t = t + 1
-        while t < tokens.count && tokens[t].start < offset { t += 1 }
-        return t
+        MSLLexer.index(in: tokens, atOrAfter: offset, from: t)
     }
 
     /// The identifier a visit is at, if it is one.
