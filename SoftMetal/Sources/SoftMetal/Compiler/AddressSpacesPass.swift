@@ -1,0 +1,182 @@
+#if os(Linux)
+/// MSL's address spaces (`device`, `constant`, `thread`, `threadgroup`). Here every pointer
+/// reaches all memory, so they are dropped (`constant` becomes `const`), and where C++ would
+/// then see two declarations of one thing, the first is kept. `threadgroup` variables in
+/// kernel bodies are the threadgroup-memory pass's.
+extension MSLTranslator {
+    static let addressSpaceNames: Set<String> = ["thread", "threadgroup", "device", "constant"]
+
+    /// Member functions qualified by the address space of `this` (`void f() const thread`,
+    /// `complex_t() threadgroup : re(0) {}`), as MLX writes them: MSL overloads on it, C++
+    /// cannot, and here every object is ordinary memory. The qualifier is dropped; of the
+    /// overloads of one member that then coincide (same head and cv-qualifiers), the first is
+    /// kept and the others are blanked (lines kept). `f() constant` without `const` becomes
+    /// `const` (a `constant` object is a const one here), except on a constructor.
+    mutating func memberAddressSpaces() {
+        let tokens = MSLLexer.tokens(text, mode: .code)
+        var seen = Set<String>()
+        var t = 0
+        while t < tokens.count {
+            let token = tokens[t]
+            t += 1
+            guard token.kind == .identifier else { continue }
+            let (i, end) = (token.start, token.end)
+            let word = string(i, end)
+            guard MSLTranslator.addressSpaceNames.contains(word) else { continue }
+            // Qualifier position: `) [const] SPACE [const]` followed by `{ : ; =`.
+            var p = skipSpaceBack(i - 1)
+            var cv: [String] = []
+            if p >= 4, string(p - 4, p + 1) == "const", p < 5 || !Byte.isIdent(text[p - 5]) {
+                cv.append("const")
+                p = skipSpaceBack(p - 5)
+            }
+            guard p >= 0, text[p] == Byte.closeParen else { continue }
+            var q = skipSpace(end)
+            if let (next, after) = identifier(at: q), next == "const" { cv.append("const"); q = skipSpace(after) }
+            guard q < text.count, [Byte.openBrace, Byte.colon, Byte.semicolon, Byte.equals].contains(text[q]),
+                  !(text[q] == Byte.colon && q + 1 < text.count && text[q + 1] == Byte.colon) else { continue }
+            let (declStart, _) = declarationStart(before: p)
+            // The enclosing scope (its `{`) and, for a constructor, the class name.
+            var e = declStart - 1
+            var depth = 0
+            while e >= 0 {
+                if text[e] == Byte.closeBrace { depth += 1 } else if text[e] == Byte.openBrace { if depth == 0 { break }; depth -= 1 }
+                e -= 1
+            }
+            var className = ""
+            if e > 0 {  // `struct NAME ... {` (no `;` `{` `}` between the keyword and the brace)
+                var w = e - 1
+                while w >= 0 && !Byte.endsStatement(text[w]) {
+                    if Byte.isIdentStart(text[w]), w == 0 || !Byte.isIdent(text[w - 1]),
+                       let (kw, after) = identifier(at: w), kw == "struct" || kw == "class",
+                       let (name, _) = identifier(at: skipSpace(after)) {
+                        className = name
+                        break
+                    }
+                    w -= 1
+                }
+            }
+            // The function's name: the identifier before its parameter list.
+            var open = p
+            depth = 0
+            while open >= 0 {
+                if text[open] == Byte.closeParen { depth += 1 } else if text[open] == Byte.openParen { depth -= 1; if depth == 0 { break } }
+                open -= 1
+            }
+            let isConstructor = !className.isEmpty && identifier(endingAt: skipSpaceBack(open - 1)).word == className
+            // The declaration's end: `;`, or the body after a constructor's initializers.
+            var k = q
+            if text[k] == Byte.colon {  // member initializers: `name(...)`, `name{...}`, `Base<T>(...)`, ...
+                k += 1
+                while k < text.count {
+                    k = skipSpace(k)
+                    while k < text.count && (Byte.isIdent(text[k]) || text[k] == Byte.colon || Byte.isSpace(text[k]) || text[k] == Byte.less) {
+                        if text[k] == Byte.less { guard let m = matchingAngle(k) else { break }; k = m } else { k += 1 }
+                    }
+                    guard k < text.count, text[k] == Byte.openParen || text[k] == Byte.openBrace, let m = matching(k) else { break }
+                    k = skipSpace(m)
+                    if k < text.count && text[k] == Byte.comma { k += 1; continue }
+                    break
+                }
+            }
+            var declEnd = k
+            if k < text.count && text[k] == Byte.openBrace, let m = matching(k) { declEnd = m }
+            else { while declEnd < text.count && text[declEnd] != Byte.semicolon { declEnd += 1 }; declEnd += 1 }
+            declEnd = Swift.min(declEnd, text.count)
+            let key = "\(e)|" + MSLTranslator.compact(string(declStart, p + 1)) + "|" + cv.joined(separator: " ")
+                + (word == "constant" && cv.isEmpty && !isConstructor ? "const" : "")
+            if seen.contains(key) {
+                blankInPlace(declStart, declEnd)
+                t = MSLLexer.index(in: tokens, atOrAfter: declEnd, from: t - 1)
+                continue
+            }
+            seen.insert(key)
+            blankInPlace(i, end)
+            if word == "constant" && cv.isEmpty && !isConstructor {
+                text.replaceSubrange(i..<i + 5, with: Array("const".utf8))
+            }
+        }
+    }
+
+    /// Functions overloaded on the address space of a parameter (`operator+=(thread
+    /// complex_t<T>& a, ...)`, `threadgroup`, `device` versions, MLX's complex.h): without
+    /// address spaces their heads coincide, which C++ rejects. The first definition of each
+    /// head (per scope) is kept; later ones whose head differs only in address spaces are
+    /// blanked (lines kept). Every pointer and reference reaches all memory here.
+    mutating func addressSpaceOverloads() {
+        let statements: Set<String> = ["if", "for", "while", "switch", "catch", "return", "else", "do"]
+        let tokens = MSLLexer.tokens(text, mode: .code)
+        var seen = Set<String>()
+        var stack: [Int] = []
+        var t = 0
+        while t < tokens.count {
+            let token = tokens[t]
+            t += 1
+            guard token.kind == .punctuation else { continue }
+            let i = token.start
+            if text[i] == Byte.closeBrace { _ = stack.popLast(); continue }
+            guard text[i] == Byte.openBrace else { continue }
+            let p = skipSpaceBack(i - 1)
+            guard p >= 0, text[p] == Byte.closeParen else { stack.append(i); continue }
+            let (declStart, open) = declarationStart(before: p)
+            // A function: an identifier (not a statement keyword) or an operator before `(`.
+            var isFunction = false
+            if open > 0 {
+                let (name, ns) = identifier(endingAt: skipSpaceBack(open - 1))
+                if !name.isEmpty { isFunction = !statements.contains(name) && !Byte.isDigit(text[ns]) }
+                else { isFunction = string(declStart, open).contains("operator") }
+            }
+            var words: [String] = []
+            var k = declStart
+            var hasSpace = false
+            while k < i {
+                if Byte.isIdentStart(text[k]), k == 0 || !Byte.isIdent(text[k - 1]), let (w, e) = identifier(at: k) {
+                    if MSLTranslator.addressSpaceNames.contains(w) { hasSpace = true } else { words.append(w) }
+                    k = e
+                } else {
+                    if !Byte.isSpace(text[k]) { words.append(String(UnicodeScalar(text[k]))) }
+                    k += 1
+                }
+            }
+            guard isFunction, hasSpace, let first = words.first, !statements.contains(first), let end = matching(i) else {
+                stack.append(i); continue
+            }
+            let key = "\(stack.last ?? -1)|" + words.joined(separator: " ")
+            if seen.contains(key) {
+                blankInPlace(declStart, end)
+            } else {
+                seen.insert(key)
+            }
+            t = MSLLexer.index(in: tokens, atOrAfter: end, from: t - 1)  // the body: no overloads inside a function
+        }
+    }
+
+    /// `device` and `thread` are dropped, `constant` becomes `const` (a function constant's
+    /// `constant` is that pass's), outside member names (`x.device`).
+    mutating func addressSpaces() throws {
+        try walk { t, v in
+            guard let word = t.word(v) else { return nil }
+            if (word == "device" || word == "thread" || word == "constant") && !t.isMember(v.start) {
+                t.edits.append((v.start, v.end, word == "constant" ? "const   " : String(repeating: " ", count: v.end - v.start)))
+            }
+            return nil
+        }
+    }
+
+    /// `device`/`thread`/`threadgroup` dropped and `constant` made `const` in [a, b): for the
+    /// parameter list of a kernel template's head, which the walk steps over.
+    mutating func dropAddressSpaces(_ a: Int, _ b: Int) {
+        var k = a
+        while k < b {
+            guard Byte.isIdentStart(text[k]), k == 0 || !Byte.isIdent(text[k - 1]),
+                  let (word, end) = identifier(at: k) else { k += 1; continue }
+            if ["device", "thread", "threadgroup"].contains(word) {
+                edits.append((k, end, String(repeating: " ", count: end - k)))
+            } else if word == "constant" {
+                edits.append((k, end, "const   "))
+            }
+            k = end
+        }
+    }
+}
+#endif
