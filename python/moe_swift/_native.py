@@ -40,8 +40,11 @@ class LibraryNotFoundError(ImportError):
 
 
 def header_path(name: str = "moe_swift.h") -> Path:
-    """The C header `name` of the layer's ABI (moe_swift.h)."""
-    candidates = [d / name for d in _HEADER_DIRS]
+    """The C header `name` of the layer's ABI (moe_swift.h; moe_options.h, its vocabulary):
+    the copy installed beside the library, or, with MOE_SWIFT_LIBRARY naming a library
+    built from a checkout, the checkout's own (the installed copy may be older)."""
+    dirs = _HEADER_DIRS[::-1] if os.environ.get("MOE_SWIFT_LIBRARY") else _HEADER_DIRS
+    candidates = [d / name for d in dirs]
     for path in candidates:
         if path.is_file():
             return path

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from moe_swift import reference, softmetal
+from moe_swift import options
+from moe_swift.options import DEFAULTS
 from metal_kernels import (CONST, KERNEL_FORMATS, KernelWeight, dummy, f32, ffn_buffers, library_include_dirs,
                            library_source, params)
 
@@ -36,7 +38,7 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
     w = np.full((T, top_k), np.nan, np.float32)
     factor = np.full(T, np.nan, np.float32)
     p = params("moe_router_params", tokens=T, hidden=H, experts=E, top_k=top_k,
-               scoring=0 if scoring == "softmax" else 1, norm_topk_prob=int(norm_topk_prob),
+               scoring=options.SCORINGS[scoring], norm_topk_prob=int(norm_topk_prob),
                routed_scaling_factor=routed_scaling_factor, n_group=n_group, topk_group=topk_group,
                has_router_bias=int(router_bias is not None), has_selection_bias=int(selection_bias is not None),
                has_per_expert_scale=int(per_expert_scale is not None), has_shared_gate=int(shared_gate is not None),
@@ -44,7 +46,7 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
     x_normed = None
     if input_norm is not None:  # (weight, eps, offset): the router normalises x first
         p = params("moe_router_params", tokens=T, hidden=H, experts=E, top_k=top_k,
-                   scoring=0 if scoring == "softmax" else 1, norm_topk_prob=int(norm_topk_prob),
+                   scoring=options.SCORINGS[scoring], norm_topk_prob=int(norm_topk_prob),
                    routed_scaling_factor=routed_scaling_factor, n_group=n_group, topk_group=topk_group,
                    has_router_bias=int(router_bias is not None), has_selection_bias=int(selection_bias is not None),
                    has_per_expert_scale=int(per_expert_scale is not None), has_shared_gate=int(shared_gate is not None),
@@ -239,10 +241,10 @@ def test_router_gemv_input_norm(lib, T):
 
 # --- expert matmuls ----------------------------------------------------------------
 
-ACT = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
+ACT = options.ACTIVATIONS  # every row of moe_options.h
 
 
-def ffn_params(*, T, H, I, k, w0, w1=None, shared=False, activation="silu", alpha=1.702, limit=7.0, has_bias=False):
+def ffn_params(*, T, H, I, k, w0, w1=None, shared=False, activation="silu", alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"], has_bias=False):
     extra = {} if w1 is None else dict(w1=w1.desc)
     return params("moe_ffn_params", tokens=T, hidden=H, inner=I, top_k=k, mode=1 if shared else 0,
                   activation=ACT[activation], swiglu_alpha=alpha, swiglu_limit=limit, has_bias=int(has_bias),
@@ -261,7 +263,7 @@ def np_gate_up(x_rows, w, bias, activation):
     gu = x_rows.astype(np.float64) @ w.astype(np.float64).T
     if bias is not None:
         gu = gu + bias
-    return reference.ACTIVATIONS[activation](gu[:, :I], gu[:, I:], alpha=1.702, limit=7.0)
+    return reference.ACTIVATIONS[activation](gu[:, :I], gu[:, I:], alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"])
 
 
 def decode_ids(rng, T, E, k, repeat=True):
