@@ -1,8 +1,8 @@
-"""The reference MoE kernels of shared/seeds (real-world MSL from other projects: router
+"""Reference MoE kernels from other projects (real-world MSL, not part of this repository: router
 top-k, expert bucketing with atomics and indirect-dispatch arguments, SwiGLU/GeGLU in f32
 and bf16, weighted sums, residual + RMSNorm) run unchanged on SoftMetal, with the race
-check, against NumPy. The seeds are not part of this repository: the tests look for them
-in $MOE_SWIFT_SEEDS, else in shared/seeds next to the checkout, and skip without them."""
+check, against NumPy. The tests look for them in $MOE_SWIFT_SEEDS, else in a seeds folder
+beside the checkout, and skip without them."""
 
 import os
 import struct
@@ -27,7 +27,7 @@ def _seed_dir():
 SEEDS = _seed_dir()
 pytestmark = [
     pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++"),
-    pytest.mark.skipif(SEEDS is None, reason="shared/seeds not found (set MOE_SWIFT_SEEDS)"),
+    pytest.mark.skipif(SEEDS is None, reason="no seed kernels found (set MOE_SWIFT_SEEDS)"),
 ]
 
 
