@@ -121,7 +121,6 @@ class Progress:
         """'3/48 layers', or '3 layers' when the total is not known."""
         n = self.count if self.total is None else self.total
         return (f"{self.count}/{self.total}" if self.total is not None else str(self.count)) + " " + self._units(n)
-        return f"{self.count}/{self.total}" if self.total is not None else str(self.count)
 
     def _line(self, now):
         self.stream.write(f"\r{self.description}: {self._counted()}, {now - self._start:.0f} s")
