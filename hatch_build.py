@@ -64,7 +64,7 @@ class SwiftBuildHook(BuildHookInterface):
         # `python -m build`; scripts/install.sh says the same before it calls pip.
         first = not (scratch / "release").exists()
         print("moe-swift: compiling libMoESwift with SwiftPM (release): "
-              + ("about 4-5 minutes on 2 cores the first time, less on more cores"
+              + ("about 3-5 minutes on 2 cores the first time, less on more cores"
                  if first else "only what changed since the last build, usually seconds")
               + "\n  " + " ".join(command), file=sys.stderr, flush=True)
         subprocess.run(command, cwd=root, check=True)

@@ -26,6 +26,6 @@ fi
 if [ -d .build/python/release ]; then
     echo "moe-swift: pip install -e . compiles libMoESwift (SwiftPM, release): only what changed, usually seconds"
 else
-    echo "moe-swift: pip install -e . compiles libMoESwift (SwiftPM, release): about 4-5 minutes on 2 cores the first time, less on more cores; pip shows a spinner meanwhile (pip install -v -e . shows the compiler's steps)"
+    echo "moe-swift: pip install -e . compiles libMoESwift (SwiftPM, release): about 3-5 minutes on 2 cores the first time, less on more cores; pip shows a spinner meanwhile (pip install -v -e . shows the compiler's steps)"
 fi
 python3 -m pip install -e ".${extras:+[$extras]}"
