@@ -59,7 +59,14 @@ class SwiftBuildHook(BuildHookInterface):
         command = [swift, "build", "-c", "release", "--product", "MoESwift", "--scratch-path", str(scratch)]
         if sys.platform.startswith("linux"):
             command += ["-Xswiftc", "-no-toolchain-stdlib-rpath"]
-        self.app.display_info("moe-swift: " + " ".join(command))
+        # pip shows a build hook's output only with -v (or when it fails), hatchling's
+        # display_info only in its verbose mode: stderr reaches `pip install -v` and
+        # `python -m build`; scripts/install.sh says the same before it calls pip.
+        first = not (scratch / "release").exists()
+        print("moe-swift: compiling libMoESwift with SwiftPM (release): "
+              + ("about 3-5 minutes on 2 cores the first time, less on more cores"
+                 if first else "only what changed since the last build, usually seconds")
+              + "\n  " + " ".join(command), file=sys.stderr, flush=True)
         subprocess.run(command, cwd=root, check=True)
         bin_dir = Path(subprocess.run(command + ["--show-bin-path"], cwd=root, check=True,
                                       capture_output=True, text=True).stdout.strip())

@@ -12,8 +12,8 @@ checks both against the float64 NumPy reference (`moe_swift.reference`, the spec
 by line) with the spec tolerance |y - ref| <= 1e-4 * max|ref| + 1e-5, and prints
 timings (median of several runs after a warm-up).  Exits 1 if a check fails.
 
-    python examples/demo.py               # the full layer: 2.4 GB of float32 experts
-    python examples/demo.py --experts 32  # fewer experts (less memory, same per-token work)
+    python examples/demo.py               # the full layer: 2.4 GB of float32 experts, peak 5.3 GB
+    python examples/demo.py --experts 32  # fewer experts: peak 1.7 GB, same per-token work
     python examples/demo.py --quick       # small smoke run for CI
 """
 
@@ -62,6 +62,13 @@ def random_weights(E, H, I, seed):
     return router, gate, up, down
 
 
+def peak_gb(E):
+    """The demo's expected peak memory with E experts, GB: the float32 weights twice (ours
+    and the layer's copy) and about 0.5 GB besides (Python, NumPy, the library and one
+    token's experts in float64 for the reference), as measured on Linux."""
+    return 2 * E * 3 * INTER * HIDDEN * 4 / 1e9 + 0.5
+
+
 def rss_gb():
     """Peak resident memory of this process so far, GB (Linux ru_maxrss is in KiB)."""
     try:
@@ -88,11 +95,16 @@ def median_ms(fn, runs, warmup=1, settle=0.5):
 
 
 class Checker:
-    """Our layer vs the float64 reference on the same tokens."""
+    """Our layer vs the float64 reference on the same tokens.
 
-    def __init__(self, layer, weights64, top_k):
+    The experts stay float32 here: each token's reference converts only its own top_k
+    experts to float64, since a float64 copy of all of them would double the demo's peak
+    memory (4.8 GB more for the full layer)."""
+
+    def __init__(self, layer, router, gate, up, down, top_k):
         self.layer = layer
-        self.router64, self.gate64, self.up64, self.down64 = weights64
+        self.router64 = router.astype(np.float64)
+        self.gate, self.up, self.down = gate, up, down
         self.top_k = top_k
         self.failures = []
 
@@ -120,8 +132,10 @@ class Checker:
         if w_err > 1e-5:
             self.failures.append(f"{label}: routing weights differ by {w_err:.2e}")
 
-        ref = reference.moe_forward(x, self.router64, self.gate64, self.up64, self.down64,
-                                    top_k=self.top_k, ids=ids)
+        ref = np.concatenate([
+            reference.experts_forward(x[t:t + 1], np.arange(self.top_k)[None], ref_w[t:t + 1],
+                                      self.gate[ids[t]], self.up[ids[t]], self.down[ids[t]])
+            for t in range(len(x))])
         err = float(np.max(np.abs(y.astype(np.float64) - ref)))
         tol = atol_for(ref)
         ok = np.all(np.isfinite(y)) and err <= tol
@@ -167,6 +181,8 @@ def main(argv=None):
               f"per-token work is the same, prefill touches fewer distinct experts")
     expert_bytes = E * 3 * I * H * 4
     print(f"  weights float32, normal(0, {INIT_STD}), seed {args.seed}: {expert_bytes / 1e9:.2f} GB of experts")
+    print(f"  memory  about {peak_gb(E):.1f} GB at the peak: the weights, the layer's copy and the reference's"
+          + (f"; --experts 32 lowers it to {peak_gb(32):.1f} GB" if E > 32 else ""))
 
     t0 = time.perf_counter()
     router, gate, up, down = random_weights(E, H, I, args.seed)
@@ -175,18 +191,11 @@ def main(argv=None):
     layer = moe_swift.MoELayer(router, gate, up, down, top_k=k, backend="auto",
                                scoring="softmax", norm_topk_prob=True)
     t_create = time.perf_counter() - t0
-    # The reference computes in float64: convert once (not per call), then drop the
-    # float32 copies; the layer holds its own.
-    t0 = time.perf_counter()
-    weights64 = tuple(a.astype(np.float64) for a in (router, gate, up, down))
-    del router, gate, up, down
-    t_f64 = time.perf_counter() - t0
-    print(f"  setup   weights {t_gen:.1f} s, MoELayer (copies them) {t_create:.1f} s, "
-          f"float64 copy for the reference {t_f64:.1f} s")
+    print(f"  setup   weights {t_gen:.1f} s, MoELayer (copies them) {t_create:.1f} s")
     print(f"  backend {layer.backend!r} (available: {', '.join(moe_swift.available_backends())}), "
           f"{os.cpu_count()} CPU cores")
 
-    checker = Checker(layer, weights64, k)
+    checker = Checker(layer, router, gate, up, down, k)
     rng = np.random.default_rng([args.seed, 2])
     # Hidden states of unit scale, as after a transformer's RMSNorm.
     pool = rng.standard_normal((max(decode_runs + 1, 8), H), dtype=np.float32)

@@ -22,4 +22,10 @@ if [ "$(uname)" = "Linux" ] && [ "$extras" = "test" ] && ! command -v valgrind >
         || { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >/dev/null; } \
         || echo "valgrind could not be installed: tests/python/test_valgrind.py will be skipped"
 fi
-python3 -m pip install -q -e ".${extras:+[$extras]}"
+# pip hides its build hook's output (but for -v), so the wait is announced here.
+if [ -d .build/python/release ]; then
+    echo "moe-swift: pip install -e . compiles libMoESwift (SwiftPM, release): only what changed, usually seconds"
+else
+    echo "moe-swift: pip install -e . compiles libMoESwift (SwiftPM, release): about 3-5 minutes on 2 cores the first time, less on more cores; pip shows a spinner meanwhile (pip install -v -e . shows the compiler's steps)"
+fi
+python3 -m pip install -e ".${extras:+[$extras]}"

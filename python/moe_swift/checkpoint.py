@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _native
 from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _real
+from .progress import Progress
 
 __all__ = ["from_pretrained", "OVERRIDES"]
 
@@ -73,7 +74,7 @@ def resolve(path, revision=None, cache_dir=None):
                          f"Hugging Face Hub: {type(error).__name__}: {error}") from error
 
 
-def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, **overrides):
+def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None, **overrides):
     """The MoE layer `layer` (index into model.layers) of the checkpoint folder `path`, or a
     dict {index: MoELayer} of all its MoE layers when `layer` is None.
 
@@ -87,11 +88,16 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     format. `overrides` replace config.json options: top_k, norm_topk_prob,
     routed_scaling_factor, scoring ("softmax"/"sigmoid"), n_group, topk_group, activation,
     swiglu_alpha, swiglu_limit. Errors (dense layer, unknown model_type, missing tensor...)
-    raise ValueError with the library's message."""
+    raise ValueError with the library's message.
+
+    Loading that lasts over two seconds shows a bar of the layers loaded on a terminal, or
+    logs to the "moe_swift" logger (moe_swift.progress): `progress=False` or
+    MOE_SWIFT_PROGRESS=0 silences it, `progress=True` shows it from the first layer."""
     unknown = set(overrides) - set(OVERRIDES)
     if unknown:
         raise TypeError(f"from_pretrained got unknown options {sorted(unknown)}; overridable: {sorted(OVERRIDES)}")
     backend_code = _choice("backend", backend, BACKENDS)
+    label = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
     converted = [OVERRIDES[k](k, v) for k, v in overrides.items()]
     if layer is not None:
         if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
@@ -121,11 +127,13 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
             wanted = [layer]
         layers = {}
         try:
-            for index in wanted:
-                made = ffi.new("moe_layer **")
-                _native.check(lib.moe_layer_create_from_checkpoint(
-                    checkpoint, index, backend_code, len(names), name_array, values, made))
-                layers[index] = MoELayer._from_handle(made[0])
+            with Progress(f"moe_swift: loading the MoE layers of {label}", len(wanted), progress=progress) as bar:
+                for index in wanted:
+                    made = ffi.new("moe_layer **")
+                    _native.check(lib.moe_layer_create_from_checkpoint(
+                        checkpoint, index, backend_code, len(names), name_array, values, made))
+                    layers[index] = MoELayer._from_handle(made[0])
+                    bar.update()
         except BaseException:
             for made_layer in layers.values():
                 made_layer.close()

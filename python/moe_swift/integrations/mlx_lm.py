@@ -24,22 +24,33 @@ from mlx_lm.models.switch_layers import SwitchGLU
 
 from ..formats import Quantized
 from ..layer import MoELayer
+from ..progress import Progress
 
 
-def patch(model, backend: str = "auto") -> int:
-    """Replaces every SwitchGLU in `model` (in place); returns how many were replaced."""
-    replaced = 0
+def _unpatched(item):
+    return isinstance(item, SwitchGLU) and not isinstance(item, FusedSwitchGLU)
+
+
+def patch(model, backend: str = "auto", progress=None) -> int:
+    """Replaces every SwitchGLU in `model` (in place); returns how many were replaced.
+
+    Each replacement builds its layer (reading the weights, which a lazily loaded model
+    only then loads): when that lasts over two seconds, a bar of the layers shows on a
+    terminal, or records go to the "moe_swift" logger (moe_swift.progress).
+    `progress=False` or MOE_SWIFT_PROGRESS=0 silences it, `progress=True` shows it from
+    the first layer."""
+    places = []  # (container, key) of every SwitchGLU, counted first for the bar's total
     for _, module in model.named_modules():
-        for key, child in list(module.children().items()):
-            if isinstance(child, SwitchGLU) and not isinstance(child, FusedSwitchGLU):
-                module[key] = FusedSwitchGLU(child, backend)
-                replaced += 1
+        for key, child in module.children().items():
+            if _unpatched(child):
+                places.append((module, key))
             elif isinstance(child, list):
-                for i, item in enumerate(child):
-                    if isinstance(item, SwitchGLU) and not isinstance(item, FusedSwitchGLU):
-                        child[i] = FusedSwitchGLU(item, backend)
-                        replaced += 1
-    return replaced
+                places.extend((child, i) for i, item in enumerate(child) if _unpatched(item))
+    with Progress("moe_swift: patching the SwitchGLU layers", len(places), progress=progress) as bar:
+        for container, key in places:
+            container[key] = FusedSwitchGLU(container[key], backend)
+            bar.update()
+    return len(places)
 
 
 def _weight(linear, name):

@@ -18,6 +18,12 @@ or fine-tuning), the call runs transformers' own eager experts instead, with a o
 warning: the layer computes no gradients. Wrap inference in `torch.no_grad()` or
 `torch.inference_mode()` (`generate` does) to run it here. The layers live beside the
 modules, not in them, so models deep-copy and pickle as usual (a copy builds its own).
+
+Building the layers on the first forward takes seconds to minutes for a real model: when it
+lasts over two seconds, a count of the layers built shows on a terminal, or goes to the
+"moe_swift" logger (moe_swift.progress), until the next forward finds its layers built.
+`register(progress=False)` or MOE_SWIFT_PROGRESS=0 silences it; `register(progress=True)`
+shows it from the first layer.
 """
 
 from __future__ import annotations
@@ -27,26 +33,37 @@ import weakref
 
 from ..layer import MoELayer
 from ..options import HIDDEN_ACT
+from ..progress import Progress, setting
 
 NAME = "moe_swift"
 # module -> (parameter signature, MoELayer); weak so a dropped model frees its layers.
 _LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _warned_about_gradients = False
+# The layers being built by a first forward; ended by a call that finds its layer built.
+_building = None
 
 
-def register(name: str = NAME, backend: str = "auto") -> str:
-    """Registers the experts backend `name` with transformers and returns it."""
+def register(name: str = NAME, backend: str = "auto", progress=None) -> str:
+    """Registers the experts backend `name` with transformers and returns it. `progress`
+    (None, True or False, as moe_swift.progress says) is for the building of the layers."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
+    setting(progress)  # a wrong value fails here, not in the middle of a forward
+
     def forward(module, hidden_states, top_k_index, top_k_weights):
-        return experts_forward(module, hidden_states, top_k_index, top_k_weights, backend=backend)
+        return experts_forward(module, hidden_states, top_k_index, top_k_weights, backend=backend, progress=progress)
 
     ALL_EXPERTS_FUNCTIONS.register(name, forward)
     return name
 
 
 def reset(model) -> None:
-    """Drops the layers built from `model`'s experts modules."""
+    """Drops the layers built from `model`'s experts modules (and ends a count of layers
+    being built)."""
+    global _building
+    if _building is not None:
+        _building, building = None, _building
+        building.close()
     for module in model.modules():
         entry = _LAYERS.pop(module, None)
         if entry is not None:
@@ -84,8 +101,8 @@ def _eager_forward(module):
     return original
 
 
-def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto"):
-    global _warned_about_gradients
+def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto", progress=None):
+    global _warned_about_gradients, _building
     if _needs_gradients(module, hidden_states, top_k_weights):
         if not _warned_about_gradients:
             _warned_about_gradients = True
@@ -98,8 +115,14 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backen
     if entry is None or entry[0] != signature:
         if entry is not None:
             entry[1].close()
+        if _building is None:
+            _building = Progress("moe_swift: building the experts layers", progress=progress)
         entry = (signature, layer_from_module(module, top_k=top_k_index.shape[-1], backend=backend))
         _LAYERS[module] = entry
+        _building.update()
+    elif _building is not None:
+        _building, building = None, _building
+        building.close()
     return entry[1].experts(hidden_states, top_k_index, top_k_weights)
 
 
