@@ -31,20 +31,32 @@ TINY = dict(
     n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2, moe_topk=2, n_shared_experts=1,
     num_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
     qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, sliding_window=8, tie_word_embeddings=False,
+    unpadded_vocab_size=VOCAB, decoder_sparse_step=1, mlp_only_layers=[], top_k_experts=2,
+    vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
 )
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 # What the generic sizes above cannot express: which of two layers attends (the hybrid
 # families otherwise get two linear-attention or mamba layers, which transformers' cache
 # refuses), rotary sections that must sum to the tiny rotary size, a family's own rules.
+# Models that run only inside a larger one.
+NOT_STANDALONE = {"Qwen3OmniMoeTalkerForCausalLM", "Qwen3OmniMoeTalkerModel"}  # embeddings from the thinker
 MROPE = dict(rope_theta=10000.0, rope_type="default", mrope_section=[2, 1, 1])
 OVERRIDES = {
+    "deepseek_ocr2_text": dict(mlp_layer_types=["dense", "sparse"]),  # None by default
+    "dots3_note_text": dict(head_dim=16),  # its sliding layers want qk_nope_head_dim + qk_rope_head_dim
+    "ernie4_5_vl_moe_text": dict(rope_parameters=dict(MROPE, mrope_section=[3, 3, 2])),
+    "gemma4_text": dict(enable_moe_block=True),  # its experts are off by default
     "glm4v_moe_text": dict(rope_parameters=dict(MROPE, partial_rotary_factor=0.5)),
     "glm5_next_text": dict(num_key_value_heads=4),  # its validator wants as many as query heads
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
     "hy_v4_vl_text": dict(rope_parameters=MROPE),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=0),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
-    "qwen4_exp_text": dict(layer_types=["linear_attention", "full_attention"]),  # its indexer has no defaults
+    "nemotron_h": dict(layer_types=["full_attention", "moe"]),
+    "qwen3_omni_moe_talker_text": dict(shared_expert_intermediate_size=32),  # read, but not a field of it
+    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                           indexer_compress_ratio=2),  # its indexer has no defaults
+    "unlimited_ocr_text": dict(num_key_value_heads=4),
     "zaya": dict(num_experts_per_tok=1),  # "ZAYA currently supports num_experts_per_tok=1 only"
 }
 
@@ -75,6 +87,7 @@ def text_model(family):
                     and cls.__module__ == module.__name__ and cls.__dict__.get("config_class") is config_class
                     and cls.__name__.endswith(("ForCausalLM", "Model")) and not cls.__name__.endswith("PreTrainedModel")):
                 found.append((model_type, cls))
+    found = [tc for tc in found if tc[1].__name__ not in NOT_STANDALONE]
     # A multimodal family's text model builds without its vision or audio tower.
     found.sort(key=lambda tc: (not tc[1].__name__.endswith("ForCausalLM"), not tc[0].endswith("_text"),
                                "Vision" in tc[1].__name__ or "Audio" in tc[1].__name__, tc[1].__name__))
@@ -87,8 +100,14 @@ def text_model(family):
 def tiny_config(model_type):
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
     defaults = config_class()
+    # Families whose layers differ (gemma4, dots3_note) refuse to read a size for all
+    # layers at once; their tiny model has one size for all.
+    defaults.allow_global_per_layer_attribute_access = True
     # A size of 0 turns a feature off (glm5_next's qk_rope_head_dim: attention without RoPE).
     kwargs = {k: v for k, v in TINY.items() if hasattr(defaults, k) and getattr(defaults, k) != 0}
+    for k, v in kwargs.items():
+        if isinstance(getattr(defaults, k), list) and not isinstance(v, list):  # ernie4_5_vl_moe: one per modality
+            kwargs[k] = [v] * len(getattr(defaults, k))
     if getattr(defaults, "qk_rope_head_dim", None):
         # Multi-head latent attention: the rotary part of head_dim is qk_rope_head_dim, one key
         # head per query head.
@@ -115,7 +134,16 @@ def tiny_config(model_type):
 
 
 FAMILIES = experts_families()
+# Filled as the tests run; conftest.py prints them at the end of the session.
 RAN, SKIPPED = [], {}
+
+
+def summary():
+    lines = [f"transformers {transformers.__version__}: {len(FAMILIES)} families dispatch through the experts "
+             f"interface; matched eager: {len(RAN)}, skipped: {len(SKIPPED)}",
+             "ran: " + " ".join(RAN)]
+    lines += [f"skipped {family}: {reason}" for family, reason in SKIPPED.items()]
+    return lines
 
 
 def test_families_are_found():
@@ -136,5 +164,10 @@ def test_family_matches_eager(family):
         skip(family, model_class)
     torch.manual_seed(0)
     model = randomize_experts(model_class(tiny_config(model_type)).float().eval())
-    compare_with_eager(model, moe_tf.register(backend="cpu"), generate=model_class.__name__.endswith("ForCausalLM"))
+    try:
+        compare_with_eager(model, moe_tf.register(backend="cpu"), generate=model_class.__name__.endswith("ForCausalLM"))
+    except NotImplementedError as e:
+        if "moe_swift" not in str(e):
+            raise
+        skip(family, f"what its experts compute is not in moe_swift's core: {e}")
     RAN.append(family)
