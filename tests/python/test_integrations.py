@@ -61,6 +61,32 @@ def test_experts_backend_matches_eager(family):
     compare_with_eager(tiny_model(family), moe_tf.register(backend="cpu"))
 
 
+def experts_modules(model):
+    return [m for m in model.modules() if hasattr(m, "_apply_gate")]
+
+
+def test_the_activation_is_what_the_module_computes():
+    """The activation comes from what the module's gating computes, not from its names: a
+    plain function as act_fn (lfm2_moe's style) with a config that still says silu."""
+    model = tiny_model("qwen3_moe")
+    for m in experts_modules(model):
+        del m.act_fn  # a submodule; a function takes its place as a plain attribute
+        m.act_fn = torch.nn.functional.gelu  # exact GELU; config.hidden_act stays "silu"
+    compare_with_eager(model, moe_tf.register(backend="cpu"), generate=False)
+
+
+def test_a_gating_the_core_lacks_is_refused():
+    """A module whose _apply_gate computes none of the core's activations (here a clamped
+    SiLU, as deepseek_v4's) stops with a NotImplementedError instead of running plain SiLU."""
+    model = tiny_model("qwen3_moe")
+    for m in experts_modules(model):
+        m._apply_gate = lambda gate_up: torch.nn.functional.silu(gate_up.chunk(2, -1)[0].clamp(max=1.0)) \
+            * gate_up.chunk(2, -1)[1]
+    model.set_experts_implementation(moe_tf.register(backend="cpu"))
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="no activation matching the gating"):
+        model(torch.zeros((1, 3), dtype=torch.long))
+
+
 def test_bfloat16_parameters_stay_bfloat16():
     name = moe_tf.register(backend="cpu")
     model = tiny_model("qwen3_moe").to(torch.bfloat16)

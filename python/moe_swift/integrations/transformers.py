@@ -9,6 +9,8 @@ transformers 5 routes every experts module decorated with `use_experts_implement
 top_k_index (T, k), top_k_weights (T, k))`. The function registered here builds one
 `MoELayer` per experts module on its first call, from the module's parameters in their
 dtype (bfloat16 stays bfloat16), and then runs `layer.experts(hidden, ids, weights)`.
+A module whose gating the core does not compute (a clamp or soft cap the core lacks, no
+gate, a norm after each expert) stops with NotImplementedError instead.
 
 The layer is rebuilt when a parameter of the module has changed since it was built (in
 place, as an optimizer step does, or replaced), so it never runs stale weights; `reset`
