@@ -3,8 +3,9 @@
 module whose experts class carries `@use_experts_implementation`), so a family added to
 transformers is picked up without editing this file. Each is built with a tiny random
 float32 configuration and run with experts_implementation="moe_swift" against "eager":
-logits and greedy tokens. A family is skipped only with its reason; the summary at the end
-of the session lists which ran and which were skipped (`-rs` shows the reasons too)."""
+logits and greedy tokens (a family with no causal LM class for its text model: the last
+hidden state of its bare text model). A family is skipped only with its reason; the summary
+at the end of the session lists which ran and which were skipped, and why."""
 
 import importlib
 import pathlib
@@ -141,7 +142,7 @@ RAN, SKIPPED = [], {}
 def summary():
     lines = [f"transformers {transformers.__version__}: {len(FAMILIES)} families dispatch through the experts "
              f"interface; matched eager: {len(RAN)}, skipped: {len(SKIPPED)}",
-             "ran: " + " ".join(RAN)]
+             "ran: " + ", ".join(RAN)]
     lines += [f"skipped {family}: {reason}" for family, reason in SKIPPED.items()]
     return lines
 
@@ -164,10 +165,11 @@ def test_family_matches_eager(family):
         skip(family, model_class)
     torch.manual_seed(0)
     model = randomize_experts(model_class(tiny_config(model_type)).float().eval())
+    causal = model_class.__name__.endswith("ForCausalLM")
     try:
-        compare_with_eager(model, moe_tf.register(backend="cpu"), generate=model_class.__name__.endswith("ForCausalLM"))
+        compare_with_eager(model, moe_tf.register(backend="cpu"), generate=causal)
     except NotImplementedError as e:
         if "moe_swift" not in str(e):
             raise
         skip(family, f"what its experts compute is not in moe_swift's core: {e}")
-    RAN.append(family)
+    RAN.append(family if causal else f"{family}({model_class.__name__}: last hidden state, no generate)")
