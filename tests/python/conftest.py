@@ -29,3 +29,12 @@ def pytest_configure(config):
     if missing:
         pytest.exit(f"MOE_TEST_BACKENDS={os.environ['MOE_TEST_BACKENDS']}: {', '.join(missing)} not available here "
                     f"(available: {', '.join(moe_swift.available_backends())})", returncode=4)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which transformers families test_transformers_families.py ran and skipped, and why."""
+    module = sys.modules.get("test_transformers_families")
+    if module is not None and (module.RAN or module.SKIPPED):
+        terminalreporter.section("transformers families")
+        for line in module.summary():
+            terminalreporter.write_line(line)

@@ -23,7 +23,10 @@ VOCAB = COMMON["vocab_size"]
 def tiny_model(family):
     config = transformers.AutoConfig.for_model(family, **COMMON, **CONFIGS[family])
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    return randomize_experts(transformers.AutoModelForCausalLM.from_config(config).eval())
+
+
+def randomize_experts(model):
     with torch.no_grad():  # make the experts matter: random, not the init's near-zero values
         for name, p in model.named_parameters():
             if "experts" in name:
@@ -31,22 +34,57 @@ def tiny_model(family):
     return model
 
 
+def compare_with_eager(model, name, *, generate=True):
+    """The model's output (logits, or the last hidden state of a model without a head) for
+    a batch of two, and its greedy tokens, are the same with the experts backend `name` as
+    with "eager"; and the backend did run."""
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
+
+    def run(implementation):
+        model.set_experts_implementation(implementation)
+        out = model(ids)
+        out = out.logits if hasattr(out, "logits") else out.last_hidden_state
+        tokens = model.generate(ids[:1], max_new_tokens=8, do_sample=False).tolist() if generate else None
+        return out.float().numpy(), tokens
+
+    with torch.no_grad():
+        eager, eager_tokens = run("eager")
+        ours, ours_tokens = run(name)
+    assert any(moe_tf.layer_of(m) is not None for m in model.modules()), "the backend never ran"
+    moe_tf.reset(model)
+    np.testing.assert_allclose(ours, eager, rtol=1e-4, atol=1e-4)
+    assert ours_tokens == eager_tokens
+
+
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_experts_backend_matches_eager(family):
-    name = moe_tf.register(backend="cpu")
-    model = tiny_model(family)
-    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        model.set_experts_implementation("eager")
-        eager = model(ids).logits
-        eager_tokens = model.generate(ids[:1], max_new_tokens=8, do_sample=False)
-        model.set_experts_implementation(name)
-        ours = model(ids).logits
-        ours_tokens = model.generate(ids[:1], max_new_tokens=8, do_sample=False)
-    assert any(moe_tf.layer_of(m) is not None for m in model.modules()), "the backend never ran"
-    np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-4, atol=1e-4)
-    assert ours_tokens.tolist() == eager_tokens.tolist()
-    moe_tf.reset(model)
+    compare_with_eager(tiny_model(family), moe_tf.register(backend="cpu"))
+
+
+def experts_modules(model):
+    return [m for m in model.modules() if hasattr(m, "_apply_gate")]
+
+
+def test_the_activation_is_what_the_module_computes():
+    """The activation comes from what the module's gating computes, not from its names: a
+    plain function as act_fn (lfm2_moe's style) with a config that still says silu."""
+    model = tiny_model("qwen3_moe")
+    for m in experts_modules(model):
+        del m.act_fn  # a submodule; a function takes its place as a plain attribute
+        m.act_fn = torch.nn.functional.gelu  # exact GELU; config.hidden_act stays "silu"
+    compare_with_eager(model, moe_tf.register(backend="cpu"), generate=False)
+
+
+def test_a_gating_the_core_lacks_is_refused():
+    """A module whose _apply_gate computes none of the core's activations (here a clamped
+    SiLU, as deepseek_v4's) stops with a NotImplementedError instead of running plain SiLU."""
+    model = tiny_model("qwen3_moe")
+    for m in experts_modules(model):
+        m._apply_gate = lambda gate_up: torch.nn.functional.silu(gate_up.chunk(2, -1)[0].clamp(max=1.0)) \
+            * gate_up.chunk(2, -1)[1]
+    model.set_experts_implementation(moe_tf.register(backend="cpu"))
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="no activation matching the gating"):
+        model(torch.zeros((1, 3), dtype=torch.long))
 
 
 def test_bfloat16_parameters_stay_bfloat16():

@@ -9,6 +9,8 @@ transformers 5 routes every experts module decorated with `use_experts_implement
 top_k_index (T, k), top_k_weights (T, k))`. The function registered here builds one
 `MoELayer` per experts module on its first call, from the module's parameters in their
 dtype (bfloat16 stays bfloat16), and then runs `layer.experts(hidden, ids, weights)`.
+A module whose gating the core does not compute (a clamp or soft cap the core lacks, no
+gate, a norm after each expert) stops with NotImplementedError instead.
 
 The layer is rebuilt when a parameter of the module has changed since it was built (in
 place, as an optimizer step does, or replaced), so it never runs stale weights; `reset`
@@ -32,7 +34,6 @@ import warnings
 import weakref
 
 from ..layer import MoELayer
-from ..options import HIDDEN_ACT
 from ..progress import Progress, setting
 
 NAME = "moe_swift"
@@ -126,26 +127,56 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backen
     return entry[1].experts(hidden_states, top_k_index, top_k_weights)
 
 
-def _activation(module):
-    """(activation name, options) of an experts module."""
-    if hasattr(module, "alpha") and hasattr(module, "limit"):  # gpt-oss's clamped SwiGLU
-        return "swiglu_oai", dict(swiglu_alpha=float(module.alpha), swiglu_limit=float(module.limit))
-    act = getattr(module, "act_fn", None)
+def _first_attribute(module, names):
+    for name in names:
+        value = getattr(module, name, None)
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _activation(module, interleaved):
+    """(activation name, options) of an experts module, found by running the module's own
+    gating (`_apply_gate`, which families override: gpt-oss's clamped SwiGLU, the clamped
+    or soft-capped variants of others, an upcast) on probe values in its gate/up layout and
+    comparing with each of the core's activations. Names (hidden_act, act_fn's class) would
+    miss an override, a plain function as act_fn or a layout the flags misstate; a wrong
+    match here would give wrong outputs without an error."""
+    import numpy as np
+    import torch
+
+    from ..reference import ACTIVATIONS
+
+    alpha = _first_attribute(module, ("alpha", "swiglu_alpha"))
+    limit = _first_attribute(module, ("limit", "swiglu_limit"))
+    reach = 12.0 if limit is None else max(12.0, 2.0 * limit)  # past any clamp, so a clamp shows
+    rng = np.random.default_rng(0)
+    g, u = rng.uniform(-reach, reach, (2, 256))
+    gate_up = np.stack([g, u], axis=-1).reshape(-1) if interleaved else np.concatenate([g, u])
+    apply_gate = getattr(module, "_apply_gate", None)
+    with torch.no_grad():
+        probe = torch.from_numpy(gate_up[None]).float()
+        if apply_gate is None:  # transformers before _apply_gate: act_fn(gate) * up
+            gate, up = (probe[..., 0::2], probe[..., 1::2]) if interleaved else probe.chunk(2, dim=-1)
+            out = module.act_fn(gate) * up
+        else:
+            out = apply_gate(probe)
+    out = out.double().numpy()[0]
+    for name, fn in ACTIVATIONS.items():
+        options = {}
+        if name == "swiglu_oai":
+            if alpha is None or limit is None:
+                continue
+            options = dict(swiglu_alpha=alpha, swiglu_limit=limit)
+        expected = fn(g, u, **{k.removeprefix("swiglu_"): v for k, v in options.items()})
+        if np.allclose(out, expected, rtol=1e-5, atol=1e-5):
+            return name, options
     hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
-    if hidden_act in HIDDEN_ACT:
-        return HIDDEN_ACT[hidden_act], {}
-    # Without a config: transformers' activation classes (SiLUActivation, GELUTanh, ...).
-    name = type(act).__name__.lower()
-    if "silu" in name or "swish" in name:
-        return "silu", {}
-    if "gelu" in name and "tanh" in name:
-        return "gelu_tanh", {}
-    if name in ("geluactivation", "gelu"):  # GELUActivation, torch.nn.GELU (exact unless approximate="tanh")
-        return ("gelu_tanh" if getattr(act, "approximate", "none") == "tanh" else "gelu"), {}
-    if name == "relu":
-        return "relu", {}
-    raise NotImplementedError(f"moe_swift has no activation matching {type(act).__name__} "
-                              f"(hidden_act={hidden_act!r}) of {type(module).__name__}")
+    raise NotImplementedError(
+        f"moe_swift has no activation matching the gating of {type(module).__name__} (hidden_act={hidden_act!r}, "
+        f"act_fn={type(getattr(module, 'act_fn', None)).__name__}"
+        + (f", limit={limit}" if limit is not None else "") + (f", alpha={alpha}" if alpha is not None else "")
+        + f"); it has {', '.join(ACTIVATIONS)} (swiglu_oai: gpt-oss's clamped SwiGLU)")
 
 
 def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
@@ -154,13 +185,14 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
     import torch
 
     with torch.no_grad():
-        for flag, wanted in (("has_gate", True), ("has_post_expert_norm", False)):
+        for flag, wanted, what in (("has_gate", True, "experts without a gate projection (up, act, down)"),
+                                   ("has_post_expert_norm", False, "a norm after each expert")):
             if bool(getattr(module, flag, wanted)) != wanted:
                 raise NotImplementedError(f"{type(module).__name__} has {flag}={not wanted}: moe_swift runs gated "
-                                          "experts without a norm after them")
-        activation, options = _activation(module)
+                                          f"experts without a norm after them, not {what}")
         transposed = bool(getattr(module, "is_transposed", False))
         interleaved = not getattr(module, "is_concatenated", True)  # gpt-oss: gate and up alternate
+        activation, options = _activation(module, interleaved)
         bias = bool(getattr(module, "has_bias", False))
 
         def out_by_in(w):
