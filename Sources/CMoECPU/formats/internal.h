@@ -62,6 +62,20 @@ static inline int kernel_kind(const moe_cpu_matrix* w) {
 
 // ---- scalar conversions (portable) ------------------------------------------------
 
+// Element i of a row or of scales that may sit at any byte offset: a checkpoint's tensors
+// start wherever their file puts them (safetensors does not align them), and a misaligned
+// typed load is undefined behaviour in C. memcpy compiles to the same single load.
+INLINE uint16_t load_u16(const void* p, int64_t i) {
+    uint16_t v;
+    memcpy(&v, (const uint8_t*)p + 2 * i, 2);
+    return v;
+}
+INLINE float load_f32(const void* p, int64_t i) {
+    float v;
+    memcpy(&v, (const uint8_t*)p + 4 * i, 4);
+    return v;
+}
+
 INLINE float from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -83,9 +97,9 @@ INLINE float f16_to_float(uint16_t h) {
 
 INLINE float scalar_at(const void* p, int type, int64_t i) {
     switch (type) {
-    case MOE_DTYPE_F16: return f16_to_float(((const uint16_t*)p)[i]);
-    case MOE_DTYPE_BF16: return bf16_to_float(((const uint16_t*)p)[i]);
-    default: return ((const float*)p)[i];
+    case MOE_DTYPE_F16: return f16_to_float(load_u16(p, i));
+    case MOE_DTYPE_BF16: return bf16_to_float(load_u16(p, i));
+    default: return load_f32(p, i);
     }
 }
 
@@ -130,9 +144,9 @@ INLINE group_cursor group_cursor_for(const moe_cpu_matrix* w, int64_t r) {
 INLINE float dense_element(const moe_cpu_matrix* w, int64_t r, int64_t i) {
     const uint8_t* row = row_data(w, r);
     switch (w->format) {
-    case MOE_FORMAT_F16: return f16_to_float(((const uint16_t*)row)[i]);
-    case MOE_FORMAT_BF16: return bf16_to_float(((const uint16_t*)row)[i]);
-    default: return ((const float*)row)[i];
+    case MOE_FORMAT_F16: return f16_to_float(load_u16(row, i));
+    case MOE_FORMAT_BF16: return bf16_to_float(load_u16(row, i));
+    default: return load_f32(row, i);
     }
 }
 
@@ -180,10 +194,10 @@ static __attribute__((unused)) void unpack_chunk_portable(const moe_cpu_matrix* 
         memcpy(out, (const float*)row + k0, CHUNK * sizeof(float));
         return;
     case MOE_FORMAT_F16:
-        for (int i = 0; i < CHUNK; i++) out[i] = f16_to_float(((const uint16_t*)row)[k0 + i]);
+        for (int i = 0; i < CHUNK; i++) out[i] = f16_to_float(load_u16(row, k0 + i));
         return;
     case MOE_FORMAT_BF16:
-        for (int i = 0; i < CHUNK; i++) out[i] = bf16_to_float(((const uint16_t*)row)[k0 + i]);
+        for (int i = 0; i < CHUNK; i++) out[i] = bf16_to_float(load_u16(row, k0 + i));
         return;
     case MOE_FORMAT_AFFINE: {
         float s, b;
@@ -242,9 +256,9 @@ HIDDEN T512 void moe_cpu_row_float_avx512(int kind, int mm, const moe_cpu_matrix
 // branches cost more than a 4-bit chunk's unpacking.
 INLINE __attribute__((target("f16c"))) float scalar_at_f16c(const void* p, int type, int64_t i) {
     switch (type) {
-    case MOE_DTYPE_F16: return _cvtsh_ss(((const uint16_t*)p)[i]);
-    case MOE_DTYPE_BF16: return bf16_to_float(((const uint16_t*)p)[i]);
-    default: return ((const float*)p)[i];
+    case MOE_DTYPE_F16: return _cvtsh_ss(load_u16(p, i));
+    case MOE_DTYPE_BF16: return bf16_to_float(load_u16(p, i));
+    default: return load_f32(p, i);
     }
 }
 
