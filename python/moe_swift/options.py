@@ -50,10 +50,10 @@ HIDDEN_ACT = {alias: _string(row[2]) for row in _rows("ACTIVATION") for alias in
 AFFINE_BITS = tuple(int(row[0]) for row in _rows("AFFINE_BITS"))
 AFFINE_GROUP_SIZES = tuple(int(row[0]) for row in _rows("AFFINE_GROUP_SIZE"))
 MXFP4_GROUP_SIZE = int(_DEFINES["MOE_MXFP4_GROUP_SIZE"])
-# (suffix, format name, bits or 0 for any) per kernel specialisation, in row order.
-SPECIALISATIONS = tuple((row[0], row[1].lower() if row[1] in ("AFFINE", "MXFP4") else
-                         {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[row[1]], int(row[2]))
-                        for row in _rows("SPECIALISATION"))
+# (suffix, format name, bits or 0 for any) per kernel specialisation, in row order; a row
+# names its format by the FORMAT table's NAME.
+_FORMAT_BY_NAME = {row[0]: _string(row[2]) for row in _rows("FORMAT")}
+SPECIALISATIONS = tuple((row[0], _FORMAT_BY_NAME[row[1]], int(row[2])) for row in _rows("SPECIALISATION"))
 
 
 # "MOE_SCORING_SOFTMAX" -> "softmax", for the defaults that name a row.
