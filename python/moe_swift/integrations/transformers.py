@@ -14,12 +14,12 @@ gate, a norm after each expert) stops with NotImplementedError instead.
 
 The layer is rebuilt when a parameter of the module has changed since it was built (in
 place, as an optimizer step does, or replaced), so it never runs stale weights; `reset`
-drops the layers at once. When autograd needs the call (grad mode on and the hidden
-states, the routing weights or a parameter of the module requiring grad, as in training
-or fine-tuning), the call runs transformers' own eager experts instead, with a one-time
-warning: the layer computes no gradients. Wrap inference in `torch.no_grad()` or
-`torch.inference_mode()` (`generate` does) to run it here. The layers live beside the
-modules, not in them, so models deep-copy and pickle as usual (a copy builds its own).
+drops the layers at once. Each call is the registered torch op `moe_swift::experts`,
+with a fake function (torch.compile, fullgraph too, traces it without running it) and an
+autograd formula: the backward differentiates transformers' own eager experts at the same
+inputs (the layer computes no gradients), so training through the backend gives eager's
+gradients. The layers live beside the modules, not in them, so models deep-copy and pickle
+as usual (a copy builds its own).
 
 Building the layers on the first forward takes seconds to minutes for a real model: when it
 lasts over two seconds, a count of the layers built shows on a terminal, or goes to the
@@ -30,8 +30,11 @@ shows it from the first layer.
 
 from __future__ import annotations
 
-import warnings
+import itertools
 import weakref
+
+import torch
+import torch._dynamo
 
 from ..layer import MoELayer
 from ..progress import Progress, setting
@@ -39,7 +42,10 @@ from ..progress import Progress, setting
 NAME = "moe_swift"
 # module -> (parameter signature, MoELayer); weak so a dropped model frees its layers.
 _LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_warned_about_gradients = False
+# module -> its key in the op's calls, and back (weak both ways).
+_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_MODULES: dict = {}
+_next_key = itertools.count(1)
 # The layers being built by a first forward; ended by a call that finds its layer built.
 _building = None
 
@@ -84,15 +90,6 @@ def _signature(module):
                  for name, p in module.named_parameters(recurse=False))
 
 
-def _needs_gradients(module, hidden_states, top_k_weights):
-    import torch
-
-    if not torch.is_grad_enabled():
-        return False
-    return (hidden_states.requires_grad or top_k_weights.requires_grad
-            or any(p.requires_grad for p in module.parameters(recurse=False)))
-
-
 def _eager_forward(module):
     """transformers' own forward of the experts class (the one its decorator wraps)."""
     original = getattr(type(module).forward, "__wrapped__", None)
@@ -102,29 +99,111 @@ def _eager_forward(module):
     return original
 
 
-def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto", progress=None):
-    global _warned_about_gradients, _building
-    if _needs_gradients(module, hidden_states, top_k_weights):
-        if not _warned_about_gradients:
-            _warned_about_gradients = True
-            warnings.warn("moe_swift computes no gradients: the experts run transformers' eager implementation "
-                          "while autograd records (training, or a forward outside torch.no_grad() / "
-                          "torch.inference_mode())", stacklevel=3)
-        return _eager_forward(module)(module, hidden_states, top_k_index, top_k_weights)
-    signature = _signature(module)
+@torch._dynamo.assume_constant_result
+def _module_key(module) -> int:
+    """A number naming `module` in the op's calls (an op takes tensors and plain values, not
+    modules). Under torch.compile it runs once while tracing and is a constant of the graph
+    (guarded on the module's identity), so a compiled model neither breaks its graph here
+    nor recompiles per step."""
+    key = _KEYS.get(module)
+    if key is None:
+        key = next(_next_key)
+        _KEYS[module] = key
+        _MODULES[key] = weakref.ref(module)
+        weakref.finalize(module, _MODULES.pop, key, None)
+    return key
+
+
+def _module(key: int):
+    module = _MODULES.get(key, lambda: None)()
+    if module is None:
+        raise RuntimeError("moe_swift::experts was called for an experts module that no longer exists")
+    return module
+
+
+def _layer(module, top_k: int, backend: str, progress):
+    """The module's MoELayer, built on its first call and rebuilt when a parameter changed."""
+    global _building
+    signature = (_signature(module), backend)
     entry = _LAYERS.get(module)
     if entry is None or entry[0] != signature:
         if entry is not None:
             entry[1].close()
         if _building is None:
             _building = Progress("moe_swift: building the experts layers", progress=progress)
-        entry = (signature, layer_from_module(module, top_k=top_k_index.shape[-1], backend=backend))
+        entry = (signature, layer_from_module(module, top_k=top_k, backend=backend))
         _LAYERS[module] = entry
         _building.update()
     elif _building is not None:
         _building, building = None, _building
         building.close()
-    return entry[1].experts(hidden_states, top_k_index, top_k_weights)
+    return entry[1]
+
+
+_PROGRESS = {None: -1, False: 0, True: 1}
+
+
+@torch.library.custom_op("moe_swift::experts", mutates_args=())
+def _experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                parameters: list[torch.Tensor], key: int, backend: str, progress: int) -> torch.Tensor:
+    # `parameters` (the module's own, in its order) are inputs so that autograd and a
+    # compiled graph see what the result depends on; the layer reads them through the module.
+    module = _module(key)
+    shown = {v: k for k, v in _PROGRESS.items()}[progress]
+    layer = _layer(module, top_k_index.shape[-1], backend, shown)
+    return layer.experts(hidden_states, top_k_index, top_k_weights)
+
+
+@_experts_op.register_fake
+def _(hidden_states, top_k_index, top_k_weights, parameters, key, backend, progress):
+    return torch.empty_like(hidden_states)
+
+
+@torch.library.custom_op("moe_swift::experts_backward", mutates_args=())
+def _experts_backward_op(grad: torch.Tensor, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor, parameters: list[torch.Tensor], key: int) -> list[torch.Tensor]:
+    # The gradients are transformers' eager experts' at the same inputs (the layer computes
+    # none): one more forward in eager, then its backward. An op of its own, so that a
+    # compiled training step records one call instead of tracing the eager experts'
+    # data-dependent loop over the experts hit.
+    module = _module(key)
+    names = [name for name, _ in module.named_parameters(recurse=False)]
+    eager = _eager_forward(module)
+
+    def forward(h, w, *ps):
+        with torch.nn.utils.stateless._reparametrize_module(module, dict(zip(names, ps))):
+            return eager(module, h, top_k_index, w)
+
+    with torch.enable_grad():
+        _, vjp = torch.func.vjp(forward, hidden_states, top_k_weights, *parameters)
+        return list(vjp(grad.to(hidden_states.dtype)))
+
+
+@_experts_backward_op.register_fake
+def _(grad, hidden_states, top_k_index, top_k_weights, parameters, key):
+    return [torch.empty_like(hidden_states), torch.empty_like(top_k_weights)] + [torch.empty_like(p) for p in parameters]
+
+
+def _setup_context(ctx, inputs, output):
+    hidden_states, top_k_index, top_k_weights, parameters, key, _, _ = inputs
+    ctx.key = key
+    ctx.save_for_backward(hidden_states, top_k_index, top_k_weights, *parameters)
+
+
+def _backward(ctx, grad):
+    hidden_states, top_k_index, top_k_weights, *parameters = ctx.saved_tensors
+    grads = torch.ops.moe_swift.experts_backward(grad, hidden_states, top_k_index, top_k_weights, parameters, ctx.key)
+    return grads[0], None, grads[1], list(grads[2:]), None, None, None
+
+
+_experts_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto", progress=None):
+    """One call of the experts through the registered op `moe_swift::experts`."""
+    key = _module_key(module)
+    return torch.ops.moe_swift.experts(hidden_states, top_k_index, top_k_weights,
+                                       list(module.parameters(recurse=False)), key, backend, _PROGRESS[progress])
 
 
 def _first_attribute(module, names):
