@@ -565,7 +565,7 @@ def test_expert_kernels_read_every_format(lib, fmt):
 
 
 @pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))
-@pytest.mark.parametrize("T", [11, 3])  # 3: the decode router, moe_router_gemv
+@pytest.mark.parametrize("T", [11, 3])  # 3: the decode router, moe_router_gemv + moe_router_topk
 def test_router_reads_every_format(lib, fmt, T):
     """The router weight in `fmt` (mlx-lm quantizes it at 8 bits): same ids as the
     reference on the dequantized weight, weights within float32 accuracy."""
