@@ -101,4 +101,18 @@ final class MetalSourcesTests: XCTestCase {
             XCTAssertTrue(message.contains("planted_kernel_error") && message.contains("planted_header_error"), message)
         }
     }
+
+    /// scripts/assemble-msl.sh (what the macOS CI job hands to `xcrun metal`) writes the
+    /// source this binary embeds, byte for byte.
+    func testTheAssembleScriptWritesTheEmbeddedSource() throws {
+        let out = FileManager.default.temporaryDirectory.appendingPathComponent("assemble-msl-\(ProcessInfo.processInfo.processIdentifier).metal")
+        defer { try? FileManager.default.removeItem(at: out) }
+        let script = Process()
+        script.executableURL = URL(fileURLWithPath: "/bin/bash")
+        script.arguments = [root.appendingPathComponent("scripts/assemble-msl.sh").path, out.path]
+        try script.run()
+        script.waitUntilExit()
+        XCTAssertEqual(script.terminationStatus, 0)
+        XCTAssertEqual(try String(contentsOf: out, encoding: .utf8), MetalSources.library)
+    }
 }
