@@ -349,28 +349,37 @@ def test_decode_router_at_real_sizes_matches_the_cpu_router(family, E, gate):
     k = 8), DeepSeek-V3's 256 (sigmoid, selection bias, 8 groups of which 4 are kept, k = 8)
     - with and without a shared expert's sigmoid gate (router row E), for T = 1 ... 4 on
     consecutive calls with new inputs (a logit left from the call before would change the
-    routing): exactly the CPU router's ids, its weights to float32 rounding (the logits
-    and the softmax sum in another order), and bit for bit the batched router's ids and weights. With an
-    input norm the forward agrees with the CPU's."""
+    routing). Inputs and router weight on a coarse grid make every logit exact in float32,
+    whatever the order of the sums, and give exact ties: the CPU router's ids exactly;
+    its weights bit for bit under sigmoid scoring on SoftMetal (the same float operations,
+    the same expf), to float32 rounding under softmax (its sum runs in another order) and
+    on a GPU (its own exp); and bit for bit the batched router's ids and weights. With an
+    input norm (no longer exact) the forward agrees with the CPU's."""
     H = 256
     args = make_layer_args(family, H=H, I=8, E=E, k=8, seed=E + gate, shared=8)
+    rng = np.random.default_rng(E + 3 * gate)
+    # Multiples of 1/256 below 2^7 in every partial sum: exact in float32.
+    args["router_weight"] = (rng.integers(-8, 9, (E, H)) / 64).astype(np.float32)
     if family == "deepseek_v3":
         args.update(n_group=8, topk_group=4)
     if gate:
         args["shared_expert"] = dict(args.get("shared_expert") or make_layer_args("qwen2_moe", H=H, I=8, E=E, k=8,
                                                                                    shared=8)["shared_expert"])
-        args["shared_expert"]["sigmoid_gate"] = np.random.default_rng(E).standard_normal(H).astype(np.float32) / 16
-    rng = np.random.default_rng(E + 3 * gate)
+        args["shared_expert"]["sigmoid_gate"] = (rng.standard_normal(H) / 16).astype(np.float32)
     norm = ((1.0 + 0.1 * rng.standard_normal(H)).astype(np.float32), 1e-6)
+    bitwise = args["scoring"] == "sigmoid" and BACKEND == "softmetal"
     with moe_swift.MoELayer(**args, backend=BACKEND) as layer, moe_swift.MoELayer(**args, backend="cpu") as cpu:
         for T in (1, 2, 3, 4):
             for _ in range(3):
-                x = rng.standard_normal((T, H)).astype(np.float32)
+                x = (rng.integers(-8, 9, (T, H)) / 4).astype(np.float32)
                 ids, w = layer.route(x)
                 assert moe_swift.last_stats()["dispatches"] == 2
                 cpu_ids, cpu_w = cpu.route(x)
                 np.testing.assert_array_equal(ids, cpu_ids)
-                np.testing.assert_allclose(w, cpu_w, rtol=1e-5, atol=1e-6)
+                if bitwise:
+                    assert w.tobytes() == cpu_w.tobytes()
+                else:
+                    np.testing.assert_allclose(w, cpu_w, rtol=1e-5, atol=1e-6)
                 # The batched router (T > 4) on the same rows: the same bits.
                 batch_ids, batch_w = layer.route(np.concatenate([x, x[:1], x[:1], x[:1], x[:1]]))
                 np.testing.assert_array_equal(ids, batch_ids[:T])
