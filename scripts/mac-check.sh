@@ -94,6 +94,9 @@ section "versions"
 
 # Swift: the release library (what Python loads), then the test suite (a debug build).
 step swift-build 20 swift build -c release
+# The MSL through Apple's offline compiler, as the macOS CI job does (no GPU needed).
+step msl-compile 20 bash -c 'bash scripts/assemble-msl.sh .build/moe_swift.metal &&
+    xcrun -sdk macosx metal -std=metal3.1 -c .build/moe_swift.metal -o .build/moe_swift.air'
 step swift-test 60 swift test
 
 # Python: a virtual environment of its own, the package editable from this checkout (its

@@ -2,6 +2,11 @@
 // EmbedMSL build plugin (Plugins/EmbedMSL).
 //
 //     embed-msl <library.txt> <package directory> <output.swift>
+//     embed-msl --msl <library.txt> <package directory> <output.metal>
+//
+// (--msl writes the assembled source itself, for Apple's offline compiler: `xcrun metal`
+// then checks on a Mac without a GPU what makeLibrary(source:) would compile; see
+// scripts/assemble-msl.sh.)
 //
 // The kernel files of the list, in order, each `#include "x.h"` replaced by the file it
 // names (found next to the including file, then in the list's include folders; pasted
@@ -215,23 +220,27 @@ static void paste(text* out, const char* path, int depth) {
     free(contents);
 }
 
-int main(int argc, char** argv) {
-    if (argc != 4) fail("usage: embed-msl <library.txt> <package directory> <output.swift>");
-    library.package = normalized(argv[2]);
-    char* list = normalized(argv[1]);
-    read_list(list);
+// Writes `t` to `path` unless the file holds that text already.
+static void write_if_changed(const char* path, const text* t) {
+    char* old = read_file(path);
+    const int same = old != NULL && strcmp(old, t->p) == 0;
+    free(old);
+    if (same) return;
+    FILE* f = fopen(path, "wb");
+    if (f == NULL) fail("cannot write %s", path);
+    const size_t written = fwrite(t->p, 1, t->n, f);
+    if (fclose(f) != 0 || written != t->n) fail("cannot write %s", path);
+}
 
-    text source = {0};
-    for (int i = 0; i < library.kernel_count; i++) paste(&source, library.kernels[i], 0);
-    if (source.p == NULL) append(&source, "", 0);
-
+// The Swift file that holds `source` (assembled from `list`) as MetalSources.library.
+static text swift_file(const text* source, const char* list) {
     // A raw string literal with enough #s that nothing in the source closes it or escapes.
     char hashes[64] = "#";
     for (;;) {
         char quote[70], backslash[70];
         snprintf(quote, sizeof quote, "\"%s", hashes);
         snprintf(backslash, sizeof backslash, "\\%s", hashes);
-        if (!strstr(source.p, quote) && !strstr(source.p, backslash)) break;
+        if (!strstr(source->p, quote) && !strstr(source->p, backslash)) break;
         if (strlen(hashes) + 1 >= sizeof hashes) fail("cannot quote the source");
         strcat(hashes, "#");
     }
@@ -242,23 +251,35 @@ int main(int argc, char** argv) {
     // A multi-line literal drops the newline before its closing delimiter: one more keeps
     // the source's own final newline.
     appendf(&out, "    static let library = %s\"\"\"\n", hashes);
-    append(&out, source.p, source.n);
+    append(&out, source->p, source->n);
     appendf(&out, "\n\"\"\"%s\n\n    /// Its kernel files, in order.\n    static let kernelFiles = [", hashes);
     for (int i = 0; i < library.kernel_count; i++) appendf(&out, "%s\"%s\"", i ? ", " : "", shown(library.kernels[i]));
     appendf(&out, "]\n}\n");
+    return out;
+}
 
-    char* old = read_file(argv[3]);
-    const int same = old != NULL && strcmp(old, out.p) == 0;
-    free(old);
-    if (!same) {
-        FILE* f = fopen(argv[3], "wb");
-        if (f == NULL) fail("cannot write %s", argv[3]);
-        const size_t written = fwrite(out.p, 1, out.n, f);
-        if (fclose(f) != 0 || written != out.n) fail("cannot write %s", argv[3]);
+int main(int argc, char** argv) {
+    const int msl = argc == 5 && strcmp(argv[1], "--msl") == 0;
+    if (argc != 4 && !msl) {
+        fail("usage: embed-msl [--msl] <library.txt> <package directory> <output.swift, or with --msl output.metal>");
+    }
+    argv += msl;
+    library.package = normalized(argv[2]);
+    char* list = normalized(argv[1]);
+    read_list(list);
+
+    text source = {0};
+    for (int i = 0; i < library.kernel_count; i++) paste(&source, library.kernels[i], 0);
+    if (source.p == NULL) append(&source, "", 0);
+    if (msl) {
+        write_if_changed(argv[3], &source);
+    } else {
+        text out = swift_file(&source, list);
+        write_if_changed(argv[3], &out);
+        free(out.p);
     }
     // Freed, not left to exit: a build with --sanitize=address builds this tool with
     // LeakSanitizer too, which would fail the build over them.
-    free(out.p);
     free(source.p);
     free(list);
     for (int i = 0; i < library.kernel_count; i++) free(library.kernels[i]);

@@ -11,7 +11,8 @@ caches should serve), the FLOPs it executes, and a roofline time per chip:
 where occupancy = min(1, threadgroups / GPU cores): a dispatch of fewer threadgroups than
 cores gets that share of the chip (an assumption: one core may pull more than its share
 of the bandwidth, so this overestimates small dispatches such as the single-threadgroup
-bucketing); the decode router adds a serial tail (its last threadgroup's top-k).
+bucketing); the decode router's top-k dispatch adds a serial tail (softmax and arg-max
+rounds that no bandwidth bounds).
 A forward adds one command-buffer commit + wait; `run_layers` of n layers pays it once.
 
     python benchmarks/bench_metal.py --model          # prints the tables, writes benchmarks/results/metal_model.json
@@ -64,8 +65,8 @@ CHIPS = [
 # Per-dispatch and per-command-buffer costs: (low, high) in microseconds.
 LAUNCH_US = (5.0, 10.0)
 COMMIT_WAIT_US = (50.0, 100.0)
-# The decode router's serial tail: the atomic counter hand-off and the top-k of the last
-# threadgroup to finish, after its logits (an assumption, see ASSUMPTIONS).
+# The decode router's top-k dispatch: its serial work after reading the logits (an
+# assumption, see ASSUMPTIONS).
 ROUTER_TAIL_US = 2.0
 
 ASSUMPTIONS = {
@@ -82,9 +83,11 @@ ASSUMPTIONS = {
               "issue 149: 832 extra dispatches cost 5.16 us each of GPU time); the high end is an assumption.",
     "commit_wait": f"{COMMIT_WAIT_US[0]:g}-{COMMIT_WAIT_US[1]:g} us per command buffer commit + waitUntilCompleted "
                    "round trip: an assumption (no measurement here).",
-    "router_tail": f"{ROUTER_TAIL_US:g} us added to the decode router (T <= 4) for what runs after its logits: "
-                   "the device-atomic counter that finds the last threadgroup, that threadgroup's atomic loads of "
-                   "the T x E logits, softmax/sigmoid and k rounds of a simdgroup arg-max per token (an assumption).",
+    "router_tail": f"{ROUTER_TAIL_US:g} us added to the decode router's top-k dispatch (T <= 4; a threadgroup per "
+                   "token): softmax/sigmoid and k rounds of a simdgroup arg-max over the token's E logits "
+                   "(an assumption). The top-k is a dispatch of its own, after the logits, because MSL 3.1 orders "
+                   "no hand-off between threadgroups of one dispatch: it costs one launch more than a "
+                   "last-threadgroup hand-off would.",
     "routing": "uniform: each token picks k distinct experts at random; expert loads Binomial(T, k/E).",
     "kernels": "every dispatch is taken to reach the roofline of its occupancy. What makes a kernel get there "
                "(loads in flight, inputs read once per 4 GEMV rows, 32 x 64 double-buffered GEMM tiles: issue 12) "
@@ -176,12 +179,14 @@ def dispatches(shape: LayerShape, T: int, fmt: str, router_fmt: str = "f32") -> 
     io = T * H * F32 + P * 8 + T * F32
     if T <= DECODE_MAX_TOKENS:
         # moe_router_gemv: one router row per simdgroup, 4 rows per threadgroup, every token
-        # in every threadgroup (x re-read per threadgroup); logits through device atomics
-        # (written once, read once by the last threadgroup), which does the top-k.
+        # in every threadgroup (x re-read per threadgroup); it writes the logits. Then
+        # moe_router_topk, a threadgroup per token, reads them and writes the routing.
         groups = -(-E // ROUTER_GEMV_SIMDGROUPS)
-        logits = 2 * T * E * F32
-        out.append(Dispatch("router", groups, rw + io + logits, rw + groups * T * H * F32 + P * 8 + T * F32 + logits,
-                            rw, 2.0 * T * E * H, tail_us=ROUTER_TAIL_US))
+        logits = T * E * F32
+        x = T * H * F32
+        out.append(Dispatch("router", groups, rw + x + logits, rw + groups * x + logits, rw, 2.0 * T * E * H))
+        topk = logits + P * 8 + T * F32
+        out.append(Dispatch("router_topk", T, topk, topk, 0.0, 0.0, tail_us=ROUTER_TAIL_US))
     else:
         # moe_router: up to 8 tokens per threadgroup (fewer when E is large); each reads the whole router.
         per_group = max(1, min(T, ROUTER_MAX_TOKENS, 6144 // (3 * E + 1)))

@@ -26,13 +26,13 @@ def lib():
 def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, routed_scaling_factor=1.0,
                router_bias=None, selection_bias=None, n_group=1, topk_group=1, per_expert_scale=None,
                shared_gate=None, tokens_per_group=None, fmt="f32", input_norm=None, gemv=False, check_memory=False):
-    """moe_router (or with gemv=True the decode router moe_router_gemv, T <= 4) on SoftMetal
-    with the race check on; returns ids, weights, shared-expert factors (and x_normed)."""
+    """moe_router (or with gemv=True the decode router, T <= 4: moe_router_gemv, then
+    moe_router_topk) on SoftMetal with the race check on; returns ids, weights,
+    shared-expert factors (and x_normed)."""
     T, H = x.shape
     E = wr.shape[0]
     W = KernelWeight(wr, fmt)
-    limit = CONST["MOE_ROUTER_GEMV_SIMDGROUPS"] if gemv else CONST["MOE_ROUTER_MAX_TOKENS"]
-    tb = tokens_per_group or max(1, min(limit, T, 6144 // (3 * E + 1)))
+    tb = tokens_per_group or max(1, min(CONST["MOE_ROUTER_MAX_TOKENS"], T, 6144 // (3 * E + 1)))
     stride = E + 1
     ids = np.full((T, top_k), -7, np.int32)
     w = np.full((T, top_k), np.nan, np.float32)
@@ -62,13 +62,19 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
     if gemv:
         assert 1 <= T <= CONST["MOE_DECODE_MAX_TOKENS"]
         rows = E + int(shared_gate is not None)
-        counter = np.zeros(4, np.uint32)
-        buffers.update(LOGITS=np.full((T, stride), np.nan, np.float32), COUNTER=counter)
+        unwritten = 0x7FBADBAD  # a NaN payload no float operation produces
+        logits = np.full((T, stride), unwritten, np.uint32)
+        buffers["LOGITS"] = logits
         lib.launch("moe_router_gemv_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
                    threadgroups=(-(-rows // CONST["MOE_ROUTER_GEMV_SIMDGROUPS"]),),
                    threads_per_threadgroup=(CONST["MOE_ROUTER_GEMV_THREADS"],),
-                   threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True, check_memory=check_memory)
-        assert counter[0] == 0  # reset by the last threadgroup for the next dispatch
+                   check_races=True, check_memory=check_memory)
+        assert (logits[:, :rows] != unwritten).all()  # every logit written before the top-k starts
+        topk = {k: buffers[k] for k in ("PARAMS", "LOGITS", "SELECTION_BIAS", "EXPERT_SCALE", "IDS", "WEIGHTS",
+                                         "SHARED_FACTOR")}
+        lib.launch("moe_router_topk", {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in topk.items()},
+                   threadgroups=(T,), threads_per_threadgroup=(CONST["MOE_SIMD_WIDTH"],),
+                   threadgroup_memory={0: 4 * (stride + 2 * E)}, check_races=True, check_memory=check_memory)
     else:
         lib.launch("moe_router_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
                    threadgroups=(-(-T // tb),), threads_per_threadgroup=(CONST["MOE_ROUTER_THREADS"],),
@@ -147,9 +153,9 @@ def test_router_ties_and_nan(lib):
     np.testing.assert_array_equal(ids[0], [0, 1, 2, 4, 5])
 
 
-# The decode router (moe_router_gemv, T <= 4): logits over ceil(rows / 4) threadgroups of
-# one row per simdgroup, top-k in the last threadgroup to finish (an atomic counter),
-# under the race check and SoftMetal's memory check (the counter hand-off must be ordered).
+# The decode router (T <= 4): moe_router_gemv, logits over ceil(rows / 4) threadgroups of
+# one row per simdgroup, then moe_router_topk, a threadgroup per token, under the race
+# check and SoftMetal's memory check.
 
 
 @pytest.mark.parametrize("case", sorted(ROUTER_CASES))
@@ -206,8 +212,8 @@ def test_router_gemv_ties_nan_and_groups(lib):
 
 @pytest.mark.parametrize("T", [1, 3, 4])
 def test_router_gemv_many_experts(lib, T):
-    """E = 1000: the last threadgroup routes one token at a time (24 KiB of threadgroup
-    memory hold one token's logits, scores and selection scores), 250 threadgroups."""
+    """E = 1000: 250 threadgroups of logits; each top-k threadgroup holds one token's
+    logits, scores and selection scores (12 KiB of threadgroup memory)."""
     H, E, k = 16, 1000, 8
     rng = np.random.default_rng(T)
     x = f32(T, H, rng=rng)
@@ -559,7 +565,7 @@ def test_expert_kernels_read_every_format(lib, fmt):
 
 
 @pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))
-@pytest.mark.parametrize("T", [11, 3])  # 3: the decode router, moe_router_gemv
+@pytest.mark.parametrize("T", [11, 3])  # 3: the decode router, moe_router_gemv + moe_router_topk
 def test_router_reads_every_format(lib, fmt, T):
     """The router weight in `fmt` (mlx-lm quantizes it at 8 bits): same ids as the
     reference on the dequantized weight, weights within float32 accuracy."""

@@ -45,13 +45,14 @@ def test_format_sizes(fmt, bits_per_weight):
 def test_dispatch_plan_matches_the_budgets():
     decode = [d.kernel for d in mm.dispatches(mm.QWEN3, 1, "f32")]
     prefill = [d.kernel for d in mm.dispatches(mm.QWEN3, 512, "f32")]
-    assert decode == ["router", "gate_up_gemv", "down_gemv", "combine"]
+    assert decode == ["router", "router_topk", "gate_up_gemv", "down_gemv", "combine"]
     assert prefill == ["router", "bucket", "gate_up_gemm", "down_gemm", "combine"]
     assert [d.kernel for d in mm.dispatches(mm.QWEN3, 4, "q4")] == decode  # MOE_DECODE_MAX_TOKENS
-    # The decode router (moe_router_gemv) is a threadgroup per 4 router rows; in prefill
-    # (moe_router) one per 8 tokens.
+    # The decode router's logits (moe_router_gemv) are a threadgroup per 4 router rows, its
+    # top-k a threadgroup per token; in prefill (moe_router) a threadgroup per 8 tokens.
     assert mm.dispatches(mm.QWEN3, 1, "q4")[0].threadgroups == E // 4 == 32
     assert mm.dispatches(mm.QWEN3, 4, "q4")[0].threadgroups == 32
+    assert [mm.dispatches(mm.QWEN3, T, "q4")[1].threadgroups for T in (1, 4)] == [1, 4]
     assert mm.dispatches(mm.QWEN3, 5, "q4")[0].threadgroups == 1
     assert mm.dispatches(mm.QWEN3, 512, "q4")[0].threadgroups == 64
     assert mm.dispatches(mm.LayerShape(experts=30), 1, "q4")[0].threadgroups == 8
@@ -60,17 +61,21 @@ def test_dispatch_plan_matches_the_budgets():
 def test_decode_router_is_spread_over_the_cores():
     """Issue 12: at T = 1 the router weight (E x H float32, 1 MiB) is read by 32
     threadgroups, not one: on a 40-core M3 Max it is no longer the longest dispatch, and its
-    time is the roofline of 32/40 of the chip plus the serial tail and the launch."""
+    time is the roofline of 32/40 of the chip plus the launch. The top-k is a dispatch of
+    its own (issue 22: no hand-off between threadgroups of one dispatch): the serial tail
+    and one launch more."""
     ds = mm.dispatches(mm.QWEN3, 1, "q4")
-    router = ds[0]
-    assert router.weight_bytes == E * H * 4
-    assert router.tail_us == mm.ROUTER_TAIL_US
-    # x is re-read by every threadgroup (from cache); the logits go out and back once.
-    assert router.requested_bytes == pytest.approx(E * H * 4 + 32 * H * 4 + K * 8 + 4 + 2 * E * 4)
+    router, topk = ds[0], ds[1]
+    assert router.weight_bytes == E * H * 4 and topk.weight_bytes == 0
+    assert (router.tail_us, topk.tail_us) == (0.0, mm.ROUTER_TAIL_US)
+    # x is re-read by every threadgroup (from cache); the logits go out, and back in the top-k.
+    assert router.requested_bytes == pytest.approx(E * H * 4 + 32 * H * 4 + E * 4)
+    assert topk.requested_bytes == pytest.approx(E * 4 + K * 8 + 4)
     chip = next(c for c in mm.CHIPS if c.name == "M3 Max 40c")
     t = mm.dispatch_time_us(router, chip, 0.0)
-    assert t == pytest.approx(router.dram_bytes / (400e9 * 32 / 40) * 1e6 + mm.ROUTER_TAIL_US)
-    assert t < min(mm.dispatch_time_us(d, chip, 0.0) for d in ds[1:3])
+    assert t == pytest.approx(router.dram_bytes / (400e9 * 32 / 40) * 1e6)
+    assert t < min(mm.dispatch_time_us(d, chip, 0.0) for d in ds[2:4])
+    assert mm.dispatch_time_us(topk, chip, 5.0) == pytest.approx(topk.dram_bytes / (400e9 / 40) * 1e6 + 2.0 + 5.0)
 
 
 def test_prefill_flops_and_weights():
@@ -135,14 +140,14 @@ def test_decode_gemvs_read_inputs_once_per_four_rows():
     """Issue 12: a GEMV threadgroup is 16 rows (4 simdgroups x 4 rows); a simdgroup loads
     each token's inputs once for its 4 rows, so the requested input bytes are a quarter of
     one read per row."""
-    gate_up, down = mm.dispatches(mm.QWEN3, 1, "q4")[1:3]
+    gate_up, down = mm.dispatches(mm.QWEN3, 1, "q4")[2:4]
     assert (gate_up.threadgroups, down.threadgroups) == (8 * I // 16, 8 * H // 16) == (384, 1024)
     P = K  # T = 1
     assert gate_up.requested_bytes == pytest.approx(gate_up.weight_bytes + P * (I // 4) * H * 4 + P * I * 4)
     assert down.requested_bytes == pytest.approx(down.weight_bytes + P * (H // 4) * I * 4 + P * 4 + P * H * 4)
     assert (gate_up.flops, down.flops) == (2.0 * 2 * P * I * H, 2.0 * P * H * I)  # I, H multiples of 16
     # Rows past the end are computed and dropped: I = 770 executes 784 rows.
-    odd = mm.dispatches(mm.LayerShape(inter=770), 1, "q4")[1]
+    odd = mm.dispatches(mm.LayerShape(inter=770), 1, "q4")[2]
     assert odd.threadgroups == 8 * 49 and odd.flops == 2.0 * 2 * P * 784 * H
 
 

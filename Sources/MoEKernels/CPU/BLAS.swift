@@ -22,16 +22,30 @@ enum MatrixProduct {
     /// Accelerate's threading model is a thread-local setting (Apple's documentation of
     /// `BLASSetThreading(_:)`: "This setting is per thread"), and products run on Dispatch's
     /// worker threads, so it is set on the calling thread before each BLAS call: a
-    /// thread-local store, nothing beside a product. The function exists from the macOS 15 /
-    /// iOS 18 SDKs, which come with the Swift 6 compilers (Xcode 16); earlier SDKs and systems
-    /// keep Accelerate's own choice. The thinnest adapter on purpose: no Apple machine has
-    /// compiled this yet. Elsewhere (OpenBLAS) nothing to do.
+    /// thread-local store, nothing beside a product. Both ways to set it exist from the
+    /// macOS 15 / iOS 18 SDKs, which come with the Swift 6 compilers (Xcode 16); earlier SDKs
+    /// and systems keep Accelerate's own choice. Elsewhere (OpenBLAS) nothing to do.
+    ///
+    /// On macOS, Accelerate's Swift overlay `BLAS.threadingModel` (macOS 15 only): the C
+    /// function `BLASSetThreading` reaches Swift only if the Clang importer sees its
+    /// declaration, which depends on the new-LAPACK headers being selected
+    /// (`ACCELERATE_NEW_LAPACK`, a C macro a package can pass to the importer only with
+    /// unsafe flags), and Swift's `#if` cannot test for a C declaration; the overlay is part
+    /// of the Accelerate module itself. Apple offers the overlay on macOS alone, so the
+    /// other Apple systems call the C function. The thinnest adapter on purpose: no Apple
+    /// machine has compiled this yet (the macOS CI job builds it).
     @inline(__always)
     static func singleThreadedOnThisThread() {
         #if canImport(Accelerate) && compiler(>=6.0)
-        if #available(macOS 15, iOS 18, tvOS 18, watchOS 11, visionOS 2, *) {
+        #if os(macOS)
+        if #available(macOS 15, *) {
+            BLAS.threadingModel = .singleThreaded
+        }
+        #else
+        if #available(iOS 18, tvOS 18, watchOS 11, visionOS 2, *) {
             _ = BLASSetThreading(BLAS_THREADING_SINGLE_THREADED)
         }
+        #endif
         #endif
     }
 

@@ -35,9 +35,9 @@ typedef int32_t moe_i32;
 #define MOE_ROUTER_THREADS 256
 #define MOE_ROUTER_SIMDGROUPS 8
 #define MOE_ROUTER_MAX_TOKENS 8
-/* Decode router (moe_router_gemv, tokens <= MOE_DECODE_MAX_TOKENS): one router row per
- * simdgroup, MOE_ROUTER_GEMV_SIMDGROUPS rows per threadgroup, every token in every
- * threadgroup; the last threadgroup to finish does the top-k (one simdgroup per token). */
+/* Decode router (tokens <= MOE_DECODE_MAX_TOKENS), two dispatches: moe_router_gemv, one
+ * router row per simdgroup, MOE_ROUTER_GEMV_SIMDGROUPS rows per threadgroup, every token
+ * in every threadgroup; then moe_router_topk, one simdgroup (threadgroup) per token. */
 #define MOE_ROUTER_GEMV_THREADS 128
 #define MOE_ROUTER_GEMV_SIMDGROUPS 4
 /* The top-k keeps one bit per expert and lane: at most 32 * 32 experts. */
@@ -105,8 +105,7 @@ typedef struct moe_weight_desc {
 #define MOE_ROUTER_BUF_W_BIASES 11
 #define MOE_ROUTER_BUF_NORM_WEIGHT 12   /* the input norm's weight (H) */
 #define MOE_ROUTER_BUF_X_NORMED 13      /* out: the normalised input (T, H) the later stages read */
-#define MOE_ROUTER_BUF_LOGITS 14        /* moe_router_gemv: scratch logits (T, logit_stride) */
-#define MOE_ROUTER_BUF_COUNTER 15       /* moe_router_gemv: one uint, 0 between dispatches */
+#define MOE_ROUTER_BUF_LOGITS 14        /* decode: scratch logits (T, logit_stride), gemv -> topk */
 
 /* Buffer indices of the expert kernels (moe_{gate_up,down}_{gemv,gemm}_<format>).
  * W0 is the gate matrix of gate/up kernels and the down matrix of down kernels; W1 the up
@@ -145,9 +144,9 @@ typedef struct moe_weight_desc {
 /* moe_router: grid (ceil(tokens / tokens_per_group)), MOE_ROUTER_THREADS threads,
  * threadgroup(0): tokens_per_group * (logit_stride + 2 * experts) floats.
  * moe_router_gemv (tokens <= MOE_DECODE_MAX_TOKENS): grid (ceil((experts + has_shared_gate)
- * / MOE_ROUTER_GEMV_SIMDGROUPS)), MOE_ROUTER_GEMV_THREADS threads, the same threadgroup(0);
- * tokens_per_group (<= MOE_ROUTER_GEMV_SIMDGROUPS) is how many tokens its last
- * threadgroup routes at a time. */
+ * / MOE_ROUTER_GEMV_SIMDGROUPS)), MOE_ROUTER_GEMV_THREADS threads, no threadgroup(0);
+ * then moe_router_topk: grid (tokens), MOE_SIMD_WIDTH threads, threadgroup(0):
+ * logit_stride + 2 * experts floats. Neither reads tokens_per_group. */
 typedef struct moe_router_params {
     moe_u32 tokens;
     moe_u32 hidden;
@@ -162,7 +161,7 @@ typedef struct moe_router_params {
     moe_u32 has_selection_bias;
     moe_u32 has_per_expert_scale;
     moe_u32 has_shared_gate;      /* also compute sigmoid(x . shared_gate) */
-    moe_u32 tokens_per_group;     /* 1 ... MOE_ROUTER_MAX_TOKENS (gemv: ... MOE_ROUTER_GEMV_SIMDGROUPS) */
+    moe_u32 tokens_per_group;     /* moe_router: 1 ... MOE_ROUTER_MAX_TOKENS */
     moe_u32 logit_stride;         /* >= experts + 1 */
     moe_u32 _pad0;
     moe_weight_desc weight;       /* the router weight (E, H) */

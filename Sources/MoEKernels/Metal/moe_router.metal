@@ -1,4 +1,5 @@
-// moe_router.metal - the whole router of docs/spec.md ("What one call computes") in one dispatch:
+// moe_router.metal - the whole router of docs/spec.md ("What one call computes"), in one
+// dispatch (moe_router) or, for decode, two (moe_router_gemv, moe_router_topk):
 // logits (+ router bias), softmax or sigmoid, selection bias, group-limited top-k,
 // renormalisation, scaling, per-expert scale; and the shared expert's gate factor.
 // The selection rules are those of TokenRouter (Layer/Routing.swift): ties go to the
@@ -262,10 +263,10 @@ template <typename L>
     decltype(moe_router<moe_fmt_##suffix>) moe_router<moe_fmt_##suffix>;
 MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER)
 
-// The decode router (tokens <= MOE_DECODE_MAX_TOKENS): the same routing, with the logits
-// as a matrix-vector product over many threadgroups instead of one, so that reading the
-// router weight (E x H, the largest read of a decode step after the selected experts) is
-// spread over the GPU's cores. Still one dispatch:
+// The decode router (tokens <= MOE_DECODE_MAX_TOKENS): the same routing in two
+// dispatches, so that reading the router weight (E x H, the largest read of a decode step
+// after the selected experts) is spread over the GPU's cores.
+// moe_router_gemv, the logits as a matrix-vector product:
 // Grid: ceil(rows / MOE_ROUTER_GEMV_SIMDGROUPS) threadgroups of MOE_ROUTER_GEMV_THREADS
 //       threads, rows = E (+ 1: the shared gate vector); every threadgroup takes all tokens.
 // Phase 0 (has_input_norm): simdgroup t computes token t's inverse RMS (as moe_router
@@ -273,22 +274,16 @@ MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER)
 //          and phase 1 normalises x on the fly (the same bits as reading x_normed).
 // Phase 1: simdgroup sg computes router row group * MOE_ROUTER_GEMV_SIMDGROUPS + sg for
 //          every token (the lane order of moe_router, so the same logits bit for bit)
-//          and stores the logits in `logits` (T, logit_stride) as device atomics.
-// Hand-off: after a threadgroup_barrier(mem_device) that orders the threadgroup's stores
-//          before it, thread 0 increments `counter`; the threadgroup that sees
-//          groups - 1 is the last one: it resets the counter to 0 for the next dispatch
-//          and goes on, the others exit. Every value that crosses threadgroups (logits,
-//          counter) is an atomic: the only communication between threadgroups of one
-//          dispatch that MSL 3.1 defines.
-// Phase 2 (the last threadgroup): tokens_per_group tokens at a time (threadgroup memory,
-//          as in moe_router), loaded from `logits` with atomic loads; simdgroup t routes
-//          token t with moe_route_token, the code of moe_router's phase 2.
+//          and stores the logits in `logits` (T, logit_stride).
+// moe_router_topk then routes them. The top-k is a dispatch of its own because the
+// threadgroups of one dispatch have no ordering that MSL 3.1 defines: a "last threadgroup
+// finishes" hand-off through relaxed atomics and threadgroup_barrier(mem_device) may read
+// another threadgroup's logit from before its store (the previous call's). Consecutive
+// dispatches of one compute encoder are ordered, on every OS and MSL version.
 template <typename L>
 [[kernel]] void moe_router_gemv(constant moe_router_params& p [[buffer(MOE_ROUTER_BUF_PARAMS)]],
                                 MOE_ROUTER_BUFFERS,
-                                device atomic_uint* logits [[buffer(MOE_ROUTER_BUF_LOGITS)]],              // (T, stride)
-                                device atomic_uint* counter [[buffer(MOE_ROUTER_BUF_COUNTER)]],            // 1, 0 between dispatches
-                                threadgroup float* tg [[threadgroup(0)]],
+                                device float* logits [[buffer(MOE_ROUTER_BUF_LOGITS)]],  // (T, stride)
                                 uint group [[threadgroup_position_in_grid]],
                                 uint groups [[threadgroups_per_grid]],
                                 uint tid [[thread_index_in_threadgroup]],
@@ -300,7 +295,6 @@ template <typename L>
     const uint stride = p.logit_stride;
     const uint rows = E + (p.has_shared_gate != 0 ? 1u : 0u);
     threadgroup float inverse[MOE_DECODE_MAX_TOKENS];
-    threadgroup uint last;
 
     // Phase 0: the input norm (MOE_ROUTER_GEMV_SIMDGROUPS >= MOE_DECODE_MAX_TOKENS).
     const bool norm = p.has_input_norm != 0;
@@ -323,46 +317,16 @@ template <typename L>
 
     // Phase 1: one router row per simdgroup.
     const uint r = group * MOE_ROUTER_GEMV_SIMDGROUPS + sg;
-    if (r < rows) {
-        float acc[MOE_ROUTER_MAX_TOKENS];
-        for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) acc[t] = 0.0f;
-        moe_router_dot<L>(p, r, x, nt, w_codes, w_scales, w_biases, shared_gate, norm, inverse, norm_weight, lane, acc);
-        for (uint t = 0; t < nt; t++) {
-            float s = simd_sum(acc[t]);
-            if (lane == 0) {
-                if (r < E && p.has_router_bias != 0) s += router_bias[r];
-                atomic_store_explicit(&logits[t * stride + r], as_type<uint>(s), memory_order_relaxed);
-            }
+    if (r >= rows) return;
+    float acc[MOE_ROUTER_MAX_TOKENS];
+    for (uint t = 0; t < MOE_ROUTER_MAX_TOKENS; t++) acc[t] = 0.0f;
+    moe_router_dot<L>(p, r, x, nt, w_codes, w_scales, w_biases, shared_gate, norm, inverse, norm_weight, lane, acc);
+    for (uint t = 0; t < nt; t++) {
+        float s = simd_sum(acc[t]);
+        if (lane == 0) {
+            if (r < E && p.has_router_bias != 0) s += router_bias[r];
+            logits[t * stride + r] = s;
         }
-    }
-
-    // Hand-off to the last threadgroup to finish.
-    threadgroup_barrier(mem_flags::mem_device);
-    if (tid == 0) {
-        const uint done = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
-        last = done == groups - 1 ? 1u : 0u;
-        if (done == groups - 1) atomic_store_explicit(counter, 0u, memory_order_relaxed);
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (last == 0) return;
-
-    // Phase 2, in rounds of TB tokens.
-    const uint TB = p.tokens_per_group;
-    threadgroup float* scores = tg;                   // [TB][stride]
-    threadgroup float* choice_all = tg + TB * stride; // [TB][E]
-    threadgroup float* aux_all = choice_all + TB * E; // [TB][E]
-    for (uint base = 0; base < nt; base += TB) {
-        const uint n = min(TB, nt - base);
-        for (uint i = tid; i < n * rows; i += MOE_ROUTER_GEMV_THREADS) {
-            const uint t = i / rows, e = i % rows;
-            scores[t * stride + e] = as_type<float>(atomic_load_explicit(&logits[(base + t) * stride + e], memory_order_relaxed));
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (sg < n) {
-            moe_route_token(p, scores + sg * stride, choice_all + sg * E, aux_all + sg * E, selection_bias,
-                            per_expert_scale, out_ids, out_weights, out_shared_factor, base + sg, lane);
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 
@@ -370,3 +334,30 @@ template <typename L>
     template [[host_name("moe_router_gemv_" #suffix)]] [[kernel]] \
     decltype(moe_router_gemv<moe_fmt_##suffix>) moe_router_gemv<moe_fmt_##suffix>;
 MOE_SPECIALISATION_ROWS(MOE_INSTANTIATE_ROUTER_GEMV)
+
+// The decode router's second dispatch: the routing of moe_router_gemv's logits, with the
+// code of moe_router's phase 2 (format-independent: one instance).
+// Grid: T threadgroups of MOE_SIMD_WIDTH threads, one simdgroup per token, so that the
+// tokens route on different cores; threadgroup(0): logit_stride + 2 * experts floats.
+[[kernel]] void moe_router_topk(constant moe_router_params& p [[buffer(MOE_ROUTER_BUF_PARAMS)]],
+                                device const float* logits [[buffer(MOE_ROUTER_BUF_LOGITS)]],                  // (T, stride)
+                                device const float* selection_bias [[buffer(MOE_ROUTER_BUF_SELECTION_BIAS)]],  // (E)
+                                device const float* per_expert_scale [[buffer(MOE_ROUTER_BUF_EXPERT_SCALE)]], // (E)
+                                device int* out_ids [[buffer(MOE_ROUTER_BUF_IDS)]],                            // (T, k)
+                                device float* out_weights [[buffer(MOE_ROUTER_BUF_WEIGHTS)]],                  // (T, k)
+                                device float* out_shared_factor [[buffer(MOE_ROUTER_BUF_SHARED_FACTOR)]],      // (T)
+                                threadgroup float* tg [[threadgroup(0)]],
+                                uint token [[threadgroup_position_in_grid]],
+                                uint lane [[thread_index_in_simdgroup]])
+{
+    const uint E = p.experts, stride = p.logit_stride;
+    if (token >= p.tokens) return;
+    const uint rows = E + (p.has_shared_gate != 0 ? 1u : 0u);
+    threadgroup float* scores = tg;              // [stride]: logits, then scores
+    threadgroup float* choice = tg + stride;     // [E]: selection scores
+    threadgroup float* aux = choice + E;         // [E]: group scores and flags
+    for (uint e = lane; e < rows; e += MOE_SIMD_WIDTH) scores[e] = logits[(ulong)token * stride + e];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    moe_route_token(p, scores, choice, aux, selection_bias, per_expert_scale, out_ids, out_weights,
+                    out_shared_factor, token, lane);
+}

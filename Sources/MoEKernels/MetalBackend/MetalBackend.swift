@@ -112,13 +112,9 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     }
 
     /// A scratch set for `tokens` tokens from the pool (allocating only when none fits).
-    /// Its decode-router counter is set to 0, as the kernel leaves it, in case a failed
-    /// command buffer left it otherwise (no GPU work uses a checked-in set).
     func checkOutScratch(tokens: Int) throws -> MetalScratch {
-        let scratch = try pool.checkOut(tokens: tokens) { capacity in
+        try pool.checkOut(tokens: tokens) { capacity in
             try MetalScratch(context: context, configuration: configuration, capacity: capacity)
         }
-        scratch.routerCounter.contents().storeBytes(of: UInt32(0), as: UInt32.self)
-        return scratch
     }
 }

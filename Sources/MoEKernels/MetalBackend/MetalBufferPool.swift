@@ -11,10 +11,8 @@ final class MetalScratch {
     let ids: any MTLBuffer
     let weights: any MTLBuffer
     let sharedFactor: any MTLBuffer
-    /// The decode router's logits (capacity, E + 1) and its threadgroup counter (one
-    /// uint, 0 between dispatches).
+    /// The decode router's logits (capacity, E + 1), from its mat-vec to its top-k.
     let routerLogits: any MTLBuffer
-    let routerCounter: any MTLBuffer
     /// Buckets (prefill): (E + 1) offsets, (capacity * k) rows, tiles, indirect arguments.
     let offsets: any MTLBuffer
     let rows: any MTLBuffer
@@ -47,7 +45,6 @@ final class MetalScratch {
         weights = try make(pairs, "routing weights")
         sharedFactor = try make(capacity, "shared-expert factors")
         routerLogits = try make(capacity * (e + 1), "router logits")
-        routerCounter = try make(1, "the router's threadgroup counter")
         offsets = try make(e + 1, "bucket offsets")
         rows = try make(pairs, "bucket rows")
         tiles = try make(2 * ((pairs + bm - 1) / bm + e), "GEMM tiles")

@@ -9,6 +9,8 @@ final class MetalContext: @unchecked Sendable {
     let library: any MTLLibrary
     let bucket: any MTLComputePipelineState
     let combine: any MTLComputePipelineState
+    /// The decode router's second dispatch (format-independent).
+    let routerTopK: any MTLComputePipelineState
     /// Pipelines of the per-format kernel instances, made the first time a layer needs
     /// them (a process that reads one format does not build the others').
     private var pipelines: [String: any MTLComputePipelineState] = [:]
@@ -49,21 +51,9 @@ final class MetalContext: @unchecked Sendable {
         guard let queue = device.makeCommandQueue(), let placeholder = device.makeBuffer(length: 16, options: .storageModeShared) else {
             throw MoEError.unavailable("the \(name) backend could not create a command queue")
         }
-        let options = MTLCompileOptions()
-        // IEEE float math: the router's NaN rules and the spec tolerance assume it.
-        // Set explicitly, never left to a default that changes with the OS: mathMode on
-        // macOS 15 (where fastMathEnabled is deprecated), MSL 3.1 for bfloat.
-        if #available(macOS 15.0, iOS 18.0, *) {
-            options.mathMode = .safe
-        } else {
-            options.fastMathEnabled = false
-        }
-        if #available(macOS 14.0, iOS 17.0, *) {
-            options.languageVersion = .version3_1
-        }
         let library: any MTLLibrary
         do {
-            library = try device.makeLibrary(source: MetalKernels.source, options: options)
+            library = try device.makeLibrary(source: MetalKernels.source, options: Self.compileOptions())
         } catch {
             throw MoEError.unavailable("the \(name) backend's kernels did not compile: \(error)")
         }
@@ -73,6 +63,33 @@ final class MetalContext: @unchecked Sendable {
         self.library = library
         bucket = try Self.makePipeline(device, library, MetalKernels.bucket, threads: MOE_BUCKET_THREADS)
         combine = try Self.makePipeline(device, library, MetalKernels.combine, threads: MOE_COMBINE_THREADS)
+        routerTopK = try Self.makePipeline(device, library, MetalKernels.routerTopK, threads: MOE_SIMD_WIDTH)
+    }
+
+    /// IEEE float math and precise math functions: the router's NaN rules, the spec
+    /// tolerance and results that do not change with the OS assume them. Set explicitly,
+    /// never left to a default: on macOS 15, `mathMode = .safe` alone would leave
+    /// `mathFloatingPointFunctions` at its default `.fast` (exp and tanh would differ from
+    /// macOS 14's), and `fastMathEnabled` is deprecated there. Both members exist only in the
+    /// macOS 15 / iOS 18 SDKs (Swift 6 compilers), and `#available` does not hide a member
+    /// the SDK lacks, hence the compiler check; older SDKs and systems get
+    /// `fastMathEnabled = false`, which means the same. MSL 3.1 for bfloat.
+    static func compileOptions() -> MTLCompileOptions {
+        let options = MTLCompileOptions()
+        #if compiler(>=6.0)
+        if #available(macOS 15.0, iOS 18.0, *) {
+            options.mathMode = .safe
+            options.mathFloatingPointFunctions = .precise
+        } else {
+            options.fastMathEnabled = false
+        }
+        #else
+        options.fastMathEnabled = false
+        #endif
+        if #available(macOS 14.0, iOS 17.0, *) {
+            options.languageVersion = .version3_1
+        }
+        return options
     }
 
     /// The pipeline of kernel `name`, which runs `threads` threads per threadgroup; made

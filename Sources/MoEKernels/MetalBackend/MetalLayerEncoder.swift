@@ -2,7 +2,8 @@ import CMoESwift
 
 /// Encodes one layer's stages into a compute encoder; nothing runs until the command
 /// buffer is committed, and nothing here waits. Dispatches per forward:
-///   decode (tokens <= MOE_DECODE_MAX_TOKENS): router (the mat-vec one), gate/up GEMV, down GEMV, combine = 4
+///   decode (tokens <= MOE_DECODE_MAX_TOKENS): router logits (a mat-vec), router top-k,
+///     gate/up GEMV, down GEMV, combine = 5
 ///   prefill: router, bucket, gate/up GEMM, down GEMM (both indirect), combine = 5
 ///   a shared expert adds its gate/up and down through the same kernels = +2;
 ///   the experts-only call (routing given, uploaded with the input) has no router and no
@@ -31,20 +32,20 @@ struct MetalLayerEncoder {
 
     // MARK: Stages
 
-    /// The router: in decode (1 ... MOE_DECODE_MAX_TOKENS tokens) `moe_router_gemv`, whose
-    /// logits are a matrix-vector product over ceil(rows / MOE_ROUTER_GEMV_SIMDGROUPS)
-    /// threadgroups and whose last threadgroup does the top-k; otherwise `moe_router`, a
-    /// threadgroup per MOE_ROUTER_MAX_TOKENS tokens, each reading the whole router weight.
-    /// One dispatch either way, the same routing bit for bit.
+    /// The router: in decode (1 ... MOE_DECODE_MAX_TOKENS tokens) two dispatches,
+    /// `moe_router_gemv`, whose logits are a matrix-vector product over
+    /// ceil(rows / MOE_ROUTER_GEMV_SIMDGROUPS) threadgroups, then `moe_router_topk`, a
+    /// threadgroup per token (the logits cross threadgroups only between dispatches, the
+    /// one ordering MSL gives on every OS); otherwise `moe_router`, one dispatch of a
+    /// threadgroup per MOE_ROUTER_MAX_TOKENS tokens, each reading the whole router
+    /// weight. The same routing bit for bit.
     func route() {
         let c = configuration
         let e = c.numExperts
         let gemv = tokens >= 1 && decode
-        // Tokens per threadgroup (gemv: routed at a time by the last threadgroup): up to
-        // MOE_ROUTER_MAX_TOKENS (gemv: its simdgroups), with their logits, scores and
-        // selection scores within 24 KiB of threadgroup memory.
-        let limit = Int(gemv ? MOE_ROUTER_GEMV_SIMDGROUPS : MOE_ROUTER_MAX_TOKENS)
-        let perGroup = Swift.max(1, Swift.min(tokens, limit, 6144 / (3 * e + 1)))
+        // moe_router's tokens per threadgroup: up to MOE_ROUTER_MAX_TOKENS, with their
+        // logits, scores and selection scores within 24 KiB of threadgroup memory.
+        let perGroup = Swift.max(1, Swift.min(tokens, Int(MOE_ROUTER_MAX_TOKENS), 6144 / (3 * e + 1)))
         var p = moe_router_params()
         p.tokens = UInt32(tokens)
         p.hidden = UInt32(c.hiddenSize)
@@ -80,16 +81,16 @@ struct MetalLayerEncoder {
         set(MOE_ROUTER_BUF_SHARED_FACTOR, scratch.sharedFactor)
         set(MOE_ROUTER_BUF_NORM_WEIGHT, inputNorm == nil ? nil : scratch.inputNormWeight)
         set(MOE_ROUTER_BUF_X_NORMED, inputNorm == nil ? nil : scratch.xNormed)
-        let threadgroupMemory = roundUp16(perGroup * (e + 1 + 2 * e) * 4)
         if gemv {
             set(MOE_ROUTER_BUF_LOGITS, scratch.routerLogits)
-            set(MOE_ROUTER_BUF_COUNTER, scratch.routerCounter)
             let rows = e + (backend.sharedGate == nil ? 0 : 1), perThreadgroup = Int(MOE_ROUTER_GEMV_SIMDGROUPS)
-            dispatch(groups: ((rows + perThreadgroup - 1) / perThreadgroup, 1), threads: MOE_ROUTER_GEMV_THREADS,
-                     threadgroupMemory: threadgroupMemory)
+            dispatch(groups: ((rows + perThreadgroup - 1) / perThreadgroup, 1), threads: MOE_ROUTER_GEMV_THREADS)
+            // The bindings of the first dispatch stay; the top-k reads only some of them.
+            encoder.setComputePipelineState(context.routerTopK)
+            dispatch(groups: (tokens, 1), threads: MOE_SIMD_WIDTH, threadgroupMemory: roundUp16((e + 1 + 2 * e) * 4))
         } else {
             dispatch(groups: ((tokens + perGroup - 1) / perGroup, 1), threads: MOE_ROUTER_THREADS,
-                     threadgroupMemory: threadgroupMemory)
+                     threadgroupMemory: roundUp16(perGroup * (e + 1 + 2 * e) * 4))
         }
     }
 

@@ -44,4 +44,33 @@ final class MetalAPIShimTests: XCTestCase {
             }
         }
     }
+
+    /// Names that exist only in the macOS 15 / iOS 18 SDKs. `#available` does not hide a
+    /// member the SDK lacks, so with Xcode 15 their every use must sit under
+    /// `#if compiler(>=6.0)` (the Swift 6 compilers come with those SDKs). The Linux build
+    /// compiles them against SoftMetal (or not at all: Accelerate), so only this reading of
+    /// the source checks it here; the macOS CI job's Xcode 15 build is the real test.
+    func testMacOS15NamesAreBehindTheCompilerCheck() throws {
+        let names = [".mathMode", ".mathFloatingPointFunctions", "BLAS.threadingModel", "BLASSetThreading(",
+                     "MTLMathMode", "MTLMathFloatingPointFunctions", ".version3_2"]
+        let files = try XCTUnwrap(FileManager.default.enumerator(atPath: sources.path)).compactMap { $0 as? String }
+            .filter { $0.hasSuffix(".swift") }
+        var uses = 0
+        for file in files {
+            let text = try String(contentsOf: sources.appendingPathComponent(file), encoding: .utf8)
+            var conditions: [String] = []  // the enclosing #if branches, innermost last ("!" for #else)
+            for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+                let line = raw.trimmingCharacters(in: .whitespaces)
+                if line.hasPrefix("#if ") { conditions.append(String(line.dropFirst(4))) }
+                else if line.hasPrefix("#elseif ") || line == "#else" { conditions[conditions.count - 1] = "!" }
+                else if line == "#endif" { conditions.removeLast() }
+                else if !line.hasPrefix("//"), let name = names.first(where: { line.contains($0) }) {
+                    uses += 1
+                    XCTAssertTrue(conditions.contains { $0.contains("compiler(>=6.0)") },
+                                  "\(file):\(number + 1): \(name) outside #if compiler(>=6.0)")
+                }
+            }
+        }
+        XCTAssertGreaterThanOrEqual(uses, 3, "the check found the uses it is about (MetalContext, BLAS.swift)")
+    }
 }

@@ -1,7 +1,8 @@
 // The Metal library's source as the EmbedMSL build plugin assembles it
 // (MetalSources.library, from Sources/MoEKernels/Metal/library.txt): each line is the line
 // of the file that its `#line` marker names, every line of those files is there but our
-// own includes, which are pasted, and the kernel files come in the list's order.
+// own includes, which are pasted, and the kernel files come in the list's order; and the
+// compiler (SoftMetal here, Apple's on a Mac) names those files and lines in its errors.
 import Foundation
 import XCTest
 @testable import MoEKernels
@@ -51,5 +52,67 @@ final class MetalSourcesTests: XCTestCase {
         let listed = try lines("Sources/MoEKernels/Metal/library.txt").filter { $0.hasPrefix("kernels ") }
             .map { "Sources/MoEKernels/Metal/" + $0.dropFirst("kernels ".count) }
         XCTAssertEqual(MetalSources.kernelFiles, listed)
+    }
+
+    /// The library with `replacement` in place of each named line (file, line) of the
+    /// files it was assembled from: the first place where the markers say that line is.
+    func planted(_ errors: [(file: String, line: Int, text: String)]) throws -> String {
+        var file = "", line = 0, done = Set<Int>()
+        var out: [Substring] = []
+        for text in MetalSources.library.split(separator: "\n", omittingEmptySubsequences: false) {
+            if text.hasPrefix("#line ") {
+                let parts = text.split(separator: " ", maxSplits: 2)
+                line = try XCTUnwrap(Int(parts[1]))
+                file = String(parts[2].dropFirst().dropLast())
+                out.append(text)
+                continue
+            }
+            if let i = errors.indices.first(where: { errors[$0].file == file && errors[$0].line == line && !done.contains($0) }) {
+                out.append(Substring(errors[i].text))
+                done.insert(i)
+            } else {
+                out.append(text)
+            }
+            line += 1
+        }
+        XCTAssertEqual(done.count, errors.count, "every error planted")
+        return out.joined(separator: "\n")
+    }
+
+    /// An error planted in a kernel file and one in a header pasted into the library are
+    /// reported at their own files and lines, as the compiler of the "metal" or "softmetal"
+    /// backend sees the library (the options of MetalContext).
+    func testCompileErrorsNameTheRealFileAndLine() throws {
+        guard MoELayer.availableBackends.contains(metalDeviceKind), let device = metalSystemDevice() else {
+            throw XCTSkip("the \(metalDeviceKind.name) backend is not available here")
+        }
+        let kernel = "Sources/MoEKernels/Metal/moe_combine.metal", header = "Sources/MoEKernels/Metal/moe_common.h"
+        let kernelLine = try XCTUnwrap(try lines(kernel).firstIndex { $0.contains("const uint t = group.y;") }) + 1
+        let headerLine = try XCTUnwrap(try lines(header).firstIndex { $0.hasPrefix("#define MOE_NONE") }) + 1
+        let source = try planted([(kernel, kernelLine, "    const uint t = planted_kernel_error;"),
+                                  (header, headerLine + 1, "static planted_header_error x;")])
+        do {
+            _ = try device.makeLibrary(source: source, options: MetalContext.compileOptions())
+            XCTFail("the planted errors compiled")
+        } catch {
+            let message = String(describing: error)
+            XCTAssertTrue(message.contains("\(kernel):\(kernelLine):"), message)
+            XCTAssertTrue(message.contains("\(header):\(headerLine + 1):"), message)
+            XCTAssertTrue(message.contains("planted_kernel_error") && message.contains("planted_header_error"), message)
+        }
+    }
+
+    /// scripts/assemble-msl.sh (what the macOS CI job hands to `xcrun metal`) writes the
+    /// source this binary embeds, byte for byte.
+    func testTheAssembleScriptWritesTheEmbeddedSource() throws {
+        let out = FileManager.default.temporaryDirectory.appendingPathComponent("assemble-msl-\(ProcessInfo.processInfo.processIdentifier).metal")
+        defer { try? FileManager.default.removeItem(at: out) }
+        let script = Process()
+        script.executableURL = URL(fileURLWithPath: "/bin/bash")
+        script.arguments = [root.appendingPathComponent("scripts/assemble-msl.sh").path, out.path]
+        try script.run()
+        script.waitUntilExit()
+        XCTAssertEqual(script.terminationStatus, 0)
+        XCTAssertEqual(try String(contentsOf: out, encoding: .utf8), MetalSources.library)
     }
 }

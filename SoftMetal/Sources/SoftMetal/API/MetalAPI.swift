@@ -46,27 +46,74 @@ public struct MTLDispatchThreadgroupsIndirectArguments {
     public init(threadgroupsPerGrid: (UInt32, UInt32, UInt32)) { self.threadgroupsPerGrid = threadgroupsPerGrid }
 }
 
+// Availability: each name carries the macOS and iOS releases of Apple's documentation page
+// (for a reader, and for code that must build with Apple's SDK too). Swift checks these
+// attributes only when it compiles for an Apple platform, which SoftMetal never is: here
+// `#available(macOS 15, *)` is true, so code takes its newest-SDK branch on Linux, and a
+// macOS 15 member used without `#if compiler(>=6.0)` + `#available` is caught by the macOS
+// CI job (.github/workflows/macos.yml), not by this build.
+
 /// documentation/metal/mtllanguageversion: `enum MTLLanguageVersion: UInt` (major << 16 | minor).
 public enum MTLLanguageVersion: UInt {
-    case version2_0 = 131072, version2_1 = 131073, version2_2 = 131074, version2_3 = 131075, version2_4 = 131076
-    case version3_0 = 196608, version3_1 = 196609, version3_2 = 196610
+    @available(macOS 10.13, iOS 11.0, *) case version2_0 = 131072
+    @available(macOS 10.14, iOS 12.0, *) case version2_1 = 131073
+    @available(macOS 10.15, iOS 13.0, *) case version2_2 = 131074
+    @available(macOS 11.0, iOS 14.0, *) case version2_3 = 131075
+    @available(macOS 12.0, iOS 15.0, *) case version2_4 = 131076
+    @available(macOS 13.0, iOS 16.0, *) case version3_0 = 196608
+    @available(macOS 14.0, iOS 17.0, *) case version3_1 = 196609
+    @available(macOS 15.0, iOS 18.0, *) case version3_2 = 196610
 }
 
-/// documentation/metal/mtlmathmode: `enum MTLMathMode: Int` (macOS 15, the successor of
+/// documentation/metal/mtlmathmode: `enum MTLMathMode: Int` (the successor of
 /// fastMathEnabled).
+@available(macOS 15.0, iOS 18.0, *)
 public enum MTLMathMode: Int {
     case safe = 0, relaxed = 1, fast = 2
+}
+
+/// documentation/metal/mtlmathfloatingpointfunctions: `enum MTLMathFloatingPointFunctions: Int`.
+@available(macOS 15.0, iOS 18.0, *)
+public enum MTLMathFloatingPointFunctions: Int {
+    case fast = 0, precise = 1
 }
 
 /// documentation/metal/mtlcompileoptions: `class MTLCompileOptions` (a subset). Include
 /// directories, which Apple's API has no option for, are on `SoftMetalCompileOptions`.
 open class MTLCompileOptions {
-    /// documentation/metal/mtlcompileoptions/fastmathenabled. SoftMetal always compiles
-    /// without fast-math (IEEE float results; see the README).
-    open var fastMathEnabled: Bool = true
+    /// documentation/metal/mtlcompileoptions/fastmathenabled (deprecated in the macOS 15
+    /// SDK for mathMode). As Apple documents it, setting it sets mathMode and
+    /// mathFloatingPointFunctions (true: both `.fast`; false: `.safe` and `.precise`).
+    /// SoftMetal always computes IEEE float results (see the README).
+    @available(macOS, deprecated: 15.0, renamed: "mathMode")
+    @available(iOS, deprecated: 18.0, renamed: "mathMode")
+    open var fastMathEnabled: Bool {
+        get { mode == .fast }
+        set { (mode, functions) = newValue ? (.fast, .fast) : (.safe, .precise) }
+    }
     /// documentation/metal/mtlcompileoptions/mathmode: `var mathMode: MTLMathMode`. SoftMetal
     /// computes IEEE results in every mode.
-    open var mathMode: MTLMathMode = .fast
+    @available(macOS 15.0, iOS 18.0, *)
+    open var mathMode: MTLMathMode {
+        get { mode }
+        set { mode = newValue }
+    }
+    /// documentation/metal/mtlcompileoptions/mathfloatingpointfunctions: `var
+    /// mathFloatingPointFunctions: MTLMathFloatingPointFunctions` (default `.fast`). Honoured
+    /// as far as SoftMetal can: it selects what `__METAL_MAYBE_FAST_MATH__` says, the macro
+    /// through which Apple's headers (and MLX's bf16_math.h) pick the fast or the precise
+    /// variant of a function. SoftMetal has no fast approximations (Apple does not specify
+    /// their bits): both variants compute the precise result, so code compiled with
+    /// `.fast` is more accurate here than on an Apple GPU.
+    @available(macOS 15.0, iOS 18.0, *)
+    open var mathFloatingPointFunctions: MTLMathFloatingPointFunctions {
+        get { functions }
+        set { functions = newValue }
+    }
+    // The storage of the three properties above: one state, as on Apple's side, where
+    // fastMathEnabled sets the other two.
+    var mode = MTLMathMode.fast
+    var functions = MTLMathFloatingPointFunctions.fast
     /// documentation/metal/mtlcompileoptions/languageversion: `var languageVersion: MTLLanguageVersion`.
     /// Sets `__METAL_VERSION__` (310 for 3.1). SoftMetal's default is 3.1 (bfloat exists).
     open var languageVersion: MTLLanguageVersion = .version3_1

@@ -131,6 +131,11 @@ extension MSLPreprocessor.Options {
         let version = options?.languageVersion ?? .version3_1
         metalVersion = Int(version.rawValue >> 16) * 100 + Int(version.rawValue & 0xFFFF) * 10
         var all: [String: String] = [:]
+        // Apple's headers pick the fast or precise variant of a math function through this
+        // macro; SoftMetal computes both precisely (see mathFloatingPointFunctions). No
+        // options: Apple's defaults (fast).
+        let precise = options?.functions == .precise
+        all["__METAL_MAYBE_FAST_MATH__"] = precise ? "__METAL_PRECISE_MATH__" : "__METAL_FAST_MATH__"
         for (name, value) in options?.preprocessorMacros ?? [:] {
             all[name] = (value as? Bool).map { $0 ? "1" : "0" } ?? value.description
         }

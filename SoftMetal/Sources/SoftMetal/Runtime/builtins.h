@@ -4,7 +4,9 @@
 // metal::fast. Provided for the scalar types SoftMetal's metal:: functions take.
 #define __METAL_FAST_MATH__ true
 #define __METAL_PRECISE_MATH__ false
-#define __METAL_MAYBE_FAST_MATH__ __METAL_PRECISE_MATH__  /* fastMathEnabled is ignored */
+#ifndef __METAL_MAYBE_FAST_MATH__  /* set from MTLCompileOptions.mathFloatingPointFunctions */
+#define __METAL_MAYBE_FAST_MATH__ __METAL_PRECISE_MATH__
+#endif
 #define SM_BUILTIN1(name)                                                                     \
     template <class T> inline auto __metal_##name(T x, bool = false) { return metal::name(x); }
 #define SM_BUILTIN2(name, fn)                                                                 \

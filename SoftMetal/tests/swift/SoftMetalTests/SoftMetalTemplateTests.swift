@@ -398,6 +398,32 @@ final class SoftMetalTemplateTests: XCTestCase {
         XCTAssertEqual(read(out, Int32.self, 3), [7, 0, 0])
     }
 
+    func testMathFloatingPointFunctionsSelectsWhatAppleHeadersSee() throws {
+        // __METAL_MAYBE_FAST_MATH__ follows mathFloatingPointFunctions (Apple's default
+        // .fast, also without options); fastMathEnabled sets it as Apple documents; exp is
+        // precise either way.
+        let source = "kernel void m(device float* out [[buffer(0)]]) { out[0] = __METAL_MAYBE_FAST_MATH__ ? 1.0f : 0.0f; out[1] = metal::exp(out[2]); }\n"
+        func results(_ options: MTLCompileOptions?) throws -> [Float] {
+            let library = try device.makeLibrary(source: source, options: options)
+            let out = try XCTUnwrap(device.makeBuffer(length: 12))
+            out.contents().storeBytes(of: Float(0.7), toByteOffset: 8, as: Float.self)
+            XCTAssertNil(try run(library, "m", buffers: [out], threads: 1, perGroup: 1).error)
+            return read(out, Float.self, 2)
+        }
+        let fast = MTLCompileOptions(), precise = MTLCompileOptions(), legacy = MTLCompileOptions()
+        XCTAssertEqual(fast.mathFloatingPointFunctions, .fast)
+        precise.mathMode = .safe
+        precise.mathFloatingPointFunctions = .precise
+        legacy.fastMathEnabled = false
+        XCTAssertEqual(legacy.mathMode, .safe)
+        XCTAssertEqual(legacy.mathFloatingPointFunctions, .precise)
+        let (a, b, c) = (try results(fast), try results(precise), try results(legacy))
+        XCTAssertEqual([a[0], b[0], c[0]], [1, 0, 0])
+        XCTAssertEqual(a[1], expf(0.7))
+        XCTAssertEqual([b[1], c[1]], [a[1], a[1]])
+        XCTAssertEqual(try results(nil)[0], 1, "no options: Apple's defaults")
+    }
+
     func testAnEditedHeaderIsSeenByTheNextLibrary() throws {
         // Sources without includes of their own are preprocessed once per process; a source
         // with a header must see the header's current text every time.
