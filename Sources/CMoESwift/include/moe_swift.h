@@ -244,6 +244,10 @@ typedef struct moe_stats {
     int64_t cpu_waits;                /* times the CPU waited for the GPU */
     int64_t allocations;              /* device buffers created during the call */
     int64_t allocated_bytes;          /* their total length */
+    /* Appended later (older callers' struct_size ends above): */
+    int64_t host_copies;              /* activation arrays (x, residual, y, normed, ids,
+                                         weights) copied between host memory and device
+                                         buffers; 0 for the encode calls and on cpu */
 } moe_stats;
 
 moe_status moe_last_stats(moe_stats* out);
