@@ -132,7 +132,7 @@ extension MoELayer {
         try input.validate("x", elements: count, device: metal)
         try output.validate("the output", elements: count, device: metal)
         try MoEMetalArray(routing.ids, offset: routing.idsOffset, dtype: .float32)
-            .validate("ids (int32)", elements: pairs, device: metal)
+            .validate("ids", elements: pairs, device: metal, typeName: "int32")
         try MoEMetalArray(routing.weights, offset: routing.weightsOffset, dtype: .float32)
             .validate("weights", elements: pairs, device: metal)
         try MetalEncodeTarget.check(commandBuffer, device: metal)
@@ -200,17 +200,18 @@ extension MoEMetalArray {
 
     /// Throws naming `name` unless `elements` of `dtype` fit the buffer from `offset`, the
     /// offset is a multiple of the element size, and the buffer is `device`'s.
-    func validate(_ name: String, elements: Int, device backend: MetalBackend) throws {
+    func validate(_ name: String, elements: Int, device backend: MetalBackend, typeName: String? = nil) throws {
+        let typeName = typeName ?? dtype.description
         try MetalEncodeTarget.check(buffer, name, device: backend)
         guard offset >= 0 else { throw MoEError.invalidArgument("\(name): offset \(offset) is negative") }
         guard offset % bytesPerElement == 0 else {
             throw MoEError.invalidArgument(
-                "\(name): offset \(offset) is not a multiple of \(bytesPerElement) bytes (an element of \(dtype))")
+                "\(name): offset \(offset) is not a multiple of \(bytesPerElement) bytes (an element of \(typeName))")
         }
         let (bytes, overflow) = elements.multipliedReportingOverflow(by: bytesPerElement)
         guard !overflow, offset <= buffer.length, bytes <= buffer.length - offset else {
             throw MoEError.invalidArgument(
-                "\(name): \(elements) elements of \(dtype) from offset \(offset) need \(overflow ? "more" : "\(offset + bytes)") "
+                "\(name): \(elements) elements of \(typeName) from offset \(offset) need \(overflow ? "more" : "\(offset + bytes)") "
                 + "bytes; the buffer has \(buffer.length)")
         }
     }
