@@ -167,6 +167,65 @@ final class SoftMetalAPITests: XCTestCase {
         XCTAssertEqual(read(counter, as: UInt32.self, count: 1), [90])
     }
 
+    func testCompletedHandlersRunAfterCompletionInTheOrderAdded() throws {
+        let p = try pipeline(addSource, "count_groups")
+        let counter = try XCTUnwrap(device.makeBuffer(length: 4))
+        let queue = try XCTUnwrap(device.makeCommandQueue())
+        let cb = try XCTUnwrap(queue.makeCommandBuffer())
+        let enc = try XCTUnwrap(cb.makeComputeCommandEncoder())
+        enc.setComputePipelineState(p)
+        enc.setBuffer(counter, offset: 0, index: 0)
+        enc.dispatchThreadgroups(MTLSize(width: 7, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
+        enc.endEncoding()
+        final class Seen: @unchecked Sendable { var calls: [(Int, MTLCommandBufferStatus, UInt32)] = [] }
+        let seen = Seen()
+        for n in 0..<4 {
+            cb.addCompletedHandler { cb in
+                seen.calls.append((n, cb.status, counter.contents().load(as: UInt32.self)))
+            }
+        }
+        cb.commit()
+        cb.waitUntilCompleted()
+        XCTAssertEqual(seen.calls.map { $0.0 }, [0, 1, 2, 3])
+        XCTAssertEqual(seen.calls.map { $0.1 }, [.completed, .completed, .completed, .completed])
+        XCTAssertEqual(seen.calls.map { $0.2 }, [7, 7, 7, 7], "every handler sees the finished work")
+    }
+
+    /// Two dependent dispatches (b = a + a, then c = b + b) in one encoder.
+    func chain(_ dispatchType: MTLDispatchType, barrier: Bool) throws -> [Float] {
+        let p = try pipeline(addSource, "add_scaled")
+        let a = floats([1, 2, 3]), b = floats([0, 0, 0]), c = floats([0, 0, 0])
+        let queue = try XCTUnwrap(device.makeCommandQueue())
+        let cb = try XCTUnwrap(queue.makeCommandBuffer())
+        let enc = try XCTUnwrap(cb.makeComputeCommandEncoder(dispatchType: dispatchType))
+        XCTAssertEqual(enc.dispatchType, dispatchType)
+        var params: (UInt32, Float) = (3, 1)
+        enc.setComputePipelineState(p)
+        enc.setBytes(&params, length: 8, index: 3)
+        for (input, output) in [(a, b), (b, c)] {
+            enc.setBuffer(input, offset: 0, index: 0)
+            enc.setBuffer(input, offset: 0, index: 1)
+            enc.setBuffer(output, offset: 0, index: 2)
+            enc.dispatchThreads(MTLSize(width: 3, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 3, height: 1, depth: 1))
+            if barrier { enc.memoryBarrier(scope: .buffers) }
+        }
+        enc.endEncoding()
+        cb.commit()
+        cb.waitUntilCompleted()
+        XCTAssertNil(cb.error)
+        return read(c, as: Float.self, count: 3)
+    }
+
+    func testConcurrentEncoderOrdersDispatchesOnlyAtMemoryBarriers() throws {
+        XCTAssertEqual(try chain(.serial, barrier: false), [4, 8, 12])
+        XCTAssertEqual(try chain(.serial, barrier: true), [4, 8, 12])
+        XCTAssertEqual(try chain(.concurrent, barrier: true), [4, 8, 12])
+        // Without a barrier the second dispatch may start first (SoftMetal: does) and read b unwritten.
+        XCTAssertEqual(try chain(.concurrent, barrier: false), [0, 0, 0])
+        let queue = try XCTUnwrap(device.makeCommandQueue())
+        XCTAssertEqual(try XCTUnwrap(queue.makeCommandBuffer()?.makeComputeCommandEncoder()).dispatchType, .serial)
+    }
+
     func testDispatchThreadsHasPartialEdgeThreadgroups() throws {
         let p = try pipeline(addSource, "fill_ids")
         let (w, h) = (37, 5)
