@@ -21,6 +21,10 @@ struct MetalLayerEncoder {
     var routingWeights: MetalBinding
     /// False for the experts-only call (routing given): no shared expert.
     var withShared = true
+    /// A memory barrier before each dispatch: a caller's concurrent encoder (MLX keeps one
+    /// open per stream) orders nothing by itself, and every stage reads what the one
+    /// before it wrote (the first, what the caller's kernels wrote).
+    var barriers = false
     /// The input norm (its weight already in `scratch.inputNormWeight`): the router writes
     /// the normalised rows to `scratch.xNormed`, which the expert stages then read.
     var inputNorm: RMSNorm?
@@ -297,6 +301,7 @@ struct MetalLayerEncoder {
     }
 
     private func dispatch(groups: (Int, Int), threads: Int32) {
+        if barriers { encoder.memoryBarrier(scope: .buffers) }
         encoder.dispatchThreadgroups(MTLSize(width: groups.0, height: groups.1, depth: 1),
                                      threadsPerThreadgroup: MTLSize(width: Int(threads), height: 1, depth: 1))
         CallStats.dispatch()
@@ -313,6 +318,7 @@ struct MetalLayerEncoder {
     }
 
     private func dispatchIndirect(offset: Int, threads: Int32) {
+        if barriers { encoder.memoryBarrier(scope: .buffers) }
         encoder.dispatchThreadgroups(indirectBuffer: scratch.dispatchArgs, indirectBufferOffset: offset,
                                      threadsPerThreadgroup: MTLSize(width: Int(threads), height: 1, depth: 1))
         CallStats.dispatch()

@@ -33,6 +33,8 @@ final class MetalSession {
     let encoder: any MTLComputeCommandEncoder
     private let kind: MoEBackendKind
     private let ownsEncoder: Bool
+    /// The caller's encoder is concurrent: the stages need barriers (MetalLayerEncoder.barriers).
+    let needsBarriers: Bool
     private var ended = false
     private var held: [(pool: MetalBufferPool, scratch: MetalScratch)] = []
 
@@ -46,6 +48,7 @@ final class MetalSession {
         self.encoder = encoder
         kind = backend.kind
         ownsEncoder = true
+        needsBarriers = false
     }
 
     /// The caller's command buffer, and its open encoder or (nil) one of our own on it.
@@ -59,9 +62,11 @@ final class MetalSession {
         if let encoder {
             self.encoder = encoder
             ownsEncoder = false
+            needsBarriers = encoder.dispatchType == .concurrent
         } else if let made = commandBuffer.makeComputeCommandEncoder() {
             self.encoder = made
             ownsEncoder = true
+            needsBarriers = false
         } else {
             for (pool, scratch) in holding { pool.checkIn(scratch) }
             throw MoEError.invalidArgument(
@@ -97,6 +102,8 @@ final class MetalSession {
     /// The encode API's end: the caller commits. Nothing here can fail, so a caller's
     /// command buffer never holds half a call.
     func endRecording() {
+        // The caller's next kernel reads what the last stage wrote.
+        if needsBarriers { encoder.memoryBarrier(scope: .buffers) }
         if ownsEncoder {
             ended = true
             encoder.endEncoding()
@@ -144,6 +151,7 @@ final class MetalPass: MoEPass {
         self.x = x
         input = nil
         layer = MetalLayerEncoder(backend: backend, encoder: session.encoder, scratch: scratch, tokens: tokens, x: x)
+        layer.barriers = session.needsBarriers
         if let inputNorm {
             MetalScratch.upload(inputNorm, hidden: backend.configuration.hiddenSize, to: scratch.inputNormWeight)
             layer.inputNorm = inputNorm
@@ -169,6 +177,7 @@ final class MetalPass: MoEPass {
         self.x = x
         self.input = input
         layer = MetalLayerEncoder(backend: backend, encoder: session.encoder, scratch: scratch, tokens: tokens, x: x)
+        layer.barriers = session.needsBarriers
         if let inputNorm {
             MetalScratch.upload(inputNorm, hidden: backend.configuration.hiddenSize, to: scratch.inputNormWeight)
             layer.inputNorm = inputNorm

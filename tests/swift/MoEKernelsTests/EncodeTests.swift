@@ -400,7 +400,9 @@ final class EncodeTests: XCTestCase {
             let ys = MoEMetalArray(try app.buffer(bytes: 2 * count * 4), offset: count * dtype.size, dtype: dtype)
             let results = try (0..<2).map { _ in try app.buffer(bytes: count * 4) }
             let cb = try XCTUnwrap(app.queue.makeCommandBuffer())
-            let encoder = try XCTUnwrap(cb.makeComputeCommandEncoder())
+            // A concurrent encoder, as MLX keeps open per stream: the layer orders its own
+            // stages and itself after the app's write and before the app's read.
+            let encoder = try XCTUnwrap(cb.makeComputeCommandEncoder(dispatchType: .concurrent))
             try app.write(try app.buffer(x.map { $0 * 2 }), to: xs, count: count, encoder)
             var desc = moe_encode_desc()
             CMoESwift.moe_encode_desc_init(&desc)
