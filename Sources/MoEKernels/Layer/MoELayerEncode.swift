@@ -86,8 +86,12 @@ public struct MoEMetalRouting {
 // when the call is made, so they are not checked (each must be in 0..<numExperts).
 extension MoELayer {
     /// Records `output = moe(input) (+ residual)` (and the options' norms) for `tokens`
-    /// rows into `commandBuffer`. `output` may be the input or the residual (the same
-    /// bytes) or overlap them in any way.
+    /// rows into `commandBuffer`, not yet committed; the caller commits. `output` may be the
+    /// input or the residual (the same bytes) or overlap them in any way. `encoder`: the
+    /// caller's open compute encoder of `commandBuffer`, or nil for one of our own. The
+    /// command buffer is needed even with an encoder: the scratch of the call goes back to
+    /// the layer's pool from a completed handler added to it, once the GPU is done with it
+    /// (the rules are in the comment above this extension).
     public func encodeForward(_ input: MoEMetalArray, tokens: Int, options: MoEEncodeOptions = MoEEncodeOptions(),
                               into output: MoEMetalArray, commandBuffer: any MTLCommandBuffer,
                               encoder: (any MTLComputeCommandEncoder)? = nil) throws {
