@@ -268,7 +268,7 @@ final class EncodeTests: XCTestCase {
         let app = try EncodeApp()
         let data = Self.data(seed: 11)
         let layer = try MoELayer(configuration: data.config, weights: data.weights(), backend: Self.kind)
-        let (h, k, tokens) = (data.config.hiddenSize, data.config.topK, 37)
+        let (h, tokens) = (data.config.hiddenSize, 37)
         let count = tokens * h
         let inputs = [Self.input(count, seed: 12), Self.input(count, seed: 13)]
         let want = try inputs.map { try layer.forward($0, residual: $0) }
@@ -304,6 +304,20 @@ final class EncodeTests: XCTestCase {
             assertBitwiseEqual(app.floats(buffers[n], count: count, offset: 16), want[n], "in flight \(n)")
         }
         assertBitwiseEqual(app.floats(expertsOut, count: count), wantExperts, "experts")
+        // The experts-only call in decode too (its GEMVs read the caller's ids directly).
+        let decodeX = Array(inputs[1].prefix(2 * h))
+        let (decodeIds, decodeWeights) = try layer.route(decodeX)
+        let decodeOut = try app.buffer(bytes: 2 * h * 4)
+        let fourth = try XCTUnwrap(app.queue.makeCommandBuffer())
+        try layer.encodeExperts(MoEMetalArray(try app.buffer(decodeX)), tokens: 2,
+                                routing: MoEMetalRouting(ids: try app.buffer([7] + decodeIds), idsOffset: 4,
+                                                         weights: try app.buffer(decodeWeights)),
+                                into: MoEMetalArray(decodeOut), commandBuffer: fourth)
+        fourth.commit()
+        fourth.waitUntilCompleted()
+        assertBitwiseEqual(app.floats(decodeOut, count: 2 * h),
+                           try layer.experts(decodeX, ids: decodeIds, weights: decodeWeights), "experts, decode")
+
         let again = try XCTUnwrap(app.queue.makeCommandBuffer())
         try layer.encodeForward(MoEMetalArray(buffers[0], offset: 16), tokens: tokens,
                                 into: MoEMetalArray(try app.buffer(bytes: count * 4)), commandBuffer: again)
