@@ -81,7 +81,9 @@ let package = Package(
         .executableTarget(name: "embed-msl", path: "Sources/embed-msl"),
         .testTarget(
             name: "MoEKernelsTests",
-            dependencies: ["MoEKernels", "CMoESwift", "CMoECPU"],
+            // SoftMetal: the encode tests are an app with Metal kernels of its own.
+            dependencies: ["MoEKernels", "CMoESwift", "CMoECPU",
+                           .target(name: "SoftMetal", condition: .when(platforms: [.linux]))],
             path: "tests/swift/MoEKernelsTests"
         ),
         .testTarget(

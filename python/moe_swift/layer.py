@@ -30,15 +30,17 @@ def cpu_instruction_set() -> str:
     return ffi.string(lib.moe_cpu_instruction_set()).decode()
 
 
-_STATS_FIELDS = ("tokens", "layers", "dispatches", "command_buffers", "cpu_waits", "allocations", "allocated_bytes")
+_STATS_FIELDS = ("tokens", "layers", "dispatches", "command_buffers", "cpu_waits", "allocations", "allocated_bytes",
+                "host_copies")
 
 
 def last_stats() -> dict:
     """What the calling thread's last call (layer creation, call, route or run_layers) did
     on its device: backend, tokens, layers, dispatches (compute kernels encoded),
     command_buffers, cpu_waits (times the CPU waited for the GPU), allocations and
-    allocated_bytes (device buffers created during the call). The Metal counters are 0 on
-    the cpu backend."""
+    allocated_bytes (device buffers created during the call), host_copies (activation arrays
+    copied between host memory and device buffers). The Metal counters are 0 on the cpu
+    backend."""
     ffi, lib, _ = _native.load()
     out = ffi.new("moe_stats *")
     out.struct_size = ffi.sizeof("moe_stats")

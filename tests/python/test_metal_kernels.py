@@ -596,3 +596,63 @@ def test_gemm_interior_and_edge_tiles(lib, fmt):
     ids = decode_ids(rng, T, E, k, repeat=False)
     assert np.bincount(ids.ravel()).max() >= CONST["MOE_GEMM_BM"]  # at least one full row tile
     run_expert_kernels(lib, gate, up, down, f32(T, H, rng=rng), ids, rng)
+
+
+# --- activation conversions (the encode API's float16 / bfloat16 buffers) -----------------
+
+
+def _bf16_bits(v):
+    """float32 -> bfloat16 bits, rounded to nearest even; a NaN keeps its high bits with the
+    quiet bit set."""
+    u = np.asarray(v, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(v), ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def same_bits(got, want, dtype):
+    """The same bits, NaNs included, except a NaN's payload through float16, which MSL
+    leaves to the hardware (x86's F16C, which SoftMetal uses, and NumPy differ too)."""
+    got, want = got.reshape(-1), want.reshape(-1)
+    words = {2: np.uint16, 4: np.uint32}
+    if dtype == "float16":
+        nan = np.isnan(want.astype(np.float32))
+        np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+        got, want = got[~nan], want[~nan]
+    np.testing.assert_array_equal(got.view(words[got.itemsize]), want.view(words[want.itemsize]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_activation_conversions(lib, dtype):
+    """moe_load_activations_<dtype> widens exactly; moe_store_activations_<dtype> rounds to
+    nearest even (ties, overflow to infinity, subnormals, signed zeros, NaN), with the
+    memory check on. H = 300: more than one threadgroup per row, not a multiple of it."""
+    T, H = 3, 300
+    rng = np.random.default_rng(5)
+    bits = lambda *words: np.array(words, np.uint32).view(np.float32)
+    edge = np.concatenate([
+        bits(0x3F808000, 0x3F818000, 0x3F808001, 0xBF808000),   # bfloat16 ties (to even) and just above
+        bits(0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x80000000),   # overflow, a float32 subnormal, -0
+        np.array([65519.0, 65520.0, 2.0 ** -24, 2.0 ** -25 * 3, 1 / 3, np.inf, -np.inf, np.nan], np.float32),
+        bits(0x7FC12345, 0xFFA00001)])                          # NaNs with payloads
+    x = rng.standard_normal(T * H).astype(np.float32) * 100
+    x[:edge.size] = edge
+    x = x.reshape(T, H)
+    storage = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype]
+    if dtype == "float32":
+        stored = x.copy()
+    elif dtype == "float16":
+        with np.errstate(over="ignore"):
+            stored = x.astype(np.float16)
+    else:
+        stored = _bf16_bits(x)
+    widened = stored.astype(np.float32) if dtype != "bfloat16" else (stored.astype(np.uint32) << 16).view(np.float32)
+    p = params("moe_convert_params", tokens=T, hidden=H)
+    groups = (-(-H // CONST["MOE_CONVERT_THREADS"]), T)
+    out = np.full((T, H), 7, storage)
+    lib.launch(f"moe_store_activations_{dtype}", {0: p, 1: x, 2: out}, threadgroups=groups,
+               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_races=True, check_memory=True)
+    same_bits(out, stored, dtype)
+    back = np.full((T, H), np.nan, np.float32)
+    lib.launch(f"moe_load_activations_{dtype}", {0: p, 1: stored, 2: back}, threadgroups=groups,
+               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_races=True, check_memory=True)
+    same_bits(back, widened, dtype)

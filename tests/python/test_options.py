@@ -101,15 +101,17 @@ def test_every_format(backend):
 
 def test_every_specialisation_has_its_metal_kernels():
     """Each row's loader exists and every weight-reading kernel is instantiated from the rows
-    (test_every_format then runs each row's kernels on the softmetal backend)."""
+    (test_every_format then runs each row's kernels on the softmetal backend); the encode
+    API's activation conversions are instantiated from the dtype rows."""
     from metal_kernels import METAL_DIR
     source = "\n".join(path.read_text() for path in sorted(METAL_DIR.glob("*.h")) + sorted(METAL_DIR.glob("*.metal")))
     for suffix, _, _ in options.SPECIALISATIONS:
         assert re.search(rf"\bmoe_fmt_{suffix}\b", source), suffix
     instantiations = re.findall(r"^(\w+)\((MOE_INSTANTIATE_\w+)\)", source, re.M)
-    assert {table for table, _ in instantiations} == {"MOE_SPECIALISATION_ROWS"}
-    assert {macro for _, macro in instantiations} == {"MOE_INSTANTIATE_ROUTER", "MOE_INSTANTIATE_ROUTER_GEMV",
-                                                        "MOE_INSTANTIATE_EXPERTS"}
+    assert set(instantiations) == {("MOE_SPECIALISATION_ROWS", "MOE_INSTANTIATE_ROUTER"),
+                                   ("MOE_SPECIALISATION_ROWS", "MOE_INSTANTIATE_ROUTER_GEMV"),
+                                   ("MOE_SPECIALISATION_ROWS", "MOE_INSTANTIATE_EXPERTS"),
+                                   ("MOE_DTYPE_ROWS", "MOE_INSTANTIATE_CONVERT")}
 
 
 def _mixtral_with(tmp_path, hidden_act):

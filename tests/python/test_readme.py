@@ -1,7 +1,9 @@
 """The README's code blocks run as a user types them: every Python block (skipped only
 when a package it names is missing, or for the one that downloads a real model), the C
-program with the README's two shell lines, and the Swift snippet in a package of its own
-(slow: it builds the whole package, so only with MOE_TEST_README_SWIFT=1)."""
+program with the README's two shell lines, and the Swift snippets in a package of their own
+(slow: it builds the whole package, so only with MOE_TEST_README_SWIFT=1). The Objective-C
+encode example needs a Mac and Metal: here only the C ABI names it uses are checked
+against the header."""
 
 import os
 import re
@@ -21,7 +23,22 @@ def blocks(language):
 
 
 def test_the_readme_has_one_block_per_kind_of_user():
-    assert len(blocks("python")) >= 4 and len(blocks("c")) == 1 and len(blocks("swift")) == 1
+    assert len(blocks("python")) >= 4 and len(blocks("c")) == 1 and len(blocks("swift")) == 2
+    assert len(blocks("objc")) == 1
+
+
+def test_objc_block_uses_only_names_the_header_declares():
+    include = ROOT / "Sources" / "CMoESwift" / "include"
+    header = (include / "moe_swift.h").read_text() + (include / "moe_options.h").read_text()
+    used = set(re.findall(r"\b(?:moe|MOE)_\w+", blocks("objc")[0]))
+    assert used, "the example calls the C ABI"
+    # Enum constants come from X-macro rows: MOE_DTYPE_F16 is the F16 row of MOE_DTYPE_ROWS.
+    def declared(name):
+        if re.search(rf"\b{name}\b", header):
+            return True
+        table, _, row = name.partition("_")[2].partition("_")
+        return bool(re.search(rf"MOE_{table}_ROWS\(X\)(?:[^\n]*\\\n)*?\s*X\({row},", header))
+    assert [name for name in sorted(used) if not declared(name)] == []
 
 
 def _needs(text):
@@ -59,16 +76,24 @@ def test_c_block_with_the_readme_shell_lines(tmp_path):
 
 
 @pytest.mark.skipif(os.environ.get("MOE_TEST_README_SWIFT") != "1", reason="builds the package: MOE_TEST_README_SWIFT=1")
-def test_swift_block(tmp_path):
+def test_swift_blocks(tmp_path):
+    # One package, one executable per block: the library is built once. The encode example
+    # imports Metal, or SoftMetal (a product of this package) on Linux.
     app = tmp_path / "app"
-    (app / "Sources" / "App").mkdir(parents=True)
+    targets = []
+    for index, text in enumerate(blocks("swift")):
+        (app / "Sources" / f"App{index}").mkdir(parents=True)
+        (app / "Sources" / f"App{index}" / "main.swift").write_text(text)
+        targets.append(f""".executableTarget(name: "App{index}", dependencies: [
+            .product(name: "MoEKernels", package: "{ROOT.name}"),
+            .product(name: "SoftMetal", package: "{ROOT.name}", condition: .when(platforms: [.linux]))])""")
     (app / "Package.swift").write_text(f"""// swift-tools-version:5.9
 import PackageDescription
 let package = Package(name: "app", platforms: [.macOS(.v13)],
     dependencies: [.package(path: "{ROOT}")],
-    targets: [.executableTarget(name: "App", dependencies: [.product(name: "MoEKernels", package: "{ROOT.name}")])])
+    targets: [{", ".join(targets)}])
 """)
-    (app / "Sources" / "App" / "main.swift").write_text(blocks("swift")[0])
-    out = subprocess.run(["swift", "run", "App"], capture_output=True, text=True, cwd=app, timeout=3600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert re.match(r"\d+ \[", out.stdout.splitlines()[-1])
+    for index in range(len(targets)):
+        out = subprocess.run(["swift", "run", f"App{index}"], capture_output=True, text=True, cwd=app, timeout=3600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert re.match(r"\d+ \[", out.stdout.splitlines()[-1]), out.stdout

@@ -231,6 +231,70 @@ moe_status moe_run_layers(moe_layer* const* layers, int64_t num_layers, const fl
 moe_status moe_run_layers_ex(moe_layer* const* layers, int64_t num_layers, const float* x,
                              int64_t num_tokens, float* y, const moe_rms_norm* input_norms);
 
+/* --- Encode, don't run (metal and softmetal backends) ------------------------------------
+ * A forward or a stack recorded into the caller's Metal command buffer, reading and writing
+ * the caller's Metal buffers: no commit, no wait, no copy through host memory, no device
+ * allocation in steady state; the caller commits when it likes. Results equal those of
+ * moe_layer_forward_ex / moe_run_layers_ex bit for bit once the command buffer completes.
+ * Metal objects are passed as opaque pointers: on Apple platforms the id<MTL...> objects
+ * themselves (from Objective-C: (__bridge void*)obj; from metal-cpp: the MTL:: pointer), on
+ * Linux SoftMetal's objects (from Swift: Unmanaged.passUnretained(obj).toOpaque()); they are
+ * borrowed for the call. A pointer that is not such an object cannot be detected.
+ * Scratch buffers come from the layer's pool and go back when the command buffer completes
+ * (a completed handler is added to it), so several command buffers may be in flight; the
+ * command buffer must not be committed yet. With `encoder` NULL the call makes, fills and
+ * ends a compute encoder of its own on the command buffer (no other encoder of it may be
+ * open); given, it is the caller's open, serial compute encoder of that command buffer,
+ * left open with its pipeline and bindings changed. Every argument is checked before
+ * anything is recorded (an error leaves the command buffer as it was); on the cpu backend
+ * the calls fail with MOE_ERROR_UNAVAILABLE. */
+
+/* Activations in a Metal buffer: (num_tokens, H) elements of dtype (moe_dtype; the layer
+ * computes in float32 and converts float16 / bfloat16 rows on the GPU, rounding to nearest
+ * even), row-major from byte `offset`, which must be a multiple of the element size. */
+typedef struct moe_metal_array {
+    void* buffer;                     /* id<MTLBuffer>; NULL: not given */
+    int64_t offset;                   /* bytes */
+    int32_t dtype;                    /* moe_dtype */
+} moe_metal_array;
+
+/* One encode call. Fill it with moe_encode_desc_init() (struct_size, NULLs, float32
+ * dtypes), then set what you need. The library reads only the first struct_size bytes. */
+typedef struct moe_encode_desc {
+    uint32_t struct_size;             /* sizeof(moe_encode_desc) of the caller's header */
+    int32_t residual_is_input;        /* 1: the residual is x itself, before input_norm */
+    void* command_buffer;             /* id<MTLCommandBuffer>, required, not committed */
+    void* encoder;                    /* id<MTLComputeCommandEncoder> open on it, or NULL */
+    int64_t num_tokens;               /* may be 0 (nothing is recorded) */
+    moe_metal_array x;                /* (num_tokens, H), required */
+    moe_metal_array residual;         /* (num_tokens, H) or buffer NULL; may be y */
+    moe_metal_array y;                /* (num_tokens, H), required; may be or overlap x or residual */
+    moe_rms_norm input_norm;          /* as in moe_forward_desc; weights are host memory, */
+    moe_rms_norm next_norm;           /* read during the call only */
+    moe_metal_array normed;           /* (num_tokens, H), required with next_norm; must not
+                                         overlap x, residual or y */
+} moe_encode_desc;
+
+/* Sets struct_size; pointers NULL, offsets 0, dtypes MOE_DTYPE_F32. */
+void moe_encode_desc_init(moe_encode_desc* desc);
+
+/* moe_layer_forward_ex recorded into desc->command_buffer. */
+moe_status moe_layer_encode(moe_layer* layer, const moe_encode_desc* desc);
+
+/* moe_layer_forward_routed recorded into desc->command_buffer: the routing is read on the
+ * GPU from ids_buffer (num_tokens, k) int32 at byte ids_offset and weights_buffer
+ * (num_tokens, k) float32 at byte weights_offset. The ids are not checked (they are not
+ * known when the call is made): each must be in [0, E). desc's residual, norms and normed
+ * must not be given. */
+moe_status moe_layer_encode_routed(moe_layer* layer, const moe_encode_desc* desc, void* ids_buffer,
+                                   int64_t ids_offset, void* weights_buffer, int64_t weights_offset);
+
+/* moe_run_layers_ex recorded into desc->command_buffer (x, y, num_tokens, command_buffer
+ * and encoder of desc; its residual, norms and normed must not be given). input_norms:
+ * NULL, or num_layers norms, each with a weight. */
+moe_status moe_run_layers_encode(moe_layer* const* layers, int64_t num_layers, const moe_encode_desc* desc,
+                                 const moe_rms_norm* input_norms);
+
 /* What the calling thread's last call (moe_layer_create, _forward, _route or
  * moe_run_layers) did on its device. Set struct_size = sizeof(moe_stats) first; only
  * the first struct_size bytes are written. On the cpu backend the Metal counters are 0. */
@@ -244,6 +308,10 @@ typedef struct moe_stats {
     int64_t cpu_waits;                /* times the CPU waited for the GPU */
     int64_t allocations;              /* device buffers created during the call */
     int64_t allocated_bytes;          /* their total length */
+    /* Appended later (older callers' struct_size ends above): */
+    int64_t host_copies;              /* activation arrays (x, residual, y, normed, ids,
+                                         weights) copied between host memory and device
+                                         buffers; 0 for the encode calls and on cpu */
 } moe_stats;
 
 moe_status moe_last_stats(moe_stats* out);

@@ -17,6 +17,9 @@ public struct MoECallStats: Equatable, Sendable {
     /// Device buffers created during the call, and their total length.
     public var allocations: Int
     public var allocatedBytes: Int
+    /// Activation arrays (input, residual, output, normed rows, routing) copied between
+    /// host memory and device buffers: the staging of the pointer API; 0 for the encode calls.
+    public var hostCopies: Int
 
     /// The calling thread's last call.
     public static var last: MoECallStats {
@@ -24,7 +27,8 @@ public struct MoECallStats: Equatable, Sendable {
         return MoECallStats(backend: MoEBackendKind(rawValue: s.backend), tokens: Int(s.tokens),
                             layers: Int(s.layers), dispatches: Int(s.dispatches),
                             commandBuffers: Int(s.command_buffers), cpuWaits: Int(s.cpu_waits),
-                            allocations: Int(s.allocations), allocatedBytes: Int(s.allocated_bytes))
+                            allocations: Int(s.allocations), allocatedBytes: Int(s.allocated_bytes),
+                            hostCopies: Int(s.host_copies))
     }
 }
 
@@ -42,6 +46,7 @@ enum CallStats {
     static func dispatch() { moe_internal_stats()!.pointee.dispatches += 1 }
     static func commandBuffer() { moe_internal_stats()!.pointee.command_buffers += 1 }
     static func cpuWait() { moe_internal_stats()!.pointee.cpu_waits += 1 }
+    static func hostCopy() { moe_internal_stats()!.pointee.host_copies += 1 }
     static func allocation(bytes: Int) {
         let s = moe_internal_stats()!
         s.pointee.allocations += 1

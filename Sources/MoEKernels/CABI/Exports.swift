@@ -32,6 +32,23 @@ private func layer(_ handle: OpaquePointer?) throws -> MoELayer {
     return layer
 }
 
+/// The layer of a handle, for the exports of other files.
+func liveLayer(_ handle: OpaquePointer?) throws -> MoELayer { try layer(handle) }
+
+/// The layers of `count` handles (a run_layers call).
+func liveLayers(_ handles: UnsafePointer<OpaquePointer?>?, _ count: Int64) throws -> [MoELayer] {
+    guard count >= 1 else { throw MoEError.invalidArgument("num_layers must be at least 1, got \(count)") }
+    guard let handles else { throw MoEError.invalidArgument("layers is NULL") }
+    guard count <= Int64(Int32.max) else { throw MoEError.invalidArgument("num_layers = \(count) is too large") }
+    return try (0..<Int(count)).map { i in
+        do {
+            return try layer(handles[i])
+        } catch let error as MoEError {
+            throw MoEError.invalidArgument("layers[\(i)]: \(error.description)")
+        }
+    }
+}
+
 /// Runs an export's body, turning a thrown error into its status and message.
 func status(_ body: () throws -> Void) -> moe_status {
     moe_internal_call_begin()
@@ -202,17 +219,7 @@ public func moe_run_layers_ex(_ handles: UnsafePointer<OpaquePointer?>?, _ count
                               _ tokens: Int64, _ y: UnsafeMutablePointer<Float>?,
                               _ inputNorms: UnsafePointer<moe_rms_norm>?) -> moe_status {
     status {
-        guard count >= 1 else { throw MoEError.invalidArgument("num_layers must be at least 1, got \(count)") }
-        guard let handles else { throw MoEError.invalidArgument("layers is NULL") }
-        guard count <= Int64(Int32.max) else { throw MoEError.invalidArgument("num_layers = \(count) is too large") }
-        var layers: [MoELayer] = []
-        for i in 0..<Int(count) {
-            do {
-                layers.append(try layer(handles[i]))
-            } catch let error as MoEError {
-                throw MoEError.invalidArgument("layers[\(i)]: \(error.description)")
-            }
-        }
+        let layers = try liveLayers(handles, count)
         guard tokens >= 0 && tokens <= Int64(Int32.max) else {
             throw MoEError.invalidArgument("num_tokens must be in 0...\(Int32.max), got \(tokens)")
         }

@@ -69,6 +69,11 @@ typedef int32_t moe_i32;
 /* Combine: MOE_COMBINE_THREADS consecutive hidden elements of one token per threadgroup. */
 #define MOE_COMBINE_THREADS 256
 
+/* Activation conversion (a caller's float16 / bfloat16 buffers, or float32 ones the
+ * stages cannot bind in place): MOE_CONVERT_THREADS consecutive elements of one token
+ * per threadgroup. */
+#define MOE_CONVERT_THREADS 256
+
 /* moe_ffn_params.mode */
 #define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
 #define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
@@ -140,6 +145,9 @@ typedef struct moe_weight_desc {
 #define MOE_COMBINE_BUF_OUTPUT 4
 #define MOE_COMBINE_BUF_NORM_WEIGHT 5   /* the next layer's norm weight (H) */
 #define MOE_COMBINE_BUF_NORMED 6        /* out: the output normalised (T, H) */
+#define MOE_CONVERT_BUF_PARAMS 0
+#define MOE_CONVERT_BUF_SRC 1
+#define MOE_CONVERT_BUF_DST 2
 
 /* moe_router: grid (ceil(tokens / tokens_per_group)), MOE_ROUTER_THREADS threads,
  * threadgroup(0): tokens_per_group * (logit_stride + 2 * experts) floats.
@@ -210,6 +218,15 @@ typedef struct moe_combine_params {
     float next_norm_eps;
     float next_norm_offset;
 } moe_combine_params;
+
+/* moe_load_activations_<dtype> / moe_store_activations_<dtype>: grid
+ * (ceil(hidden / MOE_CONVERT_THREADS), tokens); element (t, h) of SRC converted to DST. */
+typedef struct moe_convert_params {
+    moe_u32 tokens;
+    moe_u32 hidden;
+    moe_u32 _pad0;
+    moe_u32 _pad1;
+} moe_convert_params;
 
 /* PARAMS-END */
 

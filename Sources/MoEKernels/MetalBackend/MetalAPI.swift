@@ -9,6 +9,11 @@
 // which no machine of this project can compile, cannot silently fall behind — as long as
 // both lists stay the same names in the same order (MetalAPIShimTests compares them).
 //
+// Three aliases are public: the encode API (MoELayer.encodeForward and its kin) takes
+// the caller's command buffer, encoder and buffers. An app that imports Metal (or
+// SoftMetal) as well sees the same type under both names, which Swift does not call
+// ambiguous.
+//
 // Members need no aliases: a protocol's requirements come with the protocol, and extension
 // members (Metal's Swift overlay, SoftMetal's default arguments) are visible module-wide
 // while Package.swift does not enable the MemberImportVisibility feature. Names used only
@@ -25,12 +30,12 @@ let metalDeviceKind = MoEBackendKind.metal
 
 typealias MTLDevice = Metal.MTLDevice
 typealias MTLCommandQueue = Metal.MTLCommandQueue
-typealias MTLCommandBuffer = Metal.MTLCommandBuffer
-typealias MTLComputeCommandEncoder = Metal.MTLComputeCommandEncoder
+public typealias MTLCommandBuffer = Metal.MTLCommandBuffer
+public typealias MTLComputeCommandEncoder = Metal.MTLComputeCommandEncoder
 typealias MTLLibrary = Metal.MTLLibrary
 typealias MTLCompileOptions = Metal.MTLCompileOptions
 typealias MTLComputePipelineState = Metal.MTLComputePipelineState
-typealias MTLBuffer = Metal.MTLBuffer
+public typealias MTLBuffer = Metal.MTLBuffer
 typealias MTLSize = Metal.MTLSize
 #else
 import SoftMetal
@@ -40,12 +45,12 @@ let metalDeviceKind = MoEBackendKind.softMetal
 
 typealias MTLDevice = SoftMetal.MTLDevice
 typealias MTLCommandQueue = SoftMetal.MTLCommandQueue
-typealias MTLCommandBuffer = SoftMetal.MTLCommandBuffer
-typealias MTLComputeCommandEncoder = SoftMetal.MTLComputeCommandEncoder
+public typealias MTLCommandBuffer = SoftMetal.MTLCommandBuffer
+public typealias MTLComputeCommandEncoder = SoftMetal.MTLComputeCommandEncoder
 typealias MTLLibrary = SoftMetal.MTLLibrary
 typealias MTLCompileOptions = SoftMetal.MTLCompileOptions
 typealias MTLComputePipelineState = SoftMetal.MTLComputePipelineState
-typealias MTLBuffer = SoftMetal.MTLBuffer
+public typealias MTLBuffer = SoftMetal.MTLBuffer
 typealias MTLSize = SoftMetal.MTLSize
 #endif
 

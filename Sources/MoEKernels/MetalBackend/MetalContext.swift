@@ -103,6 +103,12 @@ final class MetalContext: @unchecked Sendable {
         }
     }
 
+    /// The kernel that converts a caller's `dtype` rows to float32 (`load`) or back.
+    func activationKernel(_ dtype: ScalarType, load: Bool) throws -> any MTLComputePipelineState {
+        try pipeline(load ? MetalKernels.loadActivations(dtype) : MetalKernels.storeActivations(dtype),
+                     threads: MOE_CONVERT_THREADS)
+    }
+
     private static func makePipeline(_ device: any MTLDevice, _ library: any MTLLibrary, _ kernel: String,
                                      threads: Int32) throws -> any MTLComputePipelineState {
         let name = metalDeviceKind.name

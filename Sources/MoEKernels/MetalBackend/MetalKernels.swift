@@ -19,4 +19,7 @@ enum MetalKernels {
     static func downGemv(_ suffix: String) -> String { "moe_down_gemv_" + suffix }
     static func gateUpGemm(_ suffix: String) -> String { "moe_gate_up_gemm_" + suffix }
     static func downGemm(_ suffix: String) -> String { "moe_down_gemm_" + suffix }
+    /// Per activation dtype (its moe_dtype name): a caller's rows to float32 and back.
+    static func loadActivations(_ dtype: ScalarType) -> String { "moe_load_activations_\(dtype)" }
+    static func storeActivations(_ dtype: ScalarType) -> String { "moe_store_activations_\(dtype)" }
 }

@@ -16,15 +16,32 @@ struct MetalLayerEncoder {
     let scratch: MetalScratch
     let tokens: Int
     /// The layer's input (tokens, H).
-    let x: any MTLBuffer
+    let x: MetalBinding
+    /// The routing the expert stages read: the router's (in the scratch), or the caller's.
+    var ids: MetalBinding
+    var routingWeights: MetalBinding
     /// False for the experts-only call (routing given): no shared expert.
     var withShared = true
+    /// A memory barrier before each dispatch: a caller's concurrent encoder (MLX keeps one
+    /// open per stream) orders nothing by itself, and every stage reads what the one
+    /// before it wrote (the first, what the caller's kernels wrote).
+    var barriers = false
     /// The input norm (its weight already in `scratch.inputNormWeight`): the router writes
     /// the normalised rows to `scratch.xNormed`, which the expert stages then read.
     var inputNorm: RMSNorm?
 
+    init(backend: MetalBackend, encoder: any MTLComputeCommandEncoder, scratch: MetalScratch, tokens: Int, x: MetalBinding) {
+        self.backend = backend
+        self.encoder = encoder
+        self.scratch = scratch
+        self.tokens = tokens
+        self.x = x
+        ids = MetalBinding(scratch.ids)
+        routingWeights = MetalBinding(scratch.weights)
+    }
+
     /// What the expert stages read.
-    var input: any MTLBuffer { inputNorm == nil ? x : scratch.xNormed }
+    var input: MetalBinding { inputNorm == nil ? x : MetalBinding(scratch.xNormed) }
 
     var context: MetalContext { backend.context }
     var configuration: MoEConfiguration { backend.configuration }
@@ -105,7 +122,7 @@ struct MetalLayerEncoder {
         p.down_column_tiles = UInt32(columnTiles(c.hiddenSize, MOE_GEMM_DOWN_BN))
         encoder.setComputePipelineState(context.bucket)
         setParams(&p)
-        set(MOE_BUCKET_BUF_IDS, scratch.ids)
+        set(MOE_BUCKET_BUF_IDS, ids)
         set(MOE_BUCKET_BUF_OFFSETS, scratch.offsets)
         set(MOE_BUCKET_BUF_ROWS, scratch.rows)
         set(MOE_BUCKET_BUF_TILES, scratch.tiles)
@@ -128,7 +145,7 @@ struct MetalLayerEncoder {
         set(MOE_FFN_BUF_BIAS, backend.gateUpBias)
         set(MOE_FFN_BUF_OUTPUT, scratch.act)
         if decode {
-            set(MOE_FFN_BUF_IDS, scratch.ids)
+            set(MOE_FFN_BUF_IDS, ids)
             dispatch(groups: (rowGroups(c.intermediateSize), tokens * c.topK), threads: MOE_GEMV_THREADS)
         } else {
             setBuckets()
@@ -163,9 +180,9 @@ struct MetalLayerEncoder {
         set(backend.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
         set(MOE_FFN_BUF_BIAS, backend.downBias)
         set(MOE_FFN_BUF_OUTPUT, scratch.pairOut)
-        set(MOE_FFN_BUF_ROW_WEIGHT, scratch.weights)
+        set(MOE_FFN_BUF_ROW_WEIGHT, routingWeights)
         if decode {
-            set(MOE_FFN_BUF_IDS, scratch.ids)
+            set(MOE_FFN_BUF_IDS, ids)
             dispatch(groups: (rowGroups(c.hiddenSize), tokens * c.topK), threads: MOE_GEMV_THREADS)
         } else {
             setBuckets()
@@ -189,8 +206,8 @@ struct MetalLayerEncoder {
 
     /// `output = sum of slots + shared + residual`; `output` may be `residual` or `x`.
     /// With `nextNorm` (its weight already in `scratch.nextNormWeight`), also
-    /// `scratch.normed = nextNorm(output)`, one threadgroup per token.
-    func combine(residual: (any MTLBuffer)?, output: any MTLBuffer, nextNorm: RMSNorm? = nil) {
+    /// `normed = nextNorm(output)`, one threadgroup per token.
+    func combine(residual: MetalBinding?, output: MetalBinding, nextNorm: RMSNorm? = nil, normed: MetalBinding) {
         let c = configuration
         var p = moe_combine_params()
         p.tokens = UInt32(tokens)
@@ -207,13 +224,28 @@ struct MetalLayerEncoder {
         setParams(&p)
         set(MOE_COMBINE_BUF_PAIR_OUT, scratch.pairOut)
         set(MOE_COMBINE_BUF_SHARED_OUT, scratch.sharedOut)
-        set(MOE_COMBINE_BUF_RESIDUAL, residual)
+        set(MOE_COMBINE_BUF_RESIDUAL, residual ?? MetalBinding(context.placeholder))
         set(MOE_COMBINE_BUF_OUTPUT, output)
         set(MOE_COMBINE_BUF_NORM_WEIGHT, nextNorm == nil ? nil : scratch.nextNormWeight)
-        set(MOE_COMBINE_BUF_NORMED, nextNorm == nil ? nil : scratch.normed)
+        set(MOE_COMBINE_BUF_NORMED, nextNorm == nil ? MetalBinding(context.placeholder) : normed)
         let threads = Int(MOE_COMBINE_THREADS)
         let columnGroups = nextNorm == nil ? (c.hiddenSize + threads - 1) / threads : 1
         dispatch(groups: (columnGroups, tokens), threads: MOE_COMBINE_THREADS)
+    }
+
+    /// `tokens` rows of H between a caller's dtype and float32 through `kernel`, one of
+    /// MetalContext.activationKernel's (a load reads the dtype and writes float32, a store
+    /// the other way round).
+    func convert(_ kernel: any MTLComputePipelineState, from source: MetalBinding, to destination: MetalBinding) {
+        var p = moe_convert_params()
+        p.tokens = UInt32(tokens)
+        p.hidden = UInt32(configuration.hiddenSize)
+        encoder.setComputePipelineState(kernel)
+        setParams(&p)
+        set(MOE_CONVERT_BUF_SRC, source)
+        set(MOE_CONVERT_BUF_DST, destination)
+        let threads = Int(MOE_CONVERT_THREADS)
+        dispatch(groups: ((configuration.hiddenSize + threads - 1) / threads, tokens), threads: MOE_CONVERT_THREADS)
     }
 
     // MARK: Helpers
@@ -250,6 +282,11 @@ struct MetalLayerEncoder {
         encoder.setBuffer(buffer ?? context.placeholder, offset: 0, index: Int(index))
     }
 
+    /// A range of a buffer at `index`.
+    private func set(_ index: Int32, _ binding: MetalBinding) {
+        encoder.setBuffer(binding.buffer, offset: binding.offset, index: Int(index))
+    }
+
     /// A weight's codes, scales and biases (the placeholder for those its format lacks).
     private func set(_ weight: MetalWeight, codes: Int32, scales: Int32, biases: Int32) {
         set(codes, weight.codes)
@@ -265,6 +302,7 @@ struct MetalLayerEncoder {
     }
 
     private func dispatch(groups: (Int, Int), threads: Int32) {
+        if barriers { encoder.memoryBarrier(scope: .buffers) }
         encoder.dispatchThreadgroups(MTLSize(width: groups.0, height: groups.1, depth: 1),
                                      threadsPerThreadgroup: MTLSize(width: Int(threads), height: 1, depth: 1))
         CallStats.dispatch()
@@ -281,6 +319,7 @@ struct MetalLayerEncoder {
     }
 
     private func dispatchIndirect(offset: Int, threads: Int32) {
+        if barriers { encoder.memoryBarrier(scope: .buffers) }
         encoder.dispatchThreadgroups(indirectBuffer: scratch.dispatchArgs, indirectBufferOffset: offset,
                                      threadsPerThreadgroup: MTLSize(width: Int(threads), height: 1, depth: 1))
         CallStats.dispatch()

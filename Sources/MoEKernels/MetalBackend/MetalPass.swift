@@ -1,13 +1,44 @@
 import CMoESwift
 
-/// One command buffer with one compute encoder, committed once with one wait: what a
-/// call records its passes into (one forward, or every layer of run_layers).
+/// A range of a device buffer as a kernel binds it: `buffer` from byte `offset`.
+struct MetalBinding {
+    let buffer: any MTLBuffer
+    let offset: Int
+
+    init(_ buffer: any MTLBuffer, offset: Int = 0) {
+        self.buffer = buffer
+        self.offset = offset
+    }
+
+    /// The same bytes of the same buffer.
+    func isSame(as other: MetalBinding) -> Bool { buffer === other.buffer && offset == other.offset }
+
+    /// Whether `bytes` from here and `otherBytes` from `other` share memory.
+    func overlaps(_ other: MetalBinding, bytes: Int, otherBytes: Int) -> Bool {
+        buffer === other.buffer && offset < other.offset + otherBytes && other.offset < offset + bytes
+    }
+}
+
+/// What a call records into: one command buffer and one compute encoder, the call's own or
+/// the caller's. Two owners, one recording:
+///   - its own (the pointer API): `run` ends the encoder, commits and waits — the one wait
+///     of the call; the scratch sets go back to their pools when the session goes away,
+///     after the results have been copied out;
+///   - the caller's (the encode API): nothing is committed or waited for; `endRecording`
+///     ends the encoder only if the session made it, and hands the scratch sets to a
+///     completed handler of the caller's command buffer, so a set is reused only once the
+///     GPU is done with it and several command buffers can be in flight at once.
 final class MetalSession {
     let commandBuffer: any MTLCommandBuffer
     let encoder: any MTLComputeCommandEncoder
     private let kind: MoEBackendKind
+    private let ownsEncoder: Bool
+    /// The caller's encoder is concurrent: the stages need barriers (MetalLayerEncoder.barriers).
+    let needsBarriers: Bool
     private var ended = false
+    private var held: [(pool: MetalBufferPool, scratch: MetalScratch)] = []
 
+    /// A command buffer of the backend's queue.
     init(_ backend: MetalBackend) throws {
         guard let commandBuffer = backend.context.queue.makeCommandBuffer(),
               let encoder = commandBuffer.makeComputeCommandEncoder() else {
@@ -16,13 +47,46 @@ final class MetalSession {
         self.commandBuffer = commandBuffer
         self.encoder = encoder
         kind = backend.kind
+        ownsEncoder = true
+        needsBarriers = false
+    }
+
+    /// The caller's command buffer, and its open encoder or (nil) one of our own on it.
+    /// `holding` are scratch sets already checked out for this call (the session returns
+    /// them however it ends).
+    init(kind: MoEBackendKind, commandBuffer: any MTLCommandBuffer, encoder: (any MTLComputeCommandEncoder)?,
+         holding: [(pool: MetalBufferPool, scratch: MetalScratch)]) throws {
+        self.commandBuffer = commandBuffer
+        self.kind = kind
+        held = holding
+        if let encoder {
+            self.encoder = encoder
+            ownsEncoder = false
+            needsBarriers = encoder.dispatchType == .concurrent
+        } else if let made = commandBuffer.makeComputeCommandEncoder() {
+            self.encoder = made
+            ownsEncoder = true
+            needsBarriers = false
+        } else {
+            for (pool, scratch) in holding { pool.checkIn(scratch) }
+            throw MoEError.invalidArgument(
+                "the command buffer gave no compute encoder (is another encoder of it still open? then pass that one)")
+        }
     }
 
     deinit {
-        if !ended { encoder.endEncoding() }  // Metal requires it before an encoder goes away
+        if ownsEncoder && !ended { encoder.endEncoding() }  // Metal requires it before an encoder goes away
+        for (pool, scratch) in held { pool.checkIn(scratch) }
     }
 
-    /// Ends encoding, commits, and waits: the one wait of a call.
+    /// A scratch set for `tokens` tokens from `backend`'s pool, the session's until it ends.
+    func checkOut(_ backend: MetalBackend, tokens: Int) throws -> MetalScratch {
+        let scratch = try backend.checkOutScratch(tokens: tokens)
+        held.append((backend.pool, scratch))
+        return scratch
+    }
+
+    /// Ends encoding, commits, and waits: the one wait of a pointer-API call.
     func run() throws {
         ended = true
         encoder.endEncoding()
@@ -34,52 +98,91 @@ final class MetalSession {
             throw MoEError.internalError("the \(kind.name) command buffer failed: \(error)")
         }
     }
+
+    /// The encode API's end: the caller commits. Nothing here can fail, so a caller's
+    /// command buffer never holds half a call.
+    func endRecording() {
+        // The caller's next kernel reads what the last stage wrote.
+        if needsBarriers { encoder.memoryBarrier(scope: .buffers) }
+        if ownsEncoder {
+            ended = true
+            encoder.endEncoding()
+        }
+        let sets = ScratchReturn(held)
+        held = []
+        commandBuffer.addCompletedHandler { _ in sets.checkIn() }
+    }
 }
 
-/// One layer's pass on the Metal backend: the stages are encoded as they are called into
-/// its session's command buffer; `finish` runs the session and copies the results out.
-/// x (the input, then the output: the combine writes it in place) is a device buffer: the
-/// pass's own scratch, with the input copied in, or the one of the session's previous pass.
+/// Scratch sets on their way back to their pools from a completed handler (which Metal
+/// calls on a thread of its own; the pools lock).
+private final class ScratchReturn: @unchecked Sendable {
+    private let sets: [(pool: MetalBufferPool, scratch: MetalScratch)]
+    init(_ sets: [(pool: MetalBufferPool, scratch: MetalScratch)]) { self.sets = sets }
+    func checkIn() { for (pool, scratch) in sets { pool.checkIn(scratch) } }
+}
+
+/// One layer's pass on the Metal backend: the stages are encoded into the session's
+/// encoder as they are called. x (the input) is a device binding: the caller's buffer
+/// (encode API), or the pass's scratch with the host input copied in (pointer API), or
+/// the x of the session's previous pass (a stack).
+/// As an MoEPass (pointer API) the combine writes the output over x and `finish` runs the
+/// session and copies the results out.
 final class MetalPass: MoEPass {
-    private let backend: MetalBackend
-    private let scratch: MetalScratch
+    let backend: MetalBackend
+    let scratch: MetalScratch
     private let session: MetalSession
     private var layer: MetalLayerEncoder
-    private let tokens: Int
-    private let input: UnsafePointer<Float>
-    /// The device buffer holding x.
-    let x: any MTLBuffer
+    let tokens: Int
+    /// The host input of a pointer-API pass.
+    private let input: UnsafePointer<Float>?
+    /// Where the stages read x.
+    let x: MetalBinding
     private var output: UnsafeMutablePointer<Float>?
     private var normedOutput: UnsafeMutablePointer<Float>?
 
-    init(backend: MetalBackend, input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?,
-         session: MetalSession? = nil, x: (any MTLBuffer)? = nil) throws {
-        let scratch = try backend.checkOutScratch(tokens: tokens)
-        do {
-            self.session = try session ?? MetalSession(backend)
-        } catch {
-            backend.pool.checkIn(scratch)
-            throw error
-        }
+    /// A pass reading x on the device; `scratch` is one of `session`'s sets.
+    init(backend: MetalBackend, session: MetalSession, scratch: MetalScratch, tokens: Int, x: MetalBinding,
+         inputNorm: RMSNorm?) {
         self.backend = backend
+        self.session = session
         self.scratch = scratch
         self.tokens = tokens
-        self.input = input
-        let h = backend.configuration.hiddenSize
-        if let x {
-            self.x = x
-        } else {
-            scratch.x.contents().copyMemory(from: input, byteCount: tokens * h * MemoryLayout<Float>.stride)
-            self.x = scratch.x
-        }
-        layer = MetalLayerEncoder(backend: backend, encoder: self.session.encoder, scratch: scratch, tokens: tokens, x: self.x)
+        self.x = x
+        input = nil
+        layer = MetalLayerEncoder(backend: backend, encoder: session.encoder, scratch: scratch, tokens: tokens, x: x)
+        layer.barriers = session.needsBarriers
         if let inputNorm {
-            MetalScratch.upload(inputNorm, hidden: h, to: scratch.inputNormWeight)
+            MetalScratch.upload(inputNorm, hidden: backend.configuration.hiddenSize, to: scratch.inputNormWeight)
             layer.inputNorm = inputNorm
         }
     }
 
-    deinit { backend.pool.checkIn(scratch) }
+    /// A pointer-API pass: its own session unless one is given; x is `x` if given, else
+    /// the host input copied into the pass's scratch.
+    init(backend: MetalBackend, input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?,
+         session: MetalSession? = nil, x: MetalBinding? = nil) throws {
+        let session = try session ?? MetalSession(backend)
+        let scratch = try session.checkOut(backend, tokens: tokens)
+        let x = x ?? {
+            scratch.x.contents().copyMemory(from: input, byteCount: tokens * backend.configuration.hiddenSize
+                                                * MemoryLayout<Float>.stride)
+            CallStats.hostCopy()
+            return MetalBinding(scratch.x)
+        }()
+        self.backend = backend
+        self.session = session
+        self.scratch = scratch
+        self.tokens = tokens
+        self.x = x
+        self.input = input
+        layer = MetalLayerEncoder(backend: backend, encoder: session.encoder, scratch: scratch, tokens: tokens, x: x)
+        layer.barriers = session.needsBarriers
+        if let inputNorm {
+            MetalScratch.upload(inputNorm, hidden: backend.configuration.hiddenSize, to: scratch.inputNormWeight)
+            layer.inputNorm = inputNorm
+        }
+    }
 
     func route() { layer.route() }
 
@@ -89,39 +192,69 @@ final class MetalPass: MoEPass {
         let count = tokens * backend.configuration.topK
         scratch.ids.contents().assumingMemoryBound(to: Int32.self).update(from: ids, count: count)
         scratch.weights.contents().assumingMemoryBound(to: Float.self).update(from: weights, count: count)
+        CallStats.hostCopy()
+        CallStats.hostCopy()
         layer.withShared = false
     }
+
+    /// The routing read from the caller's buffers (int32 ids, float32 weights, (tokens, k) each).
+    func setRouting(ids: MetalBinding, weights: MetalBinding) {
+        layer.ids = ids
+        layer.routingWeights = weights
+        layer.withShared = false
+    }
+
     func groupPairsByExpert() { layer.groupPairsByExpert() }
     func gateUp() { layer.gateUp() }
     func down() { layer.down() }
 
+    /// The combine on the device: `output = moe + residual`, and `normed = next(output)`
+    /// (nil: into the scratch's normed rows). `output` may be x or the residual.
+    func combine(residual: MetalBinding?, output: MetalBinding, next: RMSNorm?, normed: MetalBinding? = nil) {
+        if let next { MetalScratch.upload(next, hidden: backend.configuration.hiddenSize, to: scratch.nextNormWeight) }
+        layer.combine(residual: residual, output: output, nextNorm: next, normed: normed ?? MetalBinding(scratch.normed))
+    }
+
     func combine(residual: UnsafePointer<Float>?, output: UnsafeMutablePointer<Float>, next: NextNorm?) {
-        let h = backend.configuration.hiddenSize
         // The input as residual (a decoder block, a layer of a stack) is on the device already.
-        var residualBuffer: (any MTLBuffer)? = residual == input ? x : nil
+        var residualBinding: MetalBinding? = residual == input ? x : nil
         if let residual, residual != input {
+            let h = backend.configuration.hiddenSize
             scratch.residual.contents().copyMemory(from: residual, byteCount: tokens * h * MemoryLayout<Float>.stride)
-            residualBuffer = scratch.residual
+            CallStats.hostCopy()
+            residualBinding = MetalBinding(scratch.residual)
         }
-        if let next { MetalScratch.upload(next.norm, hidden: h, to: scratch.nextNormWeight) }
         // The output overwrites x: nothing reads x after the expert stages (the combine
         // reads each element as residual before it writes it).
-        layer.combine(residual: residualBuffer, output: x, nextNorm: next?.norm)
+        combine(residual: residualBinding, output: x, next: next?.norm)
         self.output = output
         normedOutput = next?.output
+    }
+
+    /// Converts `tokens` rows between a caller's dtype and float32 (MetalLayerEncoder.convert).
+    func convert(_ kernel: any MTLComputePipelineState, from source: MetalBinding, to destination: MetalBinding) {
+        layer.convert(kernel, from: source, to: destination)
     }
 
     func finish() throws {
         try session.run()
         let count = tokens * backend.configuration.hiddenSize
-        output?.update(from: x.contents().assumingMemoryBound(to: Float.self), count: count)
-        normedOutput?.update(from: scratch.normed.contents().assumingMemoryBound(to: Float.self), count: count)
+        if let output {
+            output.update(from: (x.buffer.contents() + x.offset).assumingMemoryBound(to: Float.self), count: count)
+            CallStats.hostCopy()
+        }
+        if let normedOutput {
+            normedOutput.update(from: scratch.normed.contents().assumingMemoryBound(to: Float.self), count: count)
+            CallStats.hostCopy()
+        }
     }
 
     func readRouting(ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) {
         let count = tokens * backend.configuration.topK
         ids.update(from: scratch.ids.contents().assumingMemoryBound(to: Int32.self), count: count)
         weights.update(from: scratch.weights.contents().assumingMemoryBound(to: Float.self), count: count)
+        CallStats.hostCopy()
+        CallStats.hostCopy()
     }
 }
 

@@ -15,13 +15,14 @@ final class MetalAPIShimTests: XCTestCase {
               let endLine = lines.firstIndex(of: "#endif"), ifLine < elseLine, elseLine < endLine else {
             return XCTFail("MetalAPI.swift: expected one #if canImport(Metal) / #else / #endif at column 0")
         }
-        // `typealias X = Module.X` lines of one branch, as (X, Module.X).
+        // `[public ]typealias X = Module.X` lines of one branch, as X (with its access level).
         func aliases(_ range: Range<Int>, module: String) -> [String] {
-            lines[range].filter { $0.hasPrefix("typealias ") }.map { line in
-                let parts = line.dropFirst("typealias ".count).components(separatedBy: " = ")
+            lines[range].filter { $0.hasPrefix("typealias ") || $0.hasPrefix("public typealias ") }.map { line in
+                let access = line.hasPrefix("public ") ? "public " : ""
+                let parts = line.dropFirst(access.count + "typealias ".count).components(separatedBy: " = ")
                 XCTAssertEqual(parts.count, 2, line)
                 XCTAssertEqual(parts.last, "\(module).\(parts[0])", "an alias must name its own module's same name")
-                return parts[0]
+                return access + parts[0]
             }
         }
         let metal = aliases(ifLine + 1 ..< elseLine, module: "Metal")

@@ -38,6 +38,20 @@ public enum MTLCommandBufferStatus: UInt {
     case notEnqueued = 0, enqueued = 1, committed = 2, scheduled = 3, completed = 4, error = 5
 }
 
+/// documentation/metal/mtldispatchtype: `enum MTLDispatchType: UInt`
+public enum MTLDispatchType: UInt {
+    case serial = 0, concurrent = 1
+}
+
+/// documentation/metal/mtlbarrierscope: `struct MTLBarrierScope: OptionSet` (raw values as in Metal).
+public struct MTLBarrierScope: OptionSet {
+    public let rawValue: UInt
+    public init(rawValue: UInt) { self.rawValue = rawValue }
+    public static let buffers = MTLBarrierScope(rawValue: 1)
+    public static let textures = MTLBarrierScope(rawValue: 2)
+    public static let renderTargets = MTLBarrierScope(rawValue: 4)
+}
+
 /// documentation/metal/mtldispatchthreadgroupsindirectarguments:
 /// `struct MTLDispatchThreadgroupsIndirectArguments { var threadgroupsPerGrid: (UInt32, UInt32, UInt32) }`
 public struct MTLDispatchThreadgroupsIndirectArguments {
@@ -288,6 +302,9 @@ public protocol MTLCommandBuffer: AnyObject {
     /// documentation/metal/mtlcommandbuffer/makecomputecommandencoder():
     /// `func makeComputeCommandEncoder() -> (any MTLComputeCommandEncoder)?`
     func makeComputeCommandEncoder() -> (any MTLComputeCommandEncoder)?
+    /// documentation/metal/mtlcommandbuffer/makecomputecommandencoder(dispatchtype:):
+    /// `func makeComputeCommandEncoder(dispatchType: MTLDispatchType) -> (any MTLComputeCommandEncoder)?`
+    func makeComputeCommandEncoder(dispatchType: MTLDispatchType) -> (any MTLComputeCommandEncoder)?
     /// documentation/metal/mtlcommandbuffer/addcompletedhandler(_:):
     /// `func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler)`
     func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler)
@@ -307,6 +324,11 @@ public protocol MTLCommandEncoder: AnyObject {
 
 /// documentation/metal/mtlcomputecommandencoder
 public protocol MTLComputeCommandEncoder: MTLCommandEncoder {
+    /// documentation/metal/mtlcomputecommandencoder/dispatchtype: `var dispatchType: MTLDispatchType { get }`
+    var dispatchType: MTLDispatchType { get }
+    /// documentation/metal/mtlcomputecommandencoder/memorybarrier(scope:):
+    /// `func memoryBarrier(scope: MTLBarrierScope)`
+    func memoryBarrier(scope: MTLBarrierScope)
     /// documentation/metal/mtlcomputecommandencoder/setcomputepipelinestate(_:):
     /// `func setComputePipelineState(_ state: any MTLComputePipelineState)`
     func setComputePipelineState(_ state: any MTLComputePipelineState)

@@ -36,8 +36,12 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
     public var error: (any Error)? { lock.withLock { _error } }
 
     public func makeComputeCommandEncoder() -> (any MTLComputeCommandEncoder)? {
+        makeComputeCommandEncoder(dispatchType: .serial)
+    }
+
+    public func makeComputeCommandEncoder(dispatchType: MTLDispatchType) -> (any MTLComputeCommandEncoder)? {
         guard lock.withLock({ _status == .notEnqueued }) else { return nil }
-        return SoftMetalComputeCommandEncoder(commandBuffer: self)
+        return SoftMetalComputeCommandEncoder(commandBuffer: self, dispatchType: dispatchType)
     }
 
     func append(_ command: DispatchCommand) { lock.withLock { commands.append(command) } }
@@ -123,7 +127,13 @@ struct DispatchCommand {
 public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @unchecked Sendable {
     public var device: any MTLDevice { commandBuffer.device }
     public var label: String?
+    public let dispatchType: MTLDispatchType
     let commandBuffer: SoftMetalCommandBuffer
+    /// A concurrent encoder's dispatches since its last memory barrier. Metal may run them
+    /// in any order, overlapped; SoftMetal runs them in reverse order, so that a dispatch
+    /// that reads what an earlier one writes without a barrier between them reads stale
+    /// data here too instead of passing by luck.
+    private var unordered: [DispatchCommand] = []
     private var pipeline: SoftMetalComputePipelineState?
     private var buffers = [(buffer: SoftMetalBuffer, offset: Int)?](repeating: nil, count: 31)
     private var threadgroupLengths = [Int](repeating: 0, count: 31)
@@ -152,7 +162,10 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// Default: SoftMetalOptions.schedule.
     public var softMetalSchedule = SoftMetalOptions.schedule
 
-    init(commandBuffer: SoftMetalCommandBuffer) { self.commandBuffer = commandBuffer }
+    init(commandBuffer: SoftMetalCommandBuffer, dispatchType: MTLDispatchType) {
+        self.commandBuffer = commandBuffer
+        self.dispatchType = dispatchType
+    }
 
     private func misuse(_ message: String) {
         if encodingError == nil { encodingError = .invalidUsage(message) }
@@ -194,11 +207,27 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     private func record(_ size: DispatchCommand.Size, _ threadsPerThreadgroup: MTLSize) {
         if ended { return misuse("dispatch after endEncoding()") }
         guard let pipeline else { return misuse("dispatch without setComputePipelineState(_:)") }
-        commandBuffer.append(DispatchCommand(
+        let command = DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
             checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory, checkMemory: softMetalCheckMemory,
-            schedule: softMetalSchedule))
+            schedule: softMetalSchedule)
+        if dispatchType == .concurrent {
+            unordered.append(command)
+        } else {
+            commandBuffer.append(command)
+        }
+    }
+
+    /// Every dispatch encoded before it completes, its writes visible, before any encoded after it starts.
+    public func memoryBarrier(scope: MTLBarrierScope) {
+        if ended { return misuse("memoryBarrier(scope:) after endEncoding()") }
+        if scope.contains(.buffers) { flushUnordered() }
+    }
+
+    private func flushUnordered() {
+        for command in unordered.reversed() { commandBuffer.append(command) }
+        unordered = []
     }
 
     public func dispatchThreadgroups(_ threadgroupsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize) {
@@ -215,6 +244,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     }
 
     public func endEncoding() {
+        flushUnordered()
         ended = true
         if let encodingError { commandBuffer.append(DispatchCommand.failing(encodingError)) }
     }

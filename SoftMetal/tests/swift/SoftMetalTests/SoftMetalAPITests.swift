@@ -144,11 +144,14 @@ final class SoftMetalAPITests: XCTestCase {
         XCTAssertGreaterThan(after.seconds, before.seconds)
     }
 
-    func testCompletedHandlersRunAndSeeTheFinalStatus() throws {
+    func testCompletedHandlersRunAfterCompletionInTheOrderAdded() throws {
         let p = try pipeline(addSource, "count_groups")
         let counter = try XCTUnwrap(device.makeBuffer(length: 4))
         let queue = try XCTUnwrap(device.makeCommandQueue())
-        final class Seen: @unchecked Sendable { var statuses: [MTLCommandBufferStatus] = [] }
+        final class Seen: @unchecked Sendable {
+            var statuses: [MTLCommandBufferStatus] = []
+            var calls: [String] = []
+        }
         let seen = Seen()
         var buffers: [any MTLCommandBuffer] = []
         for _ in 0..<3 {
@@ -158,13 +161,54 @@ final class SoftMetalAPITests: XCTestCase {
             enc.setBuffer(counter, offset: 0, index: 0)
             enc.dispatchThreadgroups(MTLSize(width: 5, height: 2, depth: 3), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
             enc.endEncoding()
+            let n = buffers.count
             cb.addCompletedHandler { cb in seen.statuses.append(cb.status) }
+            // Each handler sees its command buffer's work done (30 threadgroups each).
+            for k in 0..<2 {
+                cb.addCompletedHandler { _ in seen.calls.append("\(n).\(k): \(counter.contents().load(as: UInt32.self))") }
+            }
             cb.commit()
             buffers.append(cb)
         }
         buffers.last!.waitUntilCompleted()
         XCTAssertEqual(seen.statuses, [.completed, .completed, .completed])
+        XCTAssertEqual(seen.calls, ["0.0: 30", "0.1: 30", "1.0: 60", "1.1: 60", "2.0: 90", "2.1: 90"])
         XCTAssertEqual(read(counter, as: UInt32.self, count: 1), [90])
+    }
+
+    /// Two dependent dispatches (b = a + a, then c = b + b) in one encoder.
+    func chain(_ dispatchType: MTLDispatchType, barrier: Bool) throws -> [Float] {
+        let p = try pipeline(addSource, "add_scaled")
+        let a = floats([1, 2, 3]), b = floats([0, 0, 0]), c = floats([0, 0, 0])
+        let queue = try XCTUnwrap(device.makeCommandQueue())
+        let cb = try XCTUnwrap(queue.makeCommandBuffer())
+        let enc = try XCTUnwrap(cb.makeComputeCommandEncoder(dispatchType: dispatchType))
+        XCTAssertEqual(enc.dispatchType, dispatchType)
+        var params: (UInt32, Float) = (3, 1)
+        enc.setComputePipelineState(p)
+        enc.setBytes(&params, length: 8, index: 3)
+        for (input, output) in [(a, b), (b, c)] {
+            enc.setBuffer(input, offset: 0, index: 0)
+            enc.setBuffer(input, offset: 0, index: 1)
+            enc.setBuffer(output, offset: 0, index: 2)
+            enc.dispatchThreads(MTLSize(width: 3, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 3, height: 1, depth: 1))
+            if barrier { enc.memoryBarrier(scope: .buffers) }
+        }
+        enc.endEncoding()
+        cb.commit()
+        cb.waitUntilCompleted()
+        XCTAssertNil(cb.error)
+        return read(c, as: Float.self, count: 3)
+    }
+
+    func testConcurrentEncoderOrdersDispatchesOnlyAtMemoryBarriers() throws {
+        XCTAssertEqual(try chain(.serial, barrier: false), [4, 8, 12])
+        XCTAssertEqual(try chain(.serial, barrier: true), [4, 8, 12])
+        XCTAssertEqual(try chain(.concurrent, barrier: true), [4, 8, 12])
+        // Without a barrier the second dispatch may start first (SoftMetal: does) and read b unwritten.
+        XCTAssertEqual(try chain(.concurrent, barrier: false), [0, 0, 0])
+        let queue = try XCTUnwrap(device.makeCommandQueue())
+        XCTAssertEqual(try XCTUnwrap(queue.makeCommandBuffer()?.makeComputeCommandEncoder()).dispatchType, .serial)
     }
 
     func testDispatchThreadsHasPartialEdgeThreadgroups() throws {
