@@ -16,11 +16,20 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
     /// Dequantized weight tiles of prefill work items (one per running item).
     let tiles = ScratchPool()
 
-    init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
+    /// Bytes the weights' copies take: every matrix part not read in place from its
+    /// mapping, and the vectors (read as float32).
+    static func copiedBytes(_ c: MoEConfiguration, _ w: MoEWeights) -> Int {
+        let vectors = [w.routerBias, w.selectionBias, w.perExpertScale, w.gateUpBias, w.downBias, w.shared?.sigmoidGate]
+        return w.matrices.reduce(0) { $0 + WeightMatrix.copiedBytes($1) }
+            + vectors.reduce(0) { $0 + ($1?.count ?? 0) * MemoryLayout<Float>.stride }
+    }
+
+    init(configuration c: MoEConfiguration, weights w: MoEWeights, memoryLimit: Int? = nil) throws {
+        try MemoryBudget.check(needed: Self.copiedBytes(c, w), limit: memoryLimit, what: "this layer on the cpu backend")
         _ = MatrixProduct.configured
         configuration = c
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
-        router = try WeightMatrix(copying: w.router, rows: e, cols: h, what: "router_weight")
+        router = try WeightMatrix(w.router, rows: e, cols: h, what: "router_weight")
         routerBias = try w.routerBias.map { try AlignedBuffer(copying: $0, what: "router_bias") }
         selectionBias = try w.selectionBias.map { try AlignedBuffer(copying: $0, what: "selection_bias") }
         perExpertScale = try w.perExpertScale.map { try AlignedBuffer(copying: $0, what: "per_expert_scale") }
