@@ -23,14 +23,16 @@ final class WeightMatrix: @unchecked Sendable {
     /// byte read once); above it a tile is dequantized into cache and fed to the GEMM.
     static let registerRowLimit = 4
 
-    /// Which of codes, scales and biases of `source` are read in place: those of a mapped
-    /// tensor, except 4-bit codes, which the kernels' fast path reads repacked
-    /// (moe_cpu_split_nibbles), and float32 rows not on a float boundary (BLAS reads them).
-    /// The kernels' scalar loads go through memcpy, so other parts may sit at any offset.
+    /// Which of codes, scales and biases of `source` are read in place: all of a mapped
+    /// tensor, except 4-bit tensors, whose codes the kernels' fast path reads repacked
+    /// (moe_cpu_split_nibbles) — their scales are copied too rather than holding the whole
+    /// file mapped for an eighth of the tensor — and float32 rows not on a float boundary
+    /// (BLAS reads them). The kernels' scalar loads go through memcpy, so other parts may
+    /// sit at any offset.
     static func inPlace(_ source: WeightData) -> [Bool] {
         guard let memory = source.memory, let codes = source.parts.first?.baseAddress else { return [false, false, false] }
         switch source.format {
-        case .quantized(let q, _) where q.bits == 4: return [false, true, true]
+        case .quantized(let q, _) where q.bits == 4: return [false, false, false]
         case .dense(.float32): return [memory.offset(of: codes) % MemoryLayout<Float>.alignment == 0, true, true]
         default: return [true, true, true]
         }
