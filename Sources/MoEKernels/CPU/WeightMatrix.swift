@@ -24,39 +24,40 @@ final class WeightMatrix: @unchecked Sendable {
     static let registerRowLimit = 4
 
     /// Which of codes, scales and biases of `source` are read in place: all of a mapped
-    /// tensor, except 4-bit tensors, whose codes the kernels' fast path reads repacked
-    /// (moe_cpu_split_nibbles) — their scales are copied too rather than holding the whole
-    /// file mapped for an eighth of the tensor — and float32 rows not on a float boundary
+    /// tensor, except 4-bit tensors when `repack` (their own kernels read the codes
+    /// repacked by moe_cpu_split_nibbles; the scales are copied too rather than holding the
+    /// whole file mapped for an eighth of the tensor; without `repack` the generic affine
+    /// kernels read them as stored, more slowly), and float32 rows not on a float boundary
     /// (BLAS reads them). The kernels' scalar loads go through memcpy, so other parts may
     /// sit at any offset.
-    static func inPlace(_ source: WeightData) -> [Bool] {
+    static func inPlace(_ source: WeightData, repack: Bool = true) -> [Bool] {
         guard let memory = source.memory, let codes = source.parts.first?.baseAddress else { return [false, false, false] }
         switch source.format {
-        case .quantized(let q, _) where q.bits == 4: return [false, false, false]
+        case .quantized(let q, _) where q.bits == 4 && repack: return [false, false, false]
         case .dense(.float32): return [memory.offset(of: codes) % MemoryLayout<Float>.alignment == 0, true, true]
         default: return [true, true, true]
         }
     }
 
     /// Bytes that making this matrix allocates (its copied parts).
-    static func copiedBytes(_ source: WeightData) -> Int {
+    static func copiedBytes(_ source: WeightData, repack: Bool = true) -> Int {
         if case .array(let a) = source { return a.count * MemoryLayout<Float>.stride }
-        return zip(source.parts, inPlace(source)).reduce(0) { $0 + ($1.1 ? 0 : $1.0.count) }
+        return zip(source.parts, inPlace(source, repack: repack)).reduce(0) { $0 + ($1.1 ? 0 : $1.0.count) }
     }
 
     /// `source`, a tensor of `rows` rows of `cols` elements, copied or read in place.
-    init(_ source: WeightData, rows: Int, cols: Int, what: String) throws {
+    init(_ source: WeightData, rows: Int, cols: Int, repack: Bool = true, what: String) throws {
         format = source.format
         self.rows = rows
         self.cols = cols
         let rowBytes = format.rowBytes(cols: cols), scaleBytes = format.scaleRowBytes(cols: cols)
-        let inPlace = Self.inPlace(source)
+        let inPlace = Self.inPlace(source, repack: repack)
         memory = inPlace.contains(true) ? source.memory : nil
         data = inPlace[0] ? nil : try AlignedBuffer(count: rows * rowBytes, what: what)
         scales = scaleBytes > 0 && !inPlace[1] ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) scales") : nil
         biases = format.hasBiases && !inPlace[2] ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) biases") : nil
         matrix = format.cpuMatrix(cols: cols)
-        let splitNibbles = format.bits == 4
+        let splitNibbles = format.bits == 4 && !inPlace[0]
         matrix = source.withMatrix(cols: cols) { src in
             var m = src
             if let data {

@@ -25,6 +25,12 @@ enum MemoryBudget {
         return best
     }
 
+    /// Whether `needed` bytes fit in what `available(limit:)` says.
+    static func fits(_ needed: Int, limit: Int?) -> Bool {
+        guard let found = available(limit: limit) else { return true }
+        return needed <= found.bytes
+    }
+
     /// Throws MoEError.outOfMemory naming `needed` (the bytes `what` would copy) if they
     /// exceed what `available(limit:)` says.
     static func check(needed: Int, limit: Int?, what: String) throws {
