@@ -22,7 +22,7 @@ import numpy as np
 
 from .formats import Quantized, float32_to_bf16, quantize
 
-__all__ = ["QWEN3_30B_A3B", "write_qwen3_moe_4bit"]
+__all__ = ["QWEN3_30B_A3B", "quantize_experts", "write_qwen3_moe_4bit"]
 
 # config.json of Qwen/Qwen3-30B-A3B: what shapes one MoE layer.
 QWEN3_30B_A3B = {"hidden_size": 2048, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8}
@@ -62,6 +62,31 @@ def _random_quantized(rng, shape, bits, group_size, std):
                      scale_dtype="bfloat16")
 
 
+def quantize_experts(w, bits=4, group_size=64):
+    """An (E, rows, cols) float32 tensor quantized as mlx-lm's checkpoints store it: affine
+    `bits`-bit (4 or 8) codes with per-group min/max, bfloat16 scales and biases, one
+    expert at a time. formats.quantize does the same for any bits in float64; this one
+    stays in float32, which makes quantizing a whole Qwen3-30B-A3B layer take seconds, and
+    it is as valid a quantization (the layer reads the values its scales and biases give)."""
+    w = np.asarray(w, dtype=np.float32)
+    E, rows, cols = w.shape
+    per_word, levels = 32 // bits, (1 << bits) - 1
+    weight = np.empty((E, rows, cols // per_word), np.uint32)
+    scales = np.empty((E, rows, cols // group_size), np.uint16)
+    biases = np.empty_like(scales)
+    shifts = (np.arange(per_word, dtype=np.uint32) * bits)
+    for e in range(E):
+        g = w[e].reshape(rows, cols // group_size, group_size)
+        lo, hi = g.min(axis=-1), g.max(axis=-1)
+        scales[e] = float32_to_bf16(np.maximum((hi - lo) / levels, 1e-8))
+        biases[e] = float32_to_bf16(lo)
+        s = (scales[e].astype(np.uint32) << 16).view(np.float32)[..., None]
+        b = (biases[e].astype(np.uint32) << 16).view(np.float32)[..., None]
+        codes = np.clip(np.rint((g - b) / s), 0, levels).astype(np.uint32).reshape(rows, -1, per_word)
+        weight[e] = np.bitwise_or.reduce(codes << shifts, axis=-1)  # element 0 in the lowest bits
+    return Quantized(weight, scales, biases, bits=bits, group_size=group_size, scale_dtype="bfloat16")
+
+
 def write_qwen3_moe_4bit(folder, *, layers=1, experts=QWEN3_30B_A3B["num_experts"],
                          hidden=QWEN3_30B_A3B["hidden_size"], intermediate=QWEN3_30B_A3B["moe_intermediate_size"],
                          top_k=QWEN3_30B_A3B["num_experts_per_tok"], group_size=64, seed=0, weights=None):
@@ -69,10 +94,11 @@ def write_qwen3_moe_4bit(folder, *, layers=1, experts=QWEN3_30B_A3B["num_experts
     returns its path: experts affine 4-bit with bfloat16 scales and biases in groups of
     `group_size`, the router 8-bit, one shard per layer.
 
-    `weights(layer)`, if given, returns float32 (router (E, H), gate (E, I, H), up (E, I, H),
-    down (E, H, I)) for that layer, quantized here as mlx-lm's ``mx.quantize`` does; without
-    it the codes are random and the values have the standard deviation of a real
-    initialisation (0.02)."""
+    `weights(layer)`, if given, returns (router (E, H), gate (E, I, H), up (E, I, H),
+    down (E, H, I)) for that layer: float32, quantized here as mlx-lm's ``mx.quantize``
+    does (`quantize_experts`), or already `Quantized` (router 8-bit, experts 4-bit, groups
+    of `group_size`, bfloat16 scales), written as they are. Without it the codes are
+    random and the values have the standard deviation of a real initialisation (0.02)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     E, H, I = experts, hidden, intermediate
@@ -88,9 +114,11 @@ def write_qwen3_moe_4bit(folder, *, layers=1, experts=QWEN3_30B_A3B["num_experts
             router, gate, up, down = weights(i)
 
             def q(w, bits=4):
-                return quantize(w, bits=bits, group_size=group_size, scale_dtype="bfloat16")
+                return w if isinstance(w, Quantized) else quantize_experts(w, bits, group_size)
 
-            parts = {"gate": q(router, 8), "switch_mlp.gate_proj": q(gate), "switch_mlp.up_proj": q(up),
+            if not isinstance(router, Quantized):  # one (E, H) matrix: small enough to quantize at once
+                router = quantize(router, bits=8, group_size=group_size, scale_dtype="bfloat16")
+            parts = {"gate": router, "switch_mlp.gate_proj": q(gate), "switch_mlp.up_proj": q(up),
                      "switch_mlp.down_proj": q(down)}
         else:
             rng = np.random.default_rng([seed, i])
