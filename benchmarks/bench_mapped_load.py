@@ -108,8 +108,9 @@ def main(argv=None):
         size = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
         print(f"wrote {args.layers} layers, {size / 1e9:.2f} GB, in {time.perf_counter() - t0:.1f} s: {folder}")
         # The cpu backend repacks 4-bit codes for its fast kernels when the copy fits; under
-        # a memory_limit below that copy it reads them in place with its generic kernels.
-        in_place_limit = size // 4
+        # a memory_limit (which bounds each layer's copies) below one layer's repack it
+        # reads them in place with its generic kernels.
+        in_place_limit = size // args.layers // 4
         runs = [(b, m, 0) for b in backends for m in ("copied", "mapped")]
         if "cpu" in backends:
             runs.append(("cpu", "mapped", in_place_limit))

@@ -93,11 +93,12 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
 
     The safetensors files stay mapped and each layer reads its tensors there in place
     wherever its backend's kernels read the stored layout (metal and softmetal: every
-    format; cpu: all but 4-bit codes, which it repacks), so loading costs no copy of them
-    and a checkpoint larger than memory still loads (its pages are read from disk as the
-    forwards touch them). `copy_weights=True` copies everything instead. `memory_limit`
-    (bytes) bounds the copies: a layer whose copies exceed it, or what the system has
-    available, raises MemoryError naming the bytes needed, before anything is allocated.
+    format; cpu: all but 4-bit codes, which it repacks when the copy fits), so loading
+    costs no copy of them and a checkpoint larger than memory still loads (its pages are
+    read from disk as the forwards touch them). `copy_weights=True` copies everything
+    instead. `memory_limit` (bytes) bounds each layer's copies: a layer whose copies exceed
+    it, or what the system has available then, raises MemoryError naming the bytes needed,
+    before anything of it is allocated.
 
     Loading that lasts over two seconds shows a bar of the layers loaded on a terminal, or
     logs to the "moe_swift" logger (moe_swift.progress): `progress=False` or
