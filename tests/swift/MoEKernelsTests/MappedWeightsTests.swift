@@ -45,11 +45,8 @@ final class TensorFile: @unchecked Sendable {
 }
 
 final class MappedWeightsTests: XCTestCase {
-    #if os(Linux)
-    static let gpu = MoEBackendKind.softMetal
-    #else
-    static let gpu = MoEBackendKind.metal
-    #endif
+    /// softmetal on Linux, metal on a Mac.
+    static let gpu = MetalBackendTests.kind
 
     var backends: [MoEBackendKind] { [.cpu] + (MoELayer.availableBackends.contains(Self.gpu) ? [Self.gpu] : []) }
 
