@@ -179,6 +179,21 @@ final class MappedWeightsTests: XCTestCase {
         }
     }
 
+    func testAvailableMemoryIsTheSmallestKnownBound() throws {
+        let given = try XCTUnwrap(MemoryBudget.available(limit: 12345))
+        XCTAssertEqual(given.bytes, 12345)
+        XCTAssertTrue(given.source.contains("memory_limit"))
+        #if os(Linux)
+        // The system's figures change from one read to the next: only their source is fixed.
+        let system = try XCTUnwrap(MemoryBudget.available(limit: nil), "MemAvailable is always there on Linux")
+        XCTAssertGreaterThan(system.bytes, 0)
+        XCTAssertTrue(system.source.contains("MemAvailable") || system.source.contains("cgroup"), system.source)
+        XCTAssertFalse(try XCTUnwrap(MemoryBudget.available(limit: Int.max)).source.contains("memory_limit"))
+        #endif
+        XCTAssertTrue(MemoryBudget.fits(12345, limit: 12345))
+        XCTAssertFalse(MemoryBudget.fits(12346, limit: 12345))
+    }
+
     func testCABIMappedRegionIsReleasedOnceAfterTheLastLayer() throws {
         let c = makeConfig(h: 32, i: 32, e: 4, k: 2)
         let data = LayerData.random(c, seed: 5)
