@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from . import _native
-from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _real
+from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _memory_limit, _real
 from .progress import Progress
 
 __all__ = ["from_pretrained", "OVERRIDES"]
@@ -74,7 +74,8 @@ def resolve(path, revision=None, cache_dir=None):
                          f"Hugging Face Hub: {type(error).__name__}: {error}") from error
 
 
-def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None, **overrides):
+def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,
+                    copy_weights=False, memory_limit=None, **overrides):
     """The MoE layer `layer` (index into model.layers) of the checkpoint folder `path`, or a
     dict {index: MoELayer} of all its MoE layers when `layer` is None.
 
@@ -89,6 +90,15 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     routed_scaling_factor, scoring ("softmax"/"sigmoid"), n_group, topk_group, activation,
     swiglu_alpha, swiglu_limit. Errors (dense layer, unknown model_type, missing tensor...)
     raise ValueError with the library's message.
+
+    The safetensors files stay mapped and each layer reads its tensors there in place
+    wherever its backend's kernels read the stored layout (metal and softmetal: every
+    format; cpu: all but 4-bit codes, which it repacks when the copy fits), so loading
+    costs no copy of them and a checkpoint larger than memory still loads (its pages are
+    read from disk as the forwards touch them). `copy_weights=True` copies everything
+    instead. `memory_limit` (bytes) bounds each layer's copies: a layer whose copies exceed
+    it, or what the system has available then, raises MemoryError naming the bytes needed,
+    before anything of it is allocated.
 
     Loading that lasts over two seconds shows a bar of the layers loaded on a terminal, or
     logs to the "moe_swift" logger (moe_swift.progress): `progress=False` or
@@ -108,7 +118,14 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     path = os.fsencode(os.fspath(resolve(path, revision, cache_dir)))
     if not path:
         raise ValueError("from_pretrained needs the checkpoint folder's path, got an empty path")
+    if not isinstance(copy_weights, (bool, np.bool_)):
+        raise TypeError(f"copy_weights must be a bool, got {type(copy_weights).__name__}")
+    limit = _memory_limit(memory_limit)
     ffi, lib, _ = _native.load()
+    options = ffi.new("moe_load_options *")
+    lib.moe_load_options_init(options)
+    options.copy_weights = 1 if copy_weights else 0
+    options.memory_limit = limit
     names = [ffi.new("char[]", name.encode()) for name in overrides]
     name_array = ffi.new("const char *[]", names) if names else ffi.NULL
     values = ffi.new("double[]", converted) if names else ffi.NULL
@@ -130,8 +147,8 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
             with Progress(f"moe_swift: loading the MoE layers of {label}", len(wanted), progress=progress) as bar:
                 for index in wanted:
                     made = ffi.new("moe_layer **")
-                    _native.check(lib.moe_layer_create_from_checkpoint(
-                        checkpoint, index, backend_code, len(names), name_array, values, made))
+                    _native.check(lib.moe_layer_create_from_checkpoint_ex(
+                        checkpoint, index, backend_code, len(names), name_array, values, options, made))
                     layers[index] = MoELayer._from_handle(made[0])
                     bar.update()
         except BaseException:
@@ -139,6 +156,6 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
                 made_layer.close()
             raise
     finally:
-        # The layers hold their own copies: the mapping is released here.
+        # Layers that read the files in place hold their mappings; the rest is released here.
         lib.moe_checkpoint_close(checkpoint)
     return layers if layer is None else layers[layer]

@@ -208,12 +208,27 @@ def _choice(name, value, options):
     return options[value]
 
 
+def _memory_limit(value):
+    """memory_limit as the C ABI's field: bytes (a positive int), 0 for None."""
+    if value is None:
+        return 0
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"memory_limit must be a number of bytes (int) or None, got {type(value).__name__}")
+    if not 0 < int(value) < 2**63:
+        raise ValueError(f"memory_limit must be a positive number of bytes, got {value}")
+    return int(value)
+
+
 class MoELayer:
     """One MoE feed-forward layer with its weights copied into native memory.
 
     Weights use the Hugging Face / MLX out-by-in layout: router_weight (E, H),
     gate_proj and up_proj (E, I, H) or gate_up_proj (E, 2I, H), down_proj (E, H, I).
     Calls are safe from several threads at once and release the GIL.
+
+    memory_limit (bytes): creating a layer whose copies of the weights exceed it, or what
+    the system has available (MemAvailable, the cgroup's limit), raises MemoryError naming
+    the bytes needed, before anything is allocated.
     """
 
     def __init__(
@@ -242,6 +257,7 @@ class MoELayer:
         up_bias=None,
         down_bias=None,
         shared_expert=None,
+        memory_limit=None,
     ):
         self._handle = None
         self._closed = True
@@ -333,6 +349,7 @@ class MoELayer:
                 ffi, desc, "shared_down_proj", keep)
             desc.shared_sigmoid_gate = opt("shared_expert['sigmoid_gate']", shared_expert.get("sigmoid_gate"), (H,))
         desc.shared_intermediate_size = shared_size
+        desc.memory_limit = _memory_limit(memory_limit)
 
         out = ffi.new("moe_layer **")
         _native.check(lib.moe_layer_create(desc, out))

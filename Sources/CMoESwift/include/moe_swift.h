@@ -69,8 +69,8 @@ typedef struct moe_tensor {
 /* Everything that defines a layer. Fill it with moe_layer_desc_init() (which sets
  * struct_size and the defaults), then set what you need. The library reads only the
  * first struct_size bytes, so a caller built against an older, shorter header keeps
- * working when fields are appended. Weights are copied at creation: the caller may free
- * its arrays as soon as moe_layer_create returns. Optional arrays are NULL when absent.
+ * working when fields are appended. Weights are copied at creation (the caller may free
+ * its arrays as soon as moe_layer_create returns), except those in mapped_memory. Optional arrays are NULL when absent.
  * Shapes: H = hidden_size, I = intermediate_size, E = num_experts, Is = shared size. */
 typedef struct moe_layer_desc {
     uint32_t struct_size;             /* sizeof(moe_layer_desc) of the caller's header */
@@ -121,6 +121,24 @@ typedef struct moe_layer_desc {
     moe_tensor shared_gate_proj_tensor;
     moe_tensor shared_up_proj_tensor;
     moe_tensor shared_down_proj_tensor;
+    /* Appended later. memory_limit: bytes the layer's copies of its weights may take; 0
+     * means no limit but the system's (MemAvailable, the cgroup's limit). Creating a layer
+     * whose copies exceed the limit fails with MOE_ERROR_OUT_OF_MEMORY, naming the bytes,
+     * before anything is allocated. */
+    int64_t memory_limit;
+    /* Weights read in place instead of copied: every weight matrix (float pointer or
+     * *_tensor part) that lies inside the mapped_length bytes at mapped_memory is read
+     * there for the layer's lifetime, wherever the backend's kernels read its layout as it
+     * is (metal and softmetal: every format, the region wrapped with bytesNoCopy and each
+     * tensor bound at its offset; cpu: all but 4-bit codes, which it repacks). mapped_memory
+     * and mapped_length must be multiples of 16384 (Apple silicon's page: Metal's rule for
+     * bytesNoCopy buffers). mapped_release(mapped_context), if not NULL, is called once when
+     * the library no longer reads the memory: when the last layer reading it is destroyed,
+     * or before moe_layer_create returns if none does (a failure included). */
+    const void* mapped_memory;
+    int64_t mapped_length;
+    void (*mapped_release)(void* context);
+    void* mapped_context;
 } moe_layer_desc;
 
 typedef struct moe_layer moe_layer;   /* opaque */
@@ -335,9 +353,11 @@ moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
  * model.safetensors.index.json, or one model.safetensors). model_types: mixtral, qwen2_moe,
  * qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss; layouts: per-expert 2-D,
  * transformers 5 fused 3-D, gpt-oss's (bf16 or MXFP4 blocks) and mlx-lm's (quantized or not).
- * The files stay memory-mapped while the handle is open; a layer borrows its tensors from
- * the mapping in their stored format and copies them once, so closing the checkpoint after
- * creating layers frees the mapping and leaves each weight held once, in its layer.
+ * The files stay memory-mapped while the handle is open, and afterwards for as long as a
+ * layer reads them: a layer reads its tensors in place from the mapping, in their stored
+ * format, wherever its backend's kernels read that layout (metal and softmetal: every
+ * format; cpu: all but 4-bit codes, which it repacks), and copies the rest once, so
+ * closing the checkpoint after creating layers leaves each weight held once.
  * The folder is the boundary of what is read: config.json, the index and every shard it
  * names must be regular files inside it once symlinks are resolved (or inside the blob
  * store of a Hugging Face cache whose snapshot the folder is); shard names are relative
@@ -366,7 +386,22 @@ moe_status moe_layer_create_from_checkpoint(const moe_checkpoint* checkpoint, in
                                             int32_t num_overrides, const char* const* override_names,
                                             const double* override_values, moe_layer** out);
 
-/* Unmaps the files and frees the handle; layers made from it stay valid. NULL is ignored. */
+/* How moe_layer_create_from_checkpoint_ex loads a layer. Fill it with
+ * moe_load_options_init() (struct_size, everything 0), then set what you need. */
+typedef struct moe_load_options {
+    uint32_t struct_size;             /* sizeof(moe_load_options) of the caller's header */
+    int32_t copy_weights;             /* 1: copy every tensor instead of reading the mapping in place */
+    int64_t memory_limit;             /* as moe_layer_desc.memory_limit; 0: the system's */
+} moe_load_options;
+/* Sets struct_size; everything else 0. */
+void moe_load_options_init(moe_load_options* options);
+/* moe_layer_create_from_checkpoint with options (NULL: the defaults). */
+moe_status moe_layer_create_from_checkpoint_ex(const moe_checkpoint* checkpoint, int32_t layer, int32_t backend,
+                                               int32_t num_overrides, const char* const* override_names,
+                                               const double* override_values, const moe_load_options* options,
+                                               moe_layer** out);
+/* Frees the handle; the files stay mapped while layers made from it read them in place,
+ * and those layers stay valid. NULL is ignored. */
 void moe_checkpoint_close(moe_checkpoint* checkpoint);
 
 /* CFFI-END */

@@ -13,26 +13,28 @@ enum BackendRegistry {
         return kinds
     }
 
+    /// `memoryLimit`: bytes the weights' copies may take at most (beside what the system
+    /// has left; see MemoryBudget).
     static func make(_ kind: MoEBackendKind, configuration: MoEConfiguration,
-                     weights: MoEWeights) throws -> any MoEBackend {
+                     weights: MoEWeights, memoryLimit: Int? = nil) throws -> any MoEBackend {
         switch kind {
         case .auto:
-            if metalAvailable, let backend = try? makeMetal(configuration, weights) { return backend }
-            return try CPUBackend(configuration: configuration, weights: weights)
+            if metalAvailable, let backend = try? makeMetal(configuration, weights, memoryLimit) { return backend }
+            return try CPUBackend(configuration: configuration, weights: weights, memoryLimit: memoryLimit)
         case .cpu:
-            return try CPUBackend(configuration: configuration, weights: weights)
+            return try CPUBackend(configuration: configuration, weights: weights, memoryLimit: memoryLimit)
         case .metal:
             guard metalDeviceKind == .metal else {
                 throw MoEError.unavailable("the metal backend needs an Apple GPU (Metal); this build has none. "
                                            + "\"softmetal\" runs the same backend code on the CPU. Available here: \(names)")
             }
-            return try makeMetal(configuration, weights)
+            return try makeMetal(configuration, weights, memoryLimit)
         case .softMetal:
             guard metalDeviceKind == .softMetal else {
                 throw MoEError.unavailable("the softmetal backend (the software Metal device) is only built on Linux; "
                                            + "on Apple platforms use metal. Available here: \(names)")
             }
-            return try makeMetal(configuration, weights)
+            return try makeMetal(configuration, weights, memoryLimit)
         }
     }
 
@@ -43,8 +45,8 @@ enum BackendRegistry {
 
     private static var softMetalAvailable: Bool { metalDeviceKind == .softMetal && MetalContext.isAvailable }
 
-    private static func makeMetal(_ c: MoEConfiguration, _ w: MoEWeights) throws -> any MoEBackend {
-        try MetalBackend(configuration: c, weights: w)
+    private static func makeMetal(_ c: MoEConfiguration, _ w: MoEWeights, _ memoryLimit: Int?) throws -> any MoEBackend {
+        try MetalBackend(configuration: c, weights: w, memoryLimit: memoryLimit)
     }
 
     private static var names: String { available.map(\.name).joined(separator: ", ") }

@@ -55,6 +55,22 @@ public func moe_layer_create_from_checkpoint(_ handle: OpaquePointer?, _ layer: 
                                              _ numOverrides: Int32, _ names: UnsafePointer<UnsafePointer<CChar>?>?,
                                              _ values: UnsafePointer<Double>?,
                                              _ out: UnsafeMutablePointer<OpaquePointer?>?) -> moe_status {
+    moe_layer_create_from_checkpoint_ex(handle, layer, backend, numOverrides, names, values, nil, out)
+}
+
+@_cdecl("moe_load_options_init")
+public func moe_load_options_init(_ options: UnsafeMutablePointer<moe_load_options>?) {
+    guard let options else { return }
+    options.pointee = moe_load_options()
+    options.pointee.struct_size = UInt32(MemoryLayout<moe_load_options>.size)
+}
+
+@_cdecl("moe_layer_create_from_checkpoint_ex")
+public func moe_layer_create_from_checkpoint_ex(_ handle: OpaquePointer?, _ layer: Int32, _ backend: Int32,
+                                                _ numOverrides: Int32, _ names: UnsafePointer<UnsafePointer<CChar>?>?,
+                                                _ values: UnsafePointer<Double>?,
+                                                _ options: UnsafePointer<moe_load_options>?,
+                                                _ out: UnsafeMutablePointer<OpaquePointer?>?) -> moe_status {
     status {
         guard let out else { throw MoEError.invalidArgument("out (the moe_layer** to fill) is NULL") }
         out.pointee = nil
@@ -72,7 +88,23 @@ public func moe_layer_create_from_checkpoint(_ handle: OpaquePointer?, _ layer: 
                 overrides[String(cString: name)] = values[i]
             }
         }
-        let made = try MoELayer(checkpoint: checkpoint, layer: Int(layer), backend: kind, overrides: overrides)
+        // The caller's first struct_size bytes over the defaults (all 0).
+        var load = moe_load_options()
+        if let options {
+            let size = Int(options.pointee.struct_size)
+            guard size >= MemoryLayout<moe_load_options>.offset(of: \moe_load_options.copy_weights)! + 4 else {
+                throw MoEError.invalidArgument("options.struct_size is \(size); call moe_load_options_init() first")
+            }
+            withUnsafeMutableBytes(of: &load) { dst in
+                dst.copyMemory(from: UnsafeRawBufferPointer(start: options, count: Swift.min(size, dst.count)))
+            }
+        }
+        guard load.memory_limit >= 0 else {
+            throw MoEError.invalidArgument("memory_limit must be >= 0 bytes (0: no limit), got \(load.memory_limit)")
+        }
+        let made = try MoELayer(checkpoint: checkpoint, layer: Int(layer), backend: kind, overrides: overrides,
+                                copyWeights: load.copy_weights != 0,
+                                memoryLimit: load.memory_limit == 0 ? nil : Int(load.memory_limit))
         out.pointee = register(made)
     }
 }

@@ -106,9 +106,11 @@ public func moe_layer_create(_ desc: UnsafePointer<moe_layer_desc>?,
         guard let out else { throw MoEError.invalidArgument("out (the moe_layer** to fill) is NULL") }
         out.pointee = nil
         guard let desc else { throw MoEError.invalidArgument("desc is NULL") }
+        // Read first (and released on any failure below when the layer does not hold it).
+        let memory = try LayerDescriptor.mappedMemory(desc)
         let d = try LayerDescriptor.read(desc)
-        let made = try MoELayer(configuration: d.configuration, weights: try d.weights(),
-                                backend: d.backend)
+        let made = try MoELayer(configuration: d.configuration, weights: try d.weights(memory: memory),
+                                backend: d.backend, memoryLimit: try d.memoryLimit)
         out.pointee = register(made)
     }
 }

@@ -78,9 +78,51 @@ struct LayerDescriptor {
         configuration = c
     }
 
+    /// The caller's memory limit (nil for 0: the system's).
+    var memoryLimit: Int? {
+        get throws {
+            guard raw.memory_limit >= 0 else {
+                throw MoEError.invalidArgument("memory_limit must be >= 0 bytes (0: no limit), got \(raw.memory_limit)")
+            }
+            return raw.memory_limit == 0 ? nil : Int(raw.memory_limit)
+        }
+    }
+
+    /// mapped_memory of the descriptor at `pointer` as a WeightMemory whose release calls
+    /// mapped_release once (nil when not given, or when the caller's struct predates the
+    /// field). Read before anything else is checked, so that every failure after it
+    /// releases the memory (the WeightMemory's last reference goes); on a bad region
+    /// mapped_release is called here, before the error.
+    static func mappedMemory(_ pointer: UnsafePointer<moe_layer_desc>) throws -> WeightMemory? {
+        let size = Int(pointer.pointee.struct_size)
+        guard size >= MemoryLayout<moe_layer_desc>.offset(of: \moe_layer_desc.mapped_context)!
+                + MemoryLayout<UnsafeMutableRawPointer?>.size else { return nil }
+        let d = pointer.pointee
+        struct Release: @unchecked Sendable {
+            let call: (@convention(c) (UnsafeMutableRawPointer?) -> Void)?
+            let context: UnsafeMutableRawPointer?
+            func callAsFunction() { call?(context) }
+        }
+        let release = Release(call: d.mapped_release, context: d.mapped_context)
+        guard let base = d.mapped_memory else {
+            if d.mapped_length != 0 || d.mapped_release != nil {
+                release()
+                throw MoEError.invalidArgument("mapped_memory is NULL but mapped_length or mapped_release is set")
+            }
+            return nil
+        }
+        do {
+            return try WeightMemory(base: base, length: Int(d.mapped_length), release: { release() })
+        } catch {
+            release()
+            throw error
+        }
+    }
+
     /// The arrays as borrowed weights of the sizes the configuration implies; the caller's
-    /// memory is only read during moe_layer_create.
-    func weights() throws -> MoEWeights {
+    /// memory is only read during moe_layer_create, except the matrices inside `memory`,
+    /// which are mapped (read in place by the layer, which then holds `memory`).
+    func weights(memory: WeightMemory? = nil) throws -> MoEWeights {
         let d = raw, c = configuration
         let (e, h, i, si) = (c.numExperts, c.hiddenSize, c.intermediateSize, c.sharedIntermediateSize)
         func optional(_ p: UnsafePointer<Float>?, _ count: Int) -> WeightData? {
@@ -88,11 +130,15 @@ struct LayerDescriptor {
         }
         /// A matrix given either as float32 or as a moe_tensor (at most one of them).
         func matrix(_ floats: UnsafePointer<Float>?, _ tensor: moe_tensor, _ shape: [Int], _ name: String) throws -> WeightData? {
-            guard tensor.data != nil else { return optional(floats, shape.reduce(1, *)) }
+            guard tensor.data != nil else { return optional(floats, shape.reduce(1, *)).map(mapped) }
             guard floats == nil else {
                 throw MoEError.invalidArgument("give \(name) or \(name)_tensor, not both")
             }
-            return try Self.weightData(tensor, shape: shape, name: "\(name)_tensor")
+            return mapped(try Self.weightData(tensor, shape: shape, name: "\(name)_tensor"))
+        }
+        func mapped(_ data: WeightData) -> WeightData {
+            guard let memory, data.parts.allSatisfy(memory.contains) else { return data }
+            return .mapped(data, in: memory)
         }
         let gateUp: GateUpWeights
         switch (try matrix(d.gate_proj, d.gate_proj_tensor, [e, i, h], "gate_proj"),

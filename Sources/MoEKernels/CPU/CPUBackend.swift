@@ -16,20 +16,34 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
     /// Dequantized weight tiles of prefill work items (one per running item).
     let tiles = ScratchPool()
 
-    init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
+    /// Bytes the weights' copies take: every matrix part not read in place from its
+    /// mapping (see `WeightMatrix.inPlace` for `repack`), and the vectors (read as float32).
+    static func copiedBytes(_ c: MoEConfiguration, _ w: MoEWeights, repack: Bool = true) -> Int {
+        let vectors = [w.routerBias, w.selectionBias, w.perExpertScale, w.gateUpBias, w.downBias, w.shared?.sigmoidGate]
+        return w.matrices.reduce(0) { $0 + WeightMatrix.copiedBytes($1, repack: repack) }
+            + vectors.reduce(0) { $0 + ($1?.count ?? 0) * MemoryLayout<Float>.stride }
+    }
+
+    /// Mapped 4-bit weights are repacked for the fast kernels when the copies fit; when
+    /// they do not, the generic kernels read them in place, so that a mapped layer larger
+    /// than memory still loads.
+    init(configuration c: MoEConfiguration, weights w: MoEWeights, memoryLimit: Int? = nil) throws {
+        let repack = MemoryBudget.fits(Self.copiedBytes(c, w, repack: true), limit: memoryLimit)
+        try MemoryBudget.check(needed: Self.copiedBytes(c, w, repack: repack), limit: memoryLimit,
+                               what: "this layer on the cpu backend")
         _ = MatrixProduct.configured
         configuration = c
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
-        router = try WeightMatrix(copying: w.router, rows: e, cols: h, what: "router_weight")
+        router = try WeightMatrix(w.router, rows: e, cols: h, repack: repack, what: "router_weight")
         routerBias = try w.routerBias.map { try AlignedBuffer(copying: $0, what: "router_bias") }
         selectionBias = try w.selectionBias.map { try AlignedBuffer(copying: $0, what: "selection_bias") }
         perExpertScale = try w.perExpertScale.map { try AlignedBuffer(copying: $0, what: "per_expert_scale") }
         experts = try PackedFFN(count: e, hidden: h, inner: i, gateUp: w.gateUp, down: w.downProj,
-                                gateUpBias: w.gateUpBias, downBias: w.downBias, what: "expert")
+                                gateUpBias: w.gateUpBias, downBias: w.downBias, repack: repack, what: "expert")
         if let s = w.shared {
             shared = try PackedFFN(count: 1, hidden: h, inner: c.sharedIntermediateSize,
                                    gateUp: .separate(gate: s.gateProj, up: s.upProj), down: s.downProj,
-                                   gateUpBias: nil, downBias: nil, what: "shared expert")
+                                   gateUpBias: nil, downBias: nil, repack: repack, what: "shared expert")
             sharedGate = try s.sigmoidGate.map { try AlignedBuffer(copying: $0, what: "shared_expert.sigmoid_gate") }
         } else {
             shared = nil

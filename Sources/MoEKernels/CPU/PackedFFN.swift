@@ -39,22 +39,23 @@ final class PackedFFN: @unchecked Sendable {
     }
 
     init(count: Int, hidden: Int, inner: Int, gateUp: GateUpWeights, down: WeightData,
-         gateUpBias: WeightData?, downBias: WeightData?, what: String) throws {
+         gateUpBias: WeightData?, downBias: WeightData?, repack: Bool = true, what: String) throws {
         self.count = count
         self.hidden = hidden
         self.inner = inner
         switch gateUp {
         case .separate(let g, let u):
-            gate = Rows(matrix: try WeightMatrix(copying: g, rows: count * inner, cols: hidden, what: "\(what) gate_proj"),
+            gate = Rows(matrix: try WeightMatrix(g, rows: count * inner, cols: hidden, repack: repack, what: "\(what) gate_proj"),
                         base: 0, stride: inner)
-            up = Rows(matrix: try WeightMatrix(copying: u, rows: count * inner, cols: hidden, what: "\(what) up_proj"),
+            up = Rows(matrix: try WeightMatrix(u, rows: count * inner, cols: hidden, repack: repack, what: "\(what) up_proj"),
                       base: 0, stride: inner)
         case .fused(let gu):
-            let fused = try WeightMatrix(copying: gu, rows: count * 2 * inner, cols: hidden, what: "\(what) gate_up_proj")
+            let fused = try WeightMatrix(gu, rows: count * 2 * inner, cols: hidden, repack: repack,
+                                         what: "\(what) gate_up_proj")
             gate = Rows(matrix: fused, base: 0, stride: 2 * inner)
             up = Rows(matrix: fused, base: inner, stride: 2 * inner)
         }
-        self.down = try WeightMatrix(copying: down, rows: count * hidden, cols: inner, what: "\(what) down_proj")
+        self.down = try WeightMatrix(down, rows: count * hidden, cols: inner, repack: repack, what: "\(what) down_proj")
         self.gateUpBias = try gateUpBias.map { try AlignedBuffer(copying: $0, what: "\(what) gate/up bias") }
         self.downBias = try downBias.map { try AlignedBuffer(copying: $0, what: "\(what) down bias") }
     }

@@ -1,15 +1,19 @@
 import CMoECPU
 
-/// A weight matrix of `rows` x `cols` owned by the CPU backend, in the format it was given
-/// (float32, float16, bfloat16 or quantized): copied once at creation, never widened.
+/// A weight matrix of `rows` x `cols` of the CPU backend, in the format it was given
+/// (float32, float16, bfloat16 or quantized): copied once at creation, never widened, or
+/// read in place from a mapped tensor's memory where the kernels read the stored layout.
 final class WeightMatrix: @unchecked Sendable {
     let format: WeightFormat
     let rows: Int
     let cols: Int
-    private let data: AlignedBuffer<UInt8>
+    /// The copies (nil for a part read in place).
+    private let data: AlignedBuffer<UInt8>?
     private let scales: AlignedBuffer<UInt8>?
     private let biases: AlignedBuffer<UInt8>?
-    /// The kernels' view of this matrix (pointers into the buffers above).
+    /// What the parts read in place lie in, held while this matrix lives.
+    private let memory: WeightMemory?
+    /// The kernels' view of this matrix (pointers into the buffers above, or the mapping).
     private(set) var matrix: moe_cpu_matrix
 
     /// Rows per dequantized tile in prefill: the tile (float32) stays in L2 for all the
@@ -19,39 +23,71 @@ final class WeightMatrix: @unchecked Sendable {
     /// byte read once); above it a tile is dequantized into cache and fed to the GEMM.
     static let registerRowLimit = 4
 
-    /// A copy of `source`, a tensor of `rows` rows of `cols` elements.
-    init(copying source: WeightData, rows: Int, cols: Int, what: String) throws {
+    /// Which of codes, scales and biases of `source` are read in place: all of a mapped
+    /// tensor, except 4-bit tensors when `repack` (their own kernels read the codes
+    /// repacked by moe_cpu_split_nibbles; the scales are copied too rather than holding the
+    /// whole file mapped for an eighth of the tensor; without `repack` the generic affine
+    /// kernels read them as stored, more slowly), and float32 rows not on a float boundary
+    /// (BLAS reads them). The kernels' scalar loads go through memcpy, so other parts may
+    /// sit at any offset.
+    static func inPlace(_ source: WeightData, repack: Bool = true) -> [Bool] {
+        guard let memory = source.memory, let codes = source.parts.first?.baseAddress else { return [false, false, false] }
+        switch source.format {
+        case .quantized(let q, _) where q.bits == 4 && repack: return [false, false, false]
+        case .dense(.float32): return [memory.offset(of: codes) % MemoryLayout<Float>.alignment == 0, true, true]
+        default: return [true, true, true]
+        }
+    }
+
+    /// Bytes that making this matrix allocates (its copied parts).
+    static func copiedBytes(_ source: WeightData, repack: Bool = true) -> Int {
+        if case .array(let a) = source { return a.count * MemoryLayout<Float>.stride }
+        return zip(source.parts, inPlace(source, repack: repack)).reduce(0) { $0 + ($1.1 ? 0 : $1.0.count) }
+    }
+
+    /// `source`, a tensor of `rows` rows of `cols` elements, copied or read in place.
+    init(_ source: WeightData, rows: Int, cols: Int, repack: Bool = true, what: String) throws {
         format = source.format
         self.rows = rows
         self.cols = cols
         let rowBytes = format.rowBytes(cols: cols), scaleBytes = format.scaleRowBytes(cols: cols)
-        data = try AlignedBuffer(count: rows * rowBytes, what: what)
-        scales = scaleBytes > 0 ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) scales") : nil
-        biases = format.hasBiases ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) biases") : nil
+        let inPlace = Self.inPlace(source, repack: repack)
+        memory = inPlace.contains(true) ? source.memory : nil
+        data = inPlace[0] ? nil : try AlignedBuffer(count: rows * rowBytes, what: what)
+        scales = scaleBytes > 0 && !inPlace[1] ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) scales") : nil
+        biases = format.hasBiases && !inPlace[2] ? try AlignedBuffer(count: rows * scaleBytes, what: "\(what) biases") : nil
         matrix = format.cpuMatrix(cols: cols)
-        let splitNibbles = format.bits == 4
-        source.withMatrix(cols: cols) { src in
-            let codes = src.data.assumingMemoryBound(to: UInt8.self)
-            if splitNibbles {
-                moe_cpu_split_nibbles(codes, data.pointer, Int64(rows * rowBytes))
-            } else {
-                data.pointer.update(from: codes, count: rows * rowBytes)
+        let splitNibbles = format.bits == 4 && !inPlace[0]
+        matrix = source.withMatrix(cols: cols) { src in
+            var m = src
+            if let data {
+                let codes = src.data.assumingMemoryBound(to: UInt8.self)
+                if splitNibbles {
+                    moe_cpu_split_nibbles(codes, data.pointer, Int64(rows * rowBytes))
+                } else {
+                    data.pointer.update(from: codes, count: rows * rowBytes)
+                }
+                m.data = UnsafeRawPointer(data.pointer)
             }
-            if let scales { scales.pointer.update(from: src.scales.assumingMemoryBound(to: UInt8.self), count: rows * scaleBytes) }
-            if let biases { biases.pointer.update(from: src.biases.assumingMemoryBound(to: UInt8.self), count: rows * scaleBytes) }
+            if let scales {
+                scales.pointer.update(from: src.scales.assumingMemoryBound(to: UInt8.self), count: rows * scaleBytes)
+                m.scales = UnsafeRawPointer(scales.pointer)
+            }
+            if let biases {
+                biases.pointer.update(from: src.biases.assumingMemoryBound(to: UInt8.self), count: rows * scaleBytes)
+                m.biases = UnsafeRawPointer(biases.pointer)
+            }
+            return m
         }
         matrix.split_nibbles = splitNibbles ? 1 : 0
-        matrix.data = UnsafeRawPointer(data.pointer)
-        matrix.scales = scales.map { UnsafeRawPointer($0.pointer) }
-        matrix.biases = biases.map { UnsafeRawPointer($0.pointer) }
     }
 
-    /// Bytes held (codes, scales and biases).
-    var bytes: Int { data.count + (scales?.count ?? 0) + (biases?.count ?? 0) }
+    /// Bytes held (codes, scales and biases), in place or copied.
+    var bytes: Int { rows * (format.rowBytes(cols: cols) + format.scaleRowBytes(cols: cols) * (format.hasBiases ? 2 : 1)) }
 
     /// Float32 rows for BLAS, if that is this matrix's format.
     private func floatRows(_ row0: Int) -> UnsafePointer<Float> {
-        UnsafeRawPointer(data.pointer).assumingMemoryBound(to: Float.self) + row0 * cols
+        matrix.data!.assumingMemoryBound(to: Float.self) + row0 * cols
     }
 
     /// Floats a tile needs (for `tile(for:)` callers sizing scratch).

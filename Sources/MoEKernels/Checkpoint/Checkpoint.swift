@@ -1,10 +1,12 @@
 /// A Hugging Face / mlx-lm checkpoint folder (`config.json` and `*.safetensors`, sharded
 /// through `model.safetensors.index.json` or one `model.safetensors`), its files
-/// memory-mapped while this object lives. `MoELayer(checkpoint:layer:backend:)` builds a
-/// layer from it: tensors are borrowed from the mapping in their stored format (copied
-/// only where the layout needs it: per-expert tensors stacked, gpt-oss's interleaved
-/// gate/up rows split, each into a temporary in its own format that is freed right after
-/// the layer has taken its copy).
+/// memory-mapped while this object (or a layer that reads them in place) lives.
+/// `MoELayer(checkpoint:layer:backend:)` builds a layer from it: tensors are handed over
+/// mapped, in their stored format, and the layer reads them in place where its backend's
+/// kernels read that layout (Metal: every format; CPU: all but 4-bit codes, which it
+/// repacks); restacked tensors (per-expert tensors stacked, gpt-oss's interleaved gate/up
+/// rows split) go through a temporary in their own format, copied by the layer and freed
+/// right after.
 public final class Checkpoint {
     public let path: String
     public let modelType: String
@@ -176,20 +178,25 @@ public final class Checkpoint {
 }
 
 extension MoELayer {
-    /// Layer `layer` of the checkpoint folder at `path` (see `Checkpoint`). The files are
-    /// mapped only during this call.
-    public convenience init(checkpoint path: String, layer: Int, backend: MoEBackendKind = .auto) throws {
-        try self.init(checkpoint: try Checkpoint(path: path), layer: layer, backend: backend)
+    /// Layer `layer` of the checkpoint folder at `path` (see `Checkpoint`). The files stay
+    /// mapped after this call only where the layer reads them in place.
+    public convenience init(checkpoint path: String, layer: Int, backend: MoEBackendKind = .auto,
+                            copyWeights: Bool = false, memoryLimit: Int? = nil) throws {
+        try self.init(checkpoint: try Checkpoint(path: path), layer: layer, backend: backend,
+                      copyWeights: copyWeights, memoryLimit: memoryLimit)
     }
 
     /// Layer `layer` of an open checkpoint; `overrides` replace options of config.json
-    /// (`Checkpoint.overridableOptions`).
+    /// (`Checkpoint.overridableOptions`). `copyWeights` copies every tensor instead of
+    /// reading the mapping in place; `memoryLimit` bounds the copies' bytes (see
+    /// `init(configuration:weights:backend:memoryLimit:)`).
     public convenience init(checkpoint: Checkpoint, layer: Int, backend: MoEBackendKind = .auto,
-                            overrides: [String: Double] = [:]) throws {
+                            overrides: [String: Double] = [:], copyWeights: Bool = false,
+                            memoryLimit: Int? = nil) throws {
         let configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
-        let reader = LayerReader(checkpoint, layer: layer, configuration: configuration)
+        let reader = LayerReader(checkpoint, layer: layer, configuration: configuration, map: !copyWeights)
         let weights = try reader.weights()
-        try self.init(configuration: configuration, weights: weights, backend: backend)
+        try self.init(configuration: configuration, weights: weights, backend: backend, memoryLimit: memoryLimit)
         withExtendedLifetime(reader) {}  // its temporaries until the backend has copied them
     }
 }

@@ -1,7 +1,8 @@
 import CMoECPU
 
 /// Finds one MoE layer's tensors in a checkpoint and describes them as `MoEWeights`,
-/// borrowed from the mapping where the stored layout is the library's. Layouts, tried in
+/// borrowed from the mapping where the stored layout is the library's (as
+/// `WeightData.mapped` with `map`, so that the layer reads them there in place). Layouts, tried in
 /// this order under the block `model.layers.{i}.{mlp}`:
 ///   mlx-lm      `switch_mlp.{gate,up,down}_proj.{weight,scales,biases}` (gpt-oss: `experts.` and `.bias`)
 ///   gpt-oss     `experts.gate_up_proj` (E, H, 2I) gate/up interleaved, `down_proj` (E, I, H),
@@ -16,9 +17,12 @@ final class LayerReader {
     private let blocks: [String]
     /// Copies made in the stored format; freed with the reader.
     private var temporaries: [UnsafeMutableRawBufferPointer] = []
+    /// Whether tensors borrowed from the files are handed over as mapped (read in place).
+    let map: Bool
 
-    init(_ checkpoint: Checkpoint, layer: Int, configuration: MoEConfiguration) {
+    init(_ checkpoint: Checkpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true) {
         self.checkpoint = checkpoint
+        self.map = map
         c = configuration
         let family = checkpoint.family
         blocks = family.blockNames.map { "model.layers.\(layer).\($0)" }
@@ -77,7 +81,14 @@ final class LayerReader {
         let data = WeightData.quantized(QuantizedWeightData(q, weight: weight.bytes, scales: scales.bytes,
                                                             biases: biases?.bytes, scaleType: scaleType))
         try data.validate(prefix + "." + module, shape: shape)
-        return data
+        // Parts in different shards stay borrowed (copied by the layer): one memory per tensor.
+        let sameFile = scales.memory === weight.memory && (biases == nil || biases!.memory === weight.memory)
+        return sameFile ? mapped(data, weight) : data
+    }
+
+    /// `data`, borrowed from `t`'s file, as mapped from it when the reader maps.
+    private func mapped(_ data: WeightData, _ t: StoredTensor) -> WeightData {
+        map ? .mapped(data, in: t.memory) : data
     }
 
     /// config.json's "quantization": {"group_size", "bits", "mode"?, "<module path>": {...} or false}.
@@ -105,7 +116,7 @@ final class LayerReader {
         guard let type = t.scalarType else {
             throw MoEError.invalidArgument("\(t.name): a dense weight must be F32, F16 or BF16, got \(t.dtype)")
         }
-        return .dense(t.bytes, type)
+        return mapped(.dense(t.bytes, type), t)
     }
 
     private func optionalDense(_ name: String, _ shape: [Int]) throws -> WeightData? {
@@ -192,15 +203,15 @@ final class LayerReader {
             return UnsafeRawBufferPointer(out)
         }
         let mixed = MoEError.invalidArgument("\(prefix).experts.*.\(projection): the experts' tensors differ in format")
-        switch parts[0] {
+        switch parts[0].unmapped {
         case .dense(_, let type):
             return .dense(try concat(parts.map { part in
-                guard case .dense(let raw, type) = part else { throw mixed }
+                guard case .dense(let raw, type) = part.unmapped else { throw mixed }
                 return raw
             }), type)
         case .quantized(let first):
             let q = try parts.map { part in
-                guard case .quantized(let q) = part, q.quantization == first.quantization else { throw mixed }
+                guard case .quantized(let q) = part.unmapped, q.quantization == first.quantization else { throw mixed }
                 return q
             }
             return .quantized(QuantizedWeightData(first.quantization, weight: try concat(q.map(\.weight)),

@@ -5,12 +5,13 @@ import Darwin
 #endif
 
 /// One tensor of a safetensors file: its stored dtype ("BF16", "U32"...), shape, and its
-/// bytes inside the file's mapping (valid while the file is open).
+/// bytes inside the file's mapping `memory` (valid while that is held).
 struct StoredTensor {
     let name: String
     let dtype: String
     let shape: [Int]
     let bytes: UnsafeRawBufferPointer
+    let memory: WeightMemory
 
     static let dtypeSizes: [String: Int] = [
         "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4,
@@ -30,13 +31,14 @@ struct StoredTensor {
     var shapeDescription: String { "(" + shape.map(String.init).joined(separator: ", ") + ")" }
 }
 
-/// One .safetensors file, memory-mapped read-only for as long as this object lives: an
-/// 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
-/// then the raw data. Tensors are borrowed from the mapping, never copied here.
+/// One .safetensors file, memory-mapped read-only for as long as this object or a layer
+/// that reads it in place lives: an 8-byte little-endian header length, a JSON header
+/// {name: {dtype, shape, data_offsets}}, then the raw data. Tensors are borrowed from the
+/// mapping, never copied here.
 final class SafeTensorsFile {
     let path: String
     let tensors: [String: StoredTensor]
-    private let base: UnsafeMutableRawPointer?
+    let memory: WeightMemory
     private let length: Int
 
     /// The header's limit, as in the safetensors library: far above any real header, and
@@ -53,36 +55,22 @@ final class SafeTensorsFile {
             "\(path) is not a safetensors file: its first 8 bytes do not give a header length within the file "
             + "and the format's limit of \(Self.headerLimit) bytes")
         guard length >= 8 else { throw notSafetensors }
-        // MAP_PRIVATE + PROT_READ: the pages are the page cache's, shared with other readers.
-        guard let mapped = mmap(nil, length, PROT_READ, MAP_PRIVATE, fd, 0), mapped != MAP_FAILED else {
-            throw MoEError.outOfMemory("cannot map \(path) (\(length) bytes): \(String(cString: strerror(errno)))")
-        }
-        base = mapped
-        let file = UnsafeRawBufferPointer(start: mapped, count: length)
+        memory = try WeightMemory(file: fd, size: length, what: path)
+        let file = UnsafeRawBufferPointer(start: memory.base, count: length)
         var headerLength: UInt64 = 0
         for i in 0..<8 { headerLength |= UInt64(file[i]) << (8 * i) }
         // The number itself is not printed: for a file that is not safetensors it is the
         // file's first 8 bytes.
         guard headerLength > 0 && headerLength <= UInt64(Swift.min(length - 8, Self.headerLimit)) else {
-            munmap(mapped, length)
             throw notSafetensors
         }
         let end = 8 + Int(headerLength)
-        do {
-            tensors = try Self.parseHeader(UnsafeRawBufferPointer(rebasing: file[8..<end]),
-                                           data: UnsafeRawBufferPointer(rebasing: file[end...]), path: path)
-        } catch {
-            munmap(mapped, length)
-            throw error
-        }
-    }
-
-    deinit {
-        if let base { munmap(base, length) }
+        tensors = try Self.parseHeader(UnsafeRawBufferPointer(rebasing: file[8..<end]),
+                                       data: UnsafeRawBufferPointer(rebasing: file[end...]), path: path, memory: memory)
     }
 
     private static func parseHeader(_ header: UnsafeRawBufferPointer, data: UnsafeRawBufferPointer,
-                                    path: String) throws -> [String: StoredTensor] {
+                                    path: String, memory: WeightMemory) throws -> [String: StoredTensor] {
         guard let entries = try JSON.parse(header, what: "the header of \(path)").object else {
             throw MoEError.invalidArgument("\(path): the header is not a JSON object")
         }
@@ -108,7 +96,7 @@ final class SafeTensorsFile {
                 throw bad("shape \(dims) of \(dtype) needs \(count) bytes, data_offsets give \(offsets[1] - offsets[0])")
             }
             tensors[name] = StoredTensor(name: name, dtype: dtype, shape: dims,
-                                         bytes: UnsafeRawBufferPointer(rebasing: data[offsets[0]..<offsets[1]]))
+                                         bytes: UnsafeRawBufferPointer(rebasing: data[offsets[0]..<offsets[1]]), memory: memory)
         }
         return tensors
     }

@@ -25,13 +25,42 @@ public struct QuantizedWeightData: @unchecked Sendable {
 /// One weight tensor handed to a layer, in the format the checkpoint stores it:
 /// float32 owned (`[Float]`) or borrowed, dense float16 / bfloat16 / float32 bytes, or
 /// quantized. Borrowed memory must stay alive until the layer's initializer returns;
-/// layers copy what they keep, in the same format, and never hold a reference.
+/// layers copy what they keep, in the same format, and hold no reference to it — except
+/// for `.mapped`, whose memory a layer reads in place wherever its kernels can read the
+/// stored layout as it is, holding the `WeightMemory` for as long as the layer lives.
 public enum WeightData: @unchecked Sendable {
     case array([Float])
     case borrowed(UnsafeBufferPointer<Float>)
     /// Dense elements of `ScalarType` (e.g. a bf16 tensor of a safetensors file).
     case dense(UnsafeRawBufferPointer, ScalarType)
     case quantized(QuantizedWeightData)
+    /// A `.borrowed`, `.dense` or `.quantized` tensor whose bytes all lie in `memory`, to be
+    /// read in place (the Metal backends wrap the memory without a copy and bind each part
+    /// at its offset; the CPU reads in place every layout its kernels take as stored).
+    indirect case mapped(WeightData, in: WeightMemory)
+
+    /// The tensor itself, without the memory it may be mapped from.
+    public var unmapped: WeightData {
+        if case .mapped(let inner, _) = self { return inner }
+        return self
+    }
+
+    /// The memory the tensor is read from in place, if it is mapped.
+    public var memory: WeightMemory? {
+        if case .mapped(_, let memory) = self { return memory }
+        return nil
+    }
+
+    /// Its bytes: codes (or dense values), then scales and biases where the format has them.
+    var parts: [UnsafeRawBufferPointer] {
+        switch self {
+        case .array: return []
+        case .borrowed(let b): return [UnsafeRawBufferPointer(b)]
+        case .dense(let raw, _): return [raw]
+        case .quantized(let q): return [q.weight, q.scales] + (q.biases.map { [$0] } ?? [])
+        case .mapped(let inner, _): return inner.parts
+        }
+    }
 
     public init(_ array: [Float]) { self = .array(array) }
 
@@ -40,6 +69,7 @@ public enum WeightData: @unchecked Sendable {
         case .array, .borrowed: return .float32
         case .dense(_, let t): return .dense(t)
         case .quantized(let q): return .quantized(q.quantization, scaleType: q.scaleType)
+        case .mapped(let inner, _): return inner.format
         }
     }
 
@@ -50,6 +80,7 @@ public enum WeightData: @unchecked Sendable {
         case .borrowed(let b): return b.count
         case .dense(let raw, let t): return raw.count / t.size
         case .quantized(let q): return q.weight.count * 8 / q.quantization.bits
+        case .mapped(let inner, _): return inner.count
         }
     }
 
@@ -59,6 +90,16 @@ public enum WeightData: @unchecked Sendable {
         let elements = shape.reduce(1, *)
         let dims = "(" + shape.map(String.init).joined(separator: ", ") + ")"
         switch self {
+        case .mapped(let inner, let memory):
+            switch inner {
+            case .array, .mapped:
+                throw MoEError.invalidArgument("\(name): only borrowed, dense or quantized bytes can be mapped")
+            default:
+                guard inner.parts.allSatisfy(memory.contains) else {
+                    throw MoEError.invalidArgument("\(name): its bytes do not all lie in the weight memory it is mapped from")
+                }
+                try inner.validate(name, shape: shape)
+            }
         case .array, .borrowed, .dense:
             if case .dense(let raw, let t) = self, raw.count % t.size != 0 {
                 throw MoEError.invalidArgument("\(name) has \(raw.count) bytes, not a whole number of \(t) elements")
@@ -120,6 +161,8 @@ public enum WeightData: @unchecked Sendable {
             m.scales = q.scales.baseAddress
             m.biases = q.biases?.baseAddress
             return try body(m)
+        case .mapped(let inner, _):
+            return try inner.withMatrix(cols: cols, body)
         }
     }
 
@@ -130,7 +173,7 @@ public enum WeightData: @unchecked Sendable {
         let n = count
         // Rows of one quantization group each, so no row shape is needed.
         let cols: Int
-        if case .quantized(let q) = self { cols = q.quantization.groupSize } else { cols = Swift.max(n, 1) }
+        if case .quantized(let q) = unmapped { cols = q.quantization.groupSize } else { cols = Swift.max(n, 1) }
         return [Float](unsafeUninitializedCapacity: n) { out, initialized in
             withMatrix(cols: cols) { m in
                 var m = m
@@ -146,6 +189,7 @@ public enum WeightData: @unchecked Sendable {
         switch self {
         case .array(let a): return try a.withUnsafeBufferPointer(body)
         case .borrowed(let b): return try body(b)
+        case .mapped(let inner, _): return try inner.withUnsafeBufferPointer(body)
         default: return try floats().withUnsafeBufferPointer(body)
         }
     }

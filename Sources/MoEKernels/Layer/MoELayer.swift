@@ -4,8 +4,10 @@ import CMoESwift
 /// One Mixture-of-Experts feed-forward layer: router, top-k, expert FFNs, weighted combine,
 /// shared expert and residual, in one call (docs/spec.md, "What one call computes").
 ///
-/// The weights are copied at creation; `forward` and `route` may be called from several
-/// threads at once and give the same results as sequential calls.
+/// The weights are copied at creation, except those given as `WeightData.mapped`, which
+/// are read in place where the backend's kernels read their stored layout (the layer then
+/// holds their memory). `forward` and `route` may be called from several threads at once
+/// and give the same results as sequential calls.
 public final class MoELayer: @unchecked Sendable {
     public let configuration: MoEConfiguration
     let backend: any MoEBackend
@@ -13,13 +15,20 @@ public final class MoELayer: @unchecked Sendable {
     /// The backend this layer runs on (never `.auto`).
     public var backendKind: MoEBackendKind { backend.kind }
 
+    /// Throws `MoEError.outOfMemory`, naming the bytes, before allocating anything when the
+    /// weights' copies exceed what the system has available (MemAvailable, the cgroup's
+    /// limit) or `memoryLimit` bytes.
     public init(configuration: MoEConfiguration, weights: MoEWeights,
-                backend requested: MoEBackendKind = .auto) throws {
+                backend requested: MoEBackendKind = .auto, memoryLimit: Int? = nil) throws {
         try configuration.validate()
         try weights.validate(for: configuration)
+        if let memoryLimit, memoryLimit < 0 {
+            throw MoEError.invalidArgument("memory_limit must be >= 0 bytes, got \(memoryLimit)")
+        }
         self.configuration = configuration
         CallStats.begin(requested, tokens: 0, layers: 1)
-        self.backend = try BackendRegistry.make(requested, configuration: configuration, weights: weights)
+        self.backend = try BackendRegistry.make(requested, configuration: configuration, weights: weights,
+                                                memoryLimit: memoryLimit)
         moe_internal_stats().pointee.backend = backend.kind.rawValue
     }
 

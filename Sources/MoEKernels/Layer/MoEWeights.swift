@@ -52,6 +52,18 @@ public struct MoEWeights: Sendable {
         self.shared = shared
     }
 
+    /// Every weight matrix (router, expert and shared-expert projections).
+    var matrices: [WeightData] {
+        var m = [router]
+        switch gateUp {
+        case .separate(let gate, let up): m += [gate, up]
+        case .fused(let gateUp): m.append(gateUp)
+        }
+        m.append(downProj)
+        if let s = shared { m += [s.gateProj, s.upProj, s.downProj] }
+        return m
+    }
+
     /// Throws `MoEError.invalidArgument` naming the first array whose size does not fit
     /// `configuration`, or a shared expert that is present in one and absent in the other.
     public func validate(for c: MoEConfiguration) throws {

@@ -1,7 +1,8 @@
 import CMoESwift
 
 /// The Metal backend: the weights live in device buffers in their given formats (dense
-/// f32 / f16 / bf16 or quantized: never widened), uploaded once at creation; a forward is
+/// f32 / f16 / bf16 or quantized: never widened), uploaded once at creation or, when
+/// mapped, read in place from the mapping wrapped without a copy; a forward is
 /// one command buffer with one compute encoder and one wait (MetalPass), its buffers come
 /// from a pool. The same code is the "metal" backend on Apple GPUs and the "softmetal"
 /// backend on SoftMetal (Linux).
@@ -44,8 +45,18 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         }
     }
 
-    init(configuration c: MoEConfiguration, weights w: MoEWeights) throws {
+    /// Device bytes the weights' copies take: every matrix part not read in place from
+    /// its mapping, and the vectors (read as float32).
+    static func copiedBytes(_ c: MoEConfiguration, _ w: MoEWeights) -> Int {
+        let vectors = [w.routerBias, w.selectionBias, w.perExpertScale, w.gateUpBias, w.downBias, w.shared?.sigmoidGate]
+        return w.matrices.reduce(0) { $0 + MetalWeight.copiedBytes($1) }
+            + vectors.reduce(0) { $0 + ($1.map { MetalContext.bufferLength($0.count * MemoryLayout<Float>.stride) } ?? 0) }
+    }
+
+    init(configuration c: MoEConfiguration, weights w: MoEWeights, memoryLimit: Int? = nil) throws {
         let context = try MetalContext.shared()
+        try MemoryBudget.check(needed: Self.copiedBytes(c, w), limit: memoryLimit,
+                               what: "this layer on the \(metalDeviceKind.name) backend")
         kind = metalDeviceKind
         guard c.numExperts <= Int(MOE_MAX_EXPERTS) else {
             throw MoEError.invalidArgument(
@@ -55,8 +66,9 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         configuration = c
         let (e, i) = (c.numExperts, c.intermediateSize)
 
+        let mappings = MetalMappings()
         func matrix(_ data: WeightData, rows: Int, what: String) throws -> MetalWeight {
-            try MetalWeight(data, rowsPerExpert: rows, context: context, what: what)
+            try MetalWeight(data, rowsPerExpert: rows, context: context, mappings: mappings, what: what)
         }
         // Vectors (biases, scales, the shared gate) are small: read as float32.
         func vector(_ data: WeightData?, what: String) throws -> (any MTLBuffer)? {

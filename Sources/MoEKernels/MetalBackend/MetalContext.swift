@@ -129,6 +129,9 @@ final class MetalContext: @unchecked Sendable {
         return state
     }
 
+    /// The length of the buffer `makeBuffer(bytes:)` makes for `bytes`.
+    static func bufferLength(_ bytes: Int) -> Int { max(16, (bytes + 15) / 16 * 16) }
+
     /// A shared-storage buffer of at least 16 bytes (Metal returns nil for length 0),
     /// counted in the calling thread's statistics.
     func makeBuffer(floats count: Int, what: String) throws -> any MTLBuffer {
@@ -136,7 +139,7 @@ final class MetalContext: @unchecked Sendable {
     }
 
     func makeBuffer(bytes: Int, what: String) throws -> any MTLBuffer {
-        let length = max(16, (bytes + 15) / 16 * 16)
+        let length = Self.bufferLength(bytes)
         guard let buffer = device.makeBuffer(length: length, options: .storageModeShared) else {
             throw MoEError.outOfMemory("cannot allocate \(length) bytes of \(metalDeviceKind.name) device memory for \(what)")
         }

@@ -288,10 +288,11 @@ struct MetalLayerEncoder {
     }
 
     /// A weight's codes, scales and biases (the placeholder for those its format lacks).
+    /// Each part at its offset: a mapped weight's parts all lie in one buffer, the mapping.
     private func set(_ weight: MetalWeight, codes: Int32, scales: Int32, biases: Int32) {
-        set(codes, weight.codes)
-        set(scales, weight.scales)
-        set(biases, weight.biases)
+        for (index, part) in [(codes, weight.codes), (scales, weight.scales), (biases, weight.biases)] {
+            encoder.setBuffer(part?.buffer ?? context.placeholder, offset: part?.offset ?? 0, index: Int(index))
+        }
     }
 
     /// Prefill: the buckets of moe_bucket for a routed GEMM.

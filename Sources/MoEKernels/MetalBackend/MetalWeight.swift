@@ -1,38 +1,78 @@
 import CMoESwift
 
 /// One weight matrix on the device in the format it was given in — never widened: its
-/// codes (or dense values), scales and biases, each the caller's bytes copied once, and
-/// the `moe_weight_desc` that tells a kernel how to read a row (Metal/moe_formats.h).
+/// codes (or dense values), scales and biases, each the caller's bytes copied once or,
+/// for a mapped tensor, read in place from the mapping wrapped without a copy and bound
+/// at the part's offset; and the `moe_weight_desc` that tells a kernel how to read a row
+/// (Metal/moe_formats.h).
 struct MetalWeight {
-    let codes: any MTLBuffer
-    let scales: (any MTLBuffer)?
-    let biases: (any MTLBuffer)?
+    /// A buffer and the offset of the part in it (`setBuffer(_:offset:index:)`).
+    struct Part {
+        let buffer: any MTLBuffer
+        let offset: Int
+    }
+
+    let codes: Part
+    let scales: Part?
+    let biases: Part?
     let format: WeightFormat
     var desc: moe_weight_desc
 
+    /// The alignment a part must have at its offset for the kernels' loads: float4 rows of
+    /// float32, 8-byte vectors of half / bfloat / packed codes, scalar scales and biases.
+    static func alignment(_ format: WeightFormat, part: Int) -> Int {
+        switch (format, part) {
+        case (.dense(.float32), 0): return 16
+        case (_, 0): return 8
+        case (.quantized(.mxfp4, _), _): return 1
+        case (.quantized(_, let scaleType), _): return scaleType.size
+        default: return 16
+        }
+    }
+
+    /// The parts of `data` read in place from its mapping (true) or copied (false).
+    static func inPlace(_ data: WeightData) -> [Bool] {
+        let parts = data.parts
+        guard let memory = data.memory else { return parts.map { _ in false } }
+        return parts.enumerated().map { i, bytes in
+            bytes.baseAddress.map { memory.offset(of: $0) % alignment(data.format, part: i) == 0 } ?? false
+        }
+    }
+
+    /// Device bytes that making this weight allocates (the copied parts).
+    static func copiedBytes(_ data: WeightData) -> Int {
+        if case .array(let a) = data { return MetalContext.bufferLength(a.count * MemoryLayout<Float>.stride) }
+        return zip(data.parts, inPlace(data)).reduce(0) { $0 + ($1.1 ? 0 : MetalContext.bufferLength($1.0.count)) }
+    }
+
     /// Uploads `data`, a tensor of experts of `rowsPerExpert` rows each (any value for a
-    /// single matrix).
-    init(_ data: WeightData, rowsPerExpert: Int, context: MetalContext, what: String) throws {
-        func upload(_ bytes: UnsafeRawBufferPointer, _ part: String) throws -> any MTLBuffer {
-            let buffer = try context.makeBuffer(bytes: bytes.count, what: what + part)
+    /// single matrix), or binds it in place where it is mapped (`mappings` wraps each
+    /// memory once per layer).
+    init(_ data: WeightData, rowsPerExpert: Int, context: MetalContext, mappings: MetalMappings, what: String) throws {
+        let names = ["", " (scales)", " (biases)"]
+        let quantized: Bool
+        if case .quantized = data.format { quantized = true } else { quantized = false }
+        let inPlace = Self.inPlace(data)
+        let parts = try data.parts.enumerated().map { i, bytes -> Part in
+            let part = what + (quantized && i == 0 ? " (codes)" : names[i])
+            if inPlace[i], let memory = data.memory, let base = bytes.baseAddress {
+                return Part(buffer: try mappings.buffer(memory, context: context, what: part), offset: memory.offset(of: base))
+            }
+            let buffer = try context.makeBuffer(bytes: bytes.count, what: part)
             if let base = bytes.baseAddress { buffer.contents().copyMemory(from: base, byteCount: bytes.count) }
-            return buffer
+            return Part(buffer: buffer, offset: 0)
         }
-        switch data {
-        case .array(let a):
-            codes = try a.withUnsafeBytes { try upload($0, "") }
-            (scales, biases) = (nil, nil)
-        case .borrowed(let b):
-            codes = try upload(UnsafeRawBufferPointer(b), "")
-            (scales, biases) = (nil, nil)
-        case .dense(let raw, _):
-            codes = try upload(raw, "")
-            (scales, biases) = (nil, nil)
-        case .quantized(let q):
-            codes = try upload(q.weight, " (codes)")
-            scales = try upload(q.scales, " (scales)")
-            biases = try q.biases.map { try upload($0, " (biases)") }
+        if case .array(let a) = data {
+            codes = try a.withUnsafeBytes { raw in
+                let buffer = try context.makeBuffer(bytes: raw.count, what: what)
+                if let base = raw.baseAddress { buffer.contents().copyMemory(from: base, byteCount: raw.count) }
+                return Part(buffer: buffer, offset: 0)
+            }
+        } else {
+            codes = parts[0]
         }
+        scales = parts.count > 1 ? parts[1] : nil
+        biases = parts.count > 2 ? parts[2] : nil
         format = data.format
         desc = moe_weight_desc()
         desc.rows_per_expert = UInt32(rowsPerExpert)
@@ -65,5 +105,24 @@ struct MetalWeight {
     /// (group size and scale type are per dispatch, so need not), else `any`.
     static func kernelSuffix(gate: MetalWeight, up: MetalWeight) -> String {
         gate.kernelSuffix == up.kernelSuffix ? gate.kernelSuffix : "any"
+    }
+}
+
+/// The bytesNoCopy buffers of one layer's mapped memories: each memory wrapped once,
+/// whole, the buffer holding the memory alive (its deallocator keeps a reference).
+final class MetalMappings {
+    private var buffers: [ObjectIdentifier: any MTLBuffer] = [:]
+
+    func buffer(_ memory: WeightMemory, context: MetalContext, what: String) throws -> any MTLBuffer {
+        if let made = buffers[ObjectIdentifier(memory)] { return made }
+        // Kernels only read weights; Metal's signature takes a mutable pointer regardless.
+        guard let buffer = context.device.makeBuffer(bytesNoCopy: UnsafeMutableRawPointer(mutating: memory.base),
+                                                     length: memory.length, options: .storageModeShared,
+                                                     deallocator: { _, _ in withExtendedLifetime(memory) {} }) else {
+            throw MoEError.outOfMemory("the \(metalDeviceKind.name) device could not wrap the \(memory.length) mapped bytes "
+                                       + "holding \(what) without a copy")
+        }
+        buffers[ObjectIdentifier(memory)] = buffer
+        return buffer
     }
 }

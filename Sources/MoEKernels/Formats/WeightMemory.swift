@@ -1,0 +1,72 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Memory that weights are read from in place instead of being copied: a file mapped by the
+/// checkpoint loader, or the caller's own memory. Whoever holds this object keeps the
+/// memory alive (a layer made from `WeightData.mapped` holds it for as long as it lives);
+/// the memory is released when the last holder lets go.
+///
+/// Its start and length are whole pages of `pageSize` bytes: that is Metal's rule for
+/// `makeBuffer(bytesNoCopy:length:options:deallocator:)` on Apple silicon, whose pages are
+/// 16 KiB (SoftMetal enforces the same), and it lets the Metal backends wrap the region
+/// once and bind each tensor at its offset.
+public final class WeightMemory: @unchecked Sendable {
+    /// Apple silicon's page: the alignment bytesNoCopy buffers need there.
+    public static let pageSize = 16384
+
+    public let base: UnsafeRawPointer
+    /// Bytes, a multiple of `pageSize`.
+    public let length: Int
+    private let release: () -> Void
+
+    /// Borrows `length` bytes at `base`, both multiples of `pageSize`; `release` runs once
+    /// nothing holds this object any more (a layer made from it included).
+    public init(base: UnsafeRawPointer, length: Int, release: @escaping @Sendable () -> Void = {}) throws {
+        guard Int(bitPattern: base) % Self.pageSize == 0, length > 0, length % Self.pageSize == 0 else {
+            throw MoEError.invalidArgument(
+                "weight memory to read in place must start on a \(Self.pageSize)-byte page boundary and span whole "
+                + "pages (Metal's rule for buffers made without a copy); got \(length) bytes at \(base)")
+        }
+        self.base = base
+        self.length = length
+        self.release = release
+    }
+
+    /// The file `fd` (of `size` bytes) mapped read-only at a `pageSize` boundary, its length
+    /// rounded up to whole pages and followed by one inaccessible page, so that a read past
+    /// the mapping faults instead of reading whatever memory comes next.
+    init(file fd: Int32, size: Int, what: String) throws {
+        let page = Self.pageSize
+        let length = Swift.max(1, (size + page - 1) / page) * page
+        // Reserved first (no access, no memory), so that the file can be placed at an
+        // aligned address inside; what is left of the reservation stays inaccessible.
+        let span = length + 2 * page
+        guard let reserved = mmap(nil, span, PROT_NONE, MAP_PRIVATE | MAP_ANON, -1, 0), reserved != MAP_FAILED else {
+            throw MoEError.outOfMemory("cannot reserve \(span) bytes of address space to map \(what): \(String(cString: strerror(errno)))")
+        }
+        let aligned = UnsafeMutableRawPointer(bitPattern: (Int(bitPattern: reserved) + page - 1) / page * page)!
+        // MAP_PRIVATE + PROT_READ: the pages are the page cache's, shared with other readers.
+        guard size == 0 || mmap(aligned, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == aligned else {
+            let why = String(cString: strerror(errno))
+            munmap(reserved, span)
+            throw MoEError.outOfMemory("cannot map \(what) (\(size) bytes): \(why)")
+        }
+        base = UnsafeRawPointer(aligned)
+        self.length = length
+        release = { munmap(reserved, span) }
+    }
+
+    deinit { release() }
+
+    /// Whether `bytes` lie inside this memory.
+    func contains(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard let start = bytes.baseAddress else { return bytes.isEmpty }
+        return start >= base && start + bytes.count <= base + length
+    }
+
+    /// The byte offset of `pointer` from `base`.
+    func offset(of pointer: UnsafeRawPointer) -> Int { pointer - base }
+}
