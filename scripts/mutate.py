@@ -109,6 +109,16 @@ CATALOGUE = [
     ("py-bf16-as-integers", "Python facade", "python/moe_swift/arrays.py",
      'return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)',
      'return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 15).view(np.float32)'),
+    # the encode API, mapped weights, the memory budget, the router's two dispatches
+    ("metal-encode-bf16-truncates", "metal kernels", "Sources/MoEKernels/Metal/moe_convert.metal",
+     "*out = ushort((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);", "*out = ushort(bits >> 16);"),
+    ("metal-concurrent-encoder-no-final-barrier", "Metal backend", "Sources/MoEKernels/MetalBackend/MetalPass.swift",
+     "if needsBarriers { encoder.memoryBarrier(scope: .buffers) }", "if false { encoder.memoryBarrier(scope: .buffers) }"),
+    ("mapped-bytes-outside-memory", "checkpoint", "Sources/MoEKernels/Formats/WeightData.swift",
+     "guard inner.parts.allSatisfy(memory.contains) else {", "guard true else {"),
+    ("memory-budget-ignored", "Swift API", "Sources/MoEKernels/Support/MemoryBudget.swift",
+     "guard let found = available(limit: limit), needed > found.bytes else { return }",
+     "guard let found = available(limit: limit), needed > 2 * found.bytes else { return }"),
     # blocks: the combine walks a row in blocks of 256 (killed only at H > 256)
     ("cpu-next-norm-last-block-only", "CPU backend", "Sources/MoEKernels/CPU/CPUPass.swift",
      "if next != nil { sumOfSquares += RMSNorm.sumOfSquares(acc, count: n) }",
