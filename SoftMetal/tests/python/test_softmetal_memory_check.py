@@ -291,12 +291,9 @@ HANDOFF = r"""
 #include <metal_stdlib>
 using namespace metal;
 
-kernel void handoff(device const float* x [[buffer(0)]], device atomic_uint* partial [[buffer(1)]],
-                    device atomic_uint* counter [[buffer(2)]], device float* out [[buffer(3)]],
-                    uint g [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
-                    uint t [[thread_index_in_threadgroup]]) {
-    threadgroup uint last;
-    if (t == 0) atomic_store_explicit(&partial[g], as_type<uint>(x[g] * 2.0f), memory_order_relaxed);  // hand-off store
+// Thread 0 bumps the counter; true in the threadgroup that saw groups - 1 (it resets the
+// counter for the next dispatch).
+static bool last_to_finish(device atomic_uint* counter, uint groups, uint t, threadgroup uint& last) {
     threadgroup_barrier(mem_flags::mem_device);
     if (t == 0) {
         FENCE
@@ -306,7 +303,16 @@ kernel void handoff(device const float* x [[buffer(0)]], device atomic_uint* par
         if (done == groups - 1) atomic_store_explicit(counter, 0u, memory_order_relaxed);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (last == 0) return;
+    return last != 0;
+}
+
+kernel void handoff(device const float* x [[buffer(0)]], device atomic_uint* partial [[buffer(1)]],
+                    device atomic_uint* counter [[buffer(2)]], device float* out [[buffer(3)]],
+                    uint g [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
+                    uint t [[thread_index_in_threadgroup]]) {
+    threadgroup uint last;
+    if (t == 0) atomic_store_explicit(&partial[g], as_type<uint>(x[g] * 2.0f), memory_order_relaxed);  // hand-off store
+    if (!last_to_finish(counter, groups, t, last)) return;
     if (t == 0) {
         float sum = 0.0f;
         for (uint i = 0; i < groups; i++) sum += as_type<float>(atomic_load_explicit(&partial[i], memory_order_relaxed));  // hand-off load
@@ -321,16 +327,7 @@ kernel void handoff_plain(device const float* x [[buffer(0)]], device float* par
                           uint t [[thread_index_in_threadgroup]]) {
     threadgroup uint last;
     if (t == 0) partial[g] = x[g] * 2.0f;  // plain store
-    threadgroup_barrier(mem_flags::mem_device);
-    if (t == 0) {
-        FENCE
-        const uint done = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
-        FENCE
-        last = done == groups - 1 ? 1u : 0u;
-        if (done == groups - 1) atomic_store_explicit(counter, 0u, memory_order_relaxed);
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (last == 0) return;
+    if (!last_to_finish(counter, groups, t, last)) return;
     float sum = 0.0f;
     for (uint i = 0; i < groups; i++) sum += partial[i];  // plain load
     if (t == 0) out[0] = sum;
