@@ -5,7 +5,7 @@
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
                threadgroup_memory={0: nbytes}, check_races=False, check_memory=False,
-               schedule="round-robin")
+               schedule="round-robin", checks=None, stale_reads=False)   # checks="all": every check
 
 The harness's C functions (moe_softmetal.h) live in libMoESwift, loaded through
 moe_swift, so that one process has one SoftMetal - one SIGSEGV handler and one registry
