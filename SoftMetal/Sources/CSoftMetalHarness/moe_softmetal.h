@@ -66,6 +66,11 @@ typedef struct moe_softmetal_launch_desc {
                                               next barrier before the next starts, in forward then in
                                               reverse order, results compared (MOE_SOFTMETAL_RACE);
                                               2 run-ahead forward only; 3 run-ahead reverse only */
+    int32_t stale_reads;                   /* with the memory check (turns it on): a read of device memory
+                                              that another threadgroup wrote, unordered by Apple's
+                                              memory model, gets the bytes the dispatch began with
+                                              instead of an error. A struct_size without this field
+                                              means 0. */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

@@ -154,10 +154,14 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
     return softMetalStatus(kind) {
         let h = try handle(library)
         guard let desc else { throw usage("desc is NULL") }
-        guard desc.pointee.struct_size >= UInt32(MemoryLayout<moe_softmetal_launch_desc>.size) else {
+        let withoutStaleReads = UInt32(MemoryLayout<moe_softmetal_launch_desc>.offset(of: \.stale_reads)!)
+        guard desc.pointee.struct_size >= withoutStaleReads else {
             throw usage("desc.struct_size is \(desc.pointee.struct_size), expected \(MemoryLayout<moe_softmetal_launch_desc>.size)")
         }
-        var d = desc.pointee
+        // A caller built against an older header passes a shorter struct: its missing fields are 0.
+        var d = moe_softmetal_launch_desc()
+        let given = min(Int(desc.pointee.struct_size), MemoryLayout<moe_softmetal_launch_desc>.size)
+        withUnsafeMutableBytes(of: &d) { $0.copyMemory(from: UnsafeRawBufferPointer(start: desc, count: given)) }
         guard let name = d.kernel.map({ String(cString: $0) }) else { throw usage("desc.kernel is NULL") }
         guard h.library.functionNames.contains(name), var function = h.library.makeFunction(name: name) else {
             throw usage("no kernel named \(name) in the library (kernels: \(h.library.functionNames.joined(separator: ", ")))")
@@ -210,6 +214,7 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
             e.softMetalCheckRaces = d.check_races != 0
             e.softMetalPoisonThreadgroupMemory = d.poison_threadgroup_memory != 0
             e.softMetalCheckMemory = d.check_memory != 0
+            e.softMetalStaleReads = d.stale_reads != 0
             switch d.schedule {
             case 0: e.softMetalSchedule = .roundRobin
             case 1: e.softMetalSchedule = .runAhead

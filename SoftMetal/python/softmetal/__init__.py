@@ -5,7 +5,7 @@
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
                threadgroup_memory={0: nbytes}, check_races=False, check_memory=False,
-               schedule="round-robin")
+               schedule="round-robin", checks=None, stale_reads=False)   # checks="all": every check
 
 The harness's C functions (moe_softmetal.h) live in libMoESwift, loaded through
 moe_swift, so that one process has one SoftMetal - one SIGSEGV handler and one registry
@@ -23,10 +23,35 @@ MTLDispatchThreadgroupsIndirectArguments buffer.
 (`[[function_constant(i)]]`, as makeFunction(name:constantValues:)); each value is
 converted to the constant's declared type and must be exact in it.
 
-`check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1) runs the kernel's instrumented build:
-every load and store is checked against the buffer or threadgroup variable it must fall
-in (however far out), races are found on shadow memory whatever the output, and reading
-threadgroup memory no thread wrote is an error; the message names both MSL lines.
+The checks (SoftMetal's README has the table: what each catches, misses and costs):
+
+- always on: guard pages after every buffer (an access just past the end, OutOfBoundsError),
+  threadgroup memory poisoned with 0xFF (NaN: a read of unwritten memory shows in the
+  output, unnamed), barrier divergence and deadlock (BarrierDivergenceError).
+- `checks="all"` (or SOFTMETAL_CHECKS=all): every check below at once, `check_memory=True`
+  with `schedule="run-ahead"`. Costs what the two cost together (the memory check's
+  15-30x dominates; the first checked launch also compiles the instrumented build).
+- `check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1) runs the kernel's instrumented build:
+  every load and store is checked against the buffer or threadgroup variable it must fall
+  in (however far out), data races are found on shadow memory whatever the output (also
+  a missing barrier whose both orders give NaN), reading memory no thread wrote is an
+  error, and so is a device-memory read that another threadgroup of the dispatch wrote
+  when nothing orders it after that write in Apple's memory model (a threadgroup_barrier
+  orders only its own threadgroup; across threadgroups only a device-scope fence before
+  an atomic write and after an atomic read of it, or a second dispatch); the message
+  names both threads and both MSL lines. Misses: races inside one thread's own private
+  arrays, an index that lands in another bound buffer, accesses wider than 16 bytes.
+- `stale_reads=True` (or SOFTMETAL_STALE_READS=1; turns the memory check on): such an
+  unordered cross-threadgroup read gets the bytes the location held when the dispatch
+  began instead of raising, as a GPU's stale cache may give, so the wrong value shows in
+  the output.
+- `schedule="run-ahead"`: see below; finds missing barriers between simdgroups by their
+  output (misses races whose two orders give the same bytes, and races between
+  threadgroups); about 2.5-3x.
+- `check_races=True` (or SOFTMETAL_CHECK_RACES=1): the dispatch runs again with threads
+  and threadgroups permuted and the outputs are compared; it misses races whose outcome
+  does not change the bytes (both orders giving NaN, the same value written twice) and
+  order bugs that the random order does not hit; about 2-2.5x.
 
 `schedule` says how the simdgroups of a threadgroup interleave between threadgroup
 barriers: "round-robin" (default, or SOFTMETAL_SCHEDULE) lets every thread take a turn at
@@ -270,7 +295,8 @@ class Library:
 
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
                threadgroup_memory=None, check_races=False, grid=None, indirect=None,
-               poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None) -> float:
+               poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None,
+               checks=None, stale_reads=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -328,11 +354,18 @@ class Library:
             desc.indirect_offset = int(offset)
         desc.threads_per_threadgroup = _triple("threads_per_threadgroup", threads_per_threadgroup)
         desc.check_races = 1 if check_races else 0
+        if checks is None:
+            checks = os.environ.get("SOFTMETAL_CHECKS") or None
+        if checks not in (None, "all"):
+            raise InvalidUsageError(f"checks must be \"all\" or None, got {checks!r}")
         if check_memory is None:
-            check_memory = os.environ.get("SOFTMETAL_CHECK_MEMORY") == "1"
-        desc.check_memory = 1 if check_memory else 0
+            check_memory = os.environ.get("SOFTMETAL_CHECK_MEMORY") == "1" or checks == "all"
+        if stale_reads is None:
+            stale_reads = os.environ.get("SOFTMETAL_STALE_READS") == "1"
+        desc.check_memory = 1 if check_memory or stale_reads else 0
+        desc.stale_reads = 1 if stale_reads else 0
         if schedule is None:
-            schedule = os.environ.get("SOFTMETAL_SCHEDULE") or "round-robin"
+            schedule = os.environ.get("SOFTMETAL_SCHEDULE") or ("run-ahead" if checks == "all" else "round-robin")
         if schedule not in _SCHEDULES:
             raise InvalidUsageError(f"schedule must be one of {', '.join(_SCHEDULES)}, got {schedule!r}")
         desc.schedule = _SCHEDULES[schedule]

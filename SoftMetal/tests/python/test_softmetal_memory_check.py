@@ -277,3 +277,163 @@ kernel void count(device uint* y [[buffer(0)]], threadgroup atomic_uint* c [[thr
     lib.launch("count", [y], threadgroups=(1,), threads_per_threadgroup=(64,), threadgroup_memory={0: 16},
                check_memory=True)
     assert y[0] == 64
+
+
+# ---- Apple's memory model across threadgroups ----------------------------------------
+
+# The decode router's hand-off as it was written (moe_router.metal's moe_router_gemv before
+# its fix): each threadgroup stores its value with a relaxed atomic, passes a
+# threadgroup_barrier(mem_device) and bumps a relaxed counter; the threadgroup that sees
+# groups - 1 sums every value with relaxed atomic loads. MSL orders none of it across
+# threadgroups: the last one may read the value a location held before (the previous
+# dispatch's). FENCE is empty here; the fenced twin puts a device-scope fence there.
+HANDOFF = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+// Thread 0 bumps the counter; true in the threadgroup that saw groups - 1 (it resets the
+// counter for the next dispatch).
+static bool last_to_finish(device atomic_uint* counter, uint groups, uint t, threadgroup uint& last) {
+    threadgroup_barrier(mem_flags::mem_device);
+    if (t == 0) {
+        FENCE
+        const uint done = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
+        FENCE
+        last = done == groups - 1 ? 1u : 0u;
+        if (done == groups - 1) atomic_store_explicit(counter, 0u, memory_order_relaxed);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    return last != 0;
+}
+
+kernel void handoff(device const float* x [[buffer(0)]], device atomic_uint* partial [[buffer(1)]],
+                    device atomic_uint* counter [[buffer(2)]], device float* out [[buffer(3)]],
+                    uint g [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
+                    uint t [[thread_index_in_threadgroup]]) {
+    threadgroup uint last;
+    if (t == 0) atomic_store_explicit(&partial[g], as_type<uint>(x[g] * 2.0f), memory_order_relaxed);  // hand-off store
+    if (!last_to_finish(counter, groups, t, last)) return;
+    if (t == 0) {
+        float sum = 0.0f;
+        for (uint i = 0; i < groups; i++) sum += as_type<float>(atomic_load_explicit(&partial[i], memory_order_relaxed));  // hand-off load
+        out[0] = sum;
+    }
+}
+
+// The same hand-off with plain stores and loads of the values.
+kernel void handoff_plain(device const float* x [[buffer(0)]], device float* partial [[buffer(1)]],
+                          device atomic_uint* counter [[buffer(2)]], device float* out [[buffer(3)]],
+                          uint g [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
+                          uint t [[thread_index_in_threadgroup]]) {
+    threadgroup uint last;
+    if (t == 0) partial[g] = x[g] * 2.0f;  // plain store
+    if (!last_to_finish(counter, groups, t, last)) return;
+    float sum = 0.0f;
+    for (uint i = 0; i < groups; i++) sum += partial[i];  // plain load
+    if (t == 0) out[0] = sum;
+}
+
+// The two-dispatch twin: a dispatch boundary orders everything.
+kernel void store_partials(device const float* x [[buffer(0)]], device float* partial [[buffer(1)]],
+                           uint g [[threadgroup_position_in_grid]], uint t [[thread_index_in_threadgroup]]) {
+    if (t == 0) partial[g] = x[g] * 2.0f;
+}
+kernel void sum_partials(device const float* partial [[buffer(0)]], device float* out [[buffer(1)]],
+                         constant uint& groups [[buffer(2)]]) {
+    float sum = 0.0f;
+    for (uint i = 0; i < groups; i++) sum += partial[i];
+    out[0] = sum;
+}
+"""
+DEVICE_FENCE = "atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope::thread_scope_device);"
+GROUPS = 4
+
+
+@pytest.fixture(scope="module")
+def handoff():
+    return softmetal.compile(HANDOFF.replace("FENCE", ""))
+
+
+@pytest.fixture(scope="module")
+def handoff_fenced():
+    # Device-scope fences: MSL 3.2.
+    return softmetal.compile(HANDOFF.replace("FENCE", DEVICE_FENCE), metal_version=320)
+
+
+def _handoff_buffers():
+    x = np.arange(1, GROUPS + 1, dtype=np.float32)
+    previous = np.full(GROUPS, 100.0, np.float32)  # the previous call's values
+    return x, previous, np.zeros(1, np.uint32), np.zeros(1, np.float32)
+
+
+def handoff_line(marker):
+    return next(n for n, text in enumerate(HANDOFF.split("\n"), 1) if marker in text)
+
+
+@pytest.mark.parametrize("kernel, load, store", [("handoff", "// hand-off load", "// hand-off store"),
+                                                 ("handoff_plain", "// plain load", "// plain store")])
+def test_handoff_across_threadgroups_is_reported(handoff, kernel, load, store):
+    x, previous, counter, out = _handoff_buffers()
+    partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
+    handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,))
+    assert out[0] == 2 * x.sum()  # unchecked: x86 shows every store to every later load
+    counter[0], partial[:] = 0, previous.view(partial.dtype)
+    with pytest.raises(softmetal.RaceError) as e:
+        handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                       check_memory=True)
+    message = str(e.value)
+    assert f"of threadgroup ({GROUPS - 1}, 0, 0) reads it" in message and "thread 0 of threadgroup (0, 0, 0) wrote it" in message
+    assert f"at MSL line {handoff_line(load)}" in message and f"at MSL line {handoff_line(store)}" in message
+    assert "threadgroups of one dispatch are not ordered by a threadgroup_barrier" in message
+    assert ("reads it with an atomic load" in message) == (kernel == "handoff")
+
+
+@pytest.mark.parametrize("kernel", ["handoff", "handoff_plain"])
+def test_stale_reads_show_the_previous_value(handoff, kernel):
+    """The last threadgroup reads its own value and the previous call's for the others."""
+    x, previous, counter, out = _handoff_buffers()
+    partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
+    handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                   stale_reads=True)
+    assert out[0] == 100.0 * (GROUPS - 1) + 2 * x[-1]
+    # The stores did land: after the dispatch memory holds every threadgroup's value.
+    np.testing.assert_array_equal(partial.view(np.float32), 2 * x)
+    assert counter[0] == 0
+
+
+@pytest.mark.parametrize("kernel", ["handoff", "handoff_plain"])
+def test_fenced_handoff_is_clean(handoff_fenced, kernel):
+    x, previous, counter, out = _handoff_buffers()
+    partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
+    for checks in ({"check_memory": True}, {"stale_reads": True}, {"checks": "all"}):
+        out[0] = 0
+        handoff_fenced.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                              **checks)
+        assert out[0] == 2 * x.sum() and counter[0] == 0, checks
+
+
+def test_two_dispatch_handoff_is_clean(handoff):
+    x, previous, _, out = _handoff_buffers()
+    partial = previous.copy()
+    handoff.launch("store_partials", [x, partial], threadgroups=(GROUPS,), threads_per_threadgroup=(32,), checks="all")
+    handoff.launch("sum_partials", [partial, out, np.uint32(GROUPS).tobytes()], threadgroups=(1,),
+                   threads_per_threadgroup=(1,), checks="all", stale_reads=True)
+    assert out[0] == 2 * x.sum()
+
+
+def test_a_fence_at_threadgroup_scope_orders_nothing_across_threadgroups():
+    lib = softmetal.compile(HANDOFF.replace("FENCE", DEVICE_FENCE.replace("thread_scope_device", "thread_scope_threadgroup")),
+                            metal_version=320)
+    x, previous, counter, out = _handoff_buffers()
+    with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier"):
+        lib.launch("handoff_plain", [x, previous, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                   check_memory=True)
+
+
+def test_checks_all_is_checked(lib):
+    """checks="all" runs the memory check (a same-value race) and run-ahead."""
+    y = np.zeros(1, np.float32)
+    with pytest.raises(softmetal.RaceError, match="threadgroups of one dispatch are not ordered"):
+        lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), checks="all")
+    with pytest.raises(softmetal.InvalidUsageError, match="checks"):
+        lib.launch("copy", [y, y], threadgroups=(1,), checks="some")

@@ -122,6 +122,7 @@ struct DispatchCommand {
     var poison: Bool
     var checkMemory = false
     var schedule = SoftMetalSchedule.roundRobin
+    var staleReads = false
 }
 
 public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @unchecked Sendable {
@@ -161,6 +162,18 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// simdgroup order and fails with SoftMetalError.race if the results differ).
     /// Default: SoftMetalOptions.schedule.
     public var softMetalSchedule = SoftMetalOptions.schedule
+    /// SoftMetal only: with the memory check, a read of device memory that another
+    /// threadgroup of the dispatch wrote and that nothing orders after that write (see
+    /// Apple's memory model in the README) gets the bytes the location held when the
+    /// dispatch began, as a GPU's stale cache may give, instead of failing: the stale value
+    /// shows in the output. Turns the memory check on. Default: SoftMetalOptions.staleReads.
+    public var softMetalStaleReads = SoftMetalOptions.staleReads
+
+    /// SoftMetal only: every check at once (SoftMetalOptions.enableAllChecks says which).
+    public func softMetalCheckAll() {
+        softMetalCheckMemory = true
+        softMetalSchedule = .runAhead
+    }
 
     init(commandBuffer: SoftMetalCommandBuffer, dispatchType: MTLDispatchType) {
         self.commandBuffer = commandBuffer
@@ -210,8 +223,8 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         let command = DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
-            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory, checkMemory: softMetalCheckMemory,
-            schedule: softMetalSchedule)
+            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory,
+            checkMemory: softMetalCheckMemory || softMetalStaleReads, schedule: softMetalSchedule, staleReads: softMetalStaleReads)
         if dispatchType == .concurrent {
             unordered.append(command)
         } else {

@@ -147,7 +147,8 @@ enum Executor {
                            "a missing barrier, a data race between threads or threadgroups, or an order-dependent atomic"))
         }
         if reruns.isEmpty {
-            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory)
+            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory,
+                        staleReads: c.staleReads)
             return
         }
         var distinct: [SoftMetalBuffer] = []
@@ -155,7 +156,8 @@ enum Executor {
             distinct.append(binding.buffer)
         }
         let before = distinct.map { snapshot($0) }
-        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory)
+        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory,
+                    staleReads: c.staleReads)
         let first = distinct.map { snapshot($0) }
         for rerun in reruns {
             for (b, saved) in zip(distinct, before) { restore(b, saved) }
@@ -194,7 +196,7 @@ enum Executor {
     /// check, on one thread, one dispatch at a time.
     private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
                                 bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?,
-                                checked: Bool = false) throws {
+                                checked: Bool = false, staleReads: Bool = false) throws {
         if !checked {
             // Its stores are not seen: the memory check takes its buffers as written.
             for binding in bindings { binding?.buffer.markAllInitialized() }
@@ -202,7 +204,7 @@ enum Executor {
         if checked {
             let (launcher, path) = try kernel.checkedLauncher()
             try MemoryCheck.lock.withLock {
-                let check = MemoryCheck(bindings: bindings, dispatch: base)
+                let check = MemoryCheck(bindings: bindings, dispatch: base, groups: total, staleReads: staleReads)
                 defer { check.release() }
                 var d = base
                 d.check = check.state

@@ -12,12 +12,25 @@ final class MemoryCheck {
 
     let state: UnsafeMutablePointer<sm_check>
     private var maps: [(UnsafeMutableRawPointer, Int)] = []
+    /// Stale reads: per distinct buffer, memory that may hold a stale byte where `pending` is 1.
+    private var stale: [(buffer: SoftMetalBuffer, newest: UnsafeMutablePointer<UInt8>, pending: UnsafeMutablePointer<UInt8>)] = []
 
-    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch) {
+    /// `groups`: threadgroups in the dispatch (the memory model's release table);
+    /// `staleReads`: unordered cross-threadgroup reads get the bytes the dispatch began with.
+    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch, groups: Int, staleReads: Bool) {
         state = .allocate(capacity: 1)
         state.initialize(to: sm_check())
         state.pointee.races = 1
         state.pointee.uninitialized = 1
+        if let releases = map(bytes: groups * Int(SM_RELEASES_PER_GROUP) * MemoryLayout<sm_release>.stride),
+           let threads = map(bytes: Int(SM_SYNC_THREADS) * MemoryLayout<sm_thread_sync>.stride),
+           let locations = map(bytes: Int(SM_SYNC_LOCATIONS) * MemoryLayout<sm_sync_location>.stride) {
+            state.pointee.releases = releases.bindMemory(to: sm_release.self, capacity: groups * Int(SM_RELEASES_PER_GROUP))
+            state.pointee.group_count = UInt32(groups)
+            state.pointee.threads = threads.bindMemory(to: sm_thread_sync.self, capacity: Int(SM_SYNC_THREADS))
+            state.pointee.locations = locations.bindMemory(to: sm_sync_location.self, capacity: Int(SM_SYNC_LOCATIONS))
+        }
+        state.pointee.stale_reads = staleReads ? 1 : 0
         // One shadow per buffer, shared by every index it is bound at (one buffer bound
         // twice is one memory).
         var shadows: [ObjectIdentifier: UnsafeMutablePointer<sm_shadow>?] = [:]
@@ -27,6 +40,10 @@ final class MemoryCheck {
             if shadows[key] == nil { shadows[key] = map(cells: binding.buffer.length) }
             if let shadow = shadows[key]! {
                 csm_check_set_buffer_shadow(state, Int32(i), shadow + binding.offset)
+                if staleReads, let copies = staleCopies(binding.buffer) {
+                    csm_check_set_stale(state, Int32(i), copies.initial + binding.offset, copies.newest + binding.offset,
+                                        copies.pending + binding.offset)
+                }
                 if let bits = binding.buffer.initializationBits() {
                     csm_check_set_buffer_init(state, Int32(i), bits, UInt64(binding.offset))
                 }
@@ -46,14 +63,42 @@ final class MemoryCheck {
     /// become memory); nil if the address space says no (then no race tracking there).
     private func map(cells: Int) -> UnsafeMutablePointer<sm_shadow>? {
         let (bytes, overflow) = cells.multipliedReportingOverflow(by: MemoryLayout<sm_shadow>.stride)
-        guard !overflow, bytes > 0 else { return nil }
+        guard !overflow else { return nil }
+        return map(bytes: bytes)?.bindMemory(to: sm_shadow.self, capacity: cells)
+    }
+
+    private func map(bytes: Int) -> UnsafeMutableRawPointer? {
+        guard bytes > 0 else { return nil }
         let p = mmap(nil, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
         guard let p, p != MAP_FAILED else { return nil }
         maps.append((p, bytes))
-        return p.bindMemory(to: sm_shadow.self, capacity: cells)
+        return p
+    }
+
+    /// A buffer's bytes as the dispatch begins, and room for the bytes stale ones displace
+    /// (one set per buffer, shared by every index it is bound at).
+    private func staleCopies(_ buffer: SoftMetalBuffer) -> (initial: UnsafeMutablePointer<UInt8>, newest: UnsafeMutablePointer<UInt8>,
+                                                            pending: UnsafeMutablePointer<UInt8>)? {
+        if let i = stale.firstIndex(where: { $0.buffer === buffer }) {
+            let newest = stale[i].newest, pending = stale[i].pending
+            return (newest + buffer.length, newest, pending)
+        }
+        // initial follows newest in one mapping.
+        guard let both = map(bytes: 2 * buffer.length), let pending = map(bytes: buffer.length) else { return nil }
+        let newest = both.bindMemory(to: UInt8.self, capacity: 2 * buffer.length)
+        (newest + buffer.length).update(from: buffer.storage.assumingMemoryBound(to: UInt8.self), count: buffer.length)
+        let p = pending.bindMemory(to: UInt8.self, capacity: buffer.length)
+        stale.append((buffer, newest, p))
+        return (newest + buffer.length, newest, p)
     }
 
     func release() {
+        // Bytes that still hold a stale value get the newest one back: the writes did land.
+        for s in stale {
+            let memory = s.buffer.storage.assumingMemoryBound(to: UInt8.self)
+            for b in 0..<s.buffer.length where s.pending[b] != 0 { memory[b] = s.newest[b] }
+        }
+        stale = []
         for (p, n) in maps { munmap(p, n) }
         maps = []
         state.deallocate()
@@ -97,8 +142,15 @@ final class MemoryCheck {
             let other = thread(c.other_thread, c.other_group)
             let why = c.group == c.other_group
                 ? "with no threadgroup_barrier between them (nor, in one simdgroup, a simd operation)"
-                : "threadgroups of one dispatch are not ordered (only atomics are)"
-            return "kernel \(kernel.name): data race on \(place): \(me) \(c.is_write != 0 ? "writes" : "reads") it at \(lines[0]), "
+                : "and nothing orders the two: threadgroups of one dispatch are not ordered by a threadgroup_barrier, "
+                    + "whatever its mem_flags; MSL orders them only through atomic_thread_fence(mem_flags::mem_device, "
+                    + "memory_order_seq_cst, thread_scope_device) after the access and before an atomic write in one "
+                    + "threadgroup, and after an atomic read of that write and before the access in the other (or "
+                    + "through separate dispatches)"
+                    + (c.atomic_read != 0 ? "; a relaxed atomic load is no exception: it may return the value from "
+                        + "before the write (the previous dispatch's)" : "")
+            let verb = c.is_write != 0 ? "writes it" : c.atomic_read != 0 ? "reads it with an atomic load" : "reads it"
+            return "kernel \(kernel.name): data race on \(place): \(me) \(verb) at \(lines[0]), "
                 + "\(other) \(c.other_is_write != 0 ? "wrote" : "read") it at \(lines[1]), \(why)"
         case SM_CHECK_UNINITIALIZED where c.region >= 0:
             return "kernel \(kernel.name): read of \(place) that was never written, by \(me) at \(lines[0]) "

@@ -37,8 +37,32 @@ public enum SoftMetalOptions {
     private static let lock = SMLock()
     nonisolated(unsafe) private static var _checkRaces = SMEnv.get("SOFTMETAL_CHECK_RACES") == "1"
     nonisolated(unsafe) private static var _poison = SMEnv.get("SOFTMETAL_POISON") != "0"
-    nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1"
-    nonisolated(unsafe) private static var _schedule = SoftMetalSchedule(environment: SMEnv.get("SOFTMETAL_SCHEDULE")) ?? .roundRobin
+    nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1" || allFromEnvironment
+    nonisolated(unsafe) private static var _schedule = SoftMetalSchedule(environment: SMEnv.get("SOFTMETAL_SCHEDULE"))
+        ?? (allFromEnvironment ? .runAhead : .roundRobin)
+    nonisolated(unsafe) private static var _staleReads = SMEnv.get("SOFTMETAL_STALE_READS") == "1"
+    /// SOFTMETAL_CHECKS=all.
+    private static var allFromEnvironment: Bool { SMEnv.get("SOFTMETAL_CHECKS") == "all" }
+
+    /// Every check on for new encoders, as SOFTMETAL_CHECKS=all does and
+    /// SoftMetalComputeCommandEncoder.softMetalCheckAll() does for one: the memory check
+    /// (bounds however far out, data races on shadow memory, reads of unwritten memory,
+    /// Apple's memory model across threadgroups) and the run-ahead schedule (missing
+    /// barriers between simdgroups, by the output of two orders). Guard pages, poison and
+    /// barrier divergence are always on.
+    public static func enableAllChecks() {
+        lock.withLock {
+            _checkMemory = true
+            _schedule = .runAhead
+        }
+    }
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalStaleReads for new encoders
+    /// (initially: $SOFTMETAL_STALE_READS == 1).
+    public static var staleReads: Bool {
+        get { lock.withLock { _staleReads } }
+        set { lock.withLock { _staleReads = newValue } }
+    }
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalCheckRaces for new encoders
     /// (initially: $SOFTMETAL_CHECK_RACES == 1). Costs about twice the dispatch time

@@ -1,6 +1,6 @@
 // ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
 extern "C" {
-#define SM_ABI_VERSION 6
+#define SM_ABI_VERSION 7
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 #define SM_FLAG_POISON 1u
@@ -49,16 +49,33 @@ typedef struct sm_dispatch {
 #define SM_REGION_ARENA (-100)    /* threadgroup variables declared in the kernel */
 /* The last writer and last reader of one byte (device memory: within the dispatch;
  * threadgroup memory: within the threadgroup). group: linear threadgroup number + 1
- * (0: none); thread: index in the threadgroup (SM_SHADOW_ATOMIC: by an atomic); epoch:
+ * (0: none); thread: index in the threadgroup (| SM_SHADOW_ATOMIC: by an atomic); epoch:
  * threadgroup barriers the threadgroup had passed; sg_epoch: simd operations the
  * thread's simdgroup had completed; pc: code offset in the library. */
-#define SM_SHADOW_ATOMIC 0xFFFFu
+#define SM_SHADOW_ATOMIC 0x8000u  /* w_thread: the write was an atomic's (the thread is the low bits) */
+#define SM_SHADOW_THREAD 0x3FFFu
 #define SM_SHADOW_MANY 0x8000u    /* r_thread: another thread read too (same group, epoch) */
 #define SM_SHADOW_MIXED 0x4000u   /* r_thread: ... from another simdgroup or simd epoch */
 typedef struct sm_shadow {
     uint32_t w_group; uint16_t w_thread, w_sg_epoch; uint32_t w_epoch, w_pc;
     uint32_t r_group; uint16_t r_thread, r_sg_epoch; uint32_t r_epoch, r_pc;
 } sm_shadow;
+/* Apple's memory model across threadgroups (device memory; the runtime's memory_check.h
+ * says how they are used). A release: a device-scope release fence of `thread`, in the
+ * threadgroup's barrier epoch `epoch`, then an atomic write of `location` at `clock` (the
+ * dispatch's count of releases). An acquire: an atomic read of `location` (when its release
+ * sequence began at `start`, and `clock` releases had happened), then a device-scope
+ * acquire fence of `thread` in `epoch`. */
+#define SM_RELEASES_PER_GROUP 4
+#define SM_ACQUIRES_PER_GROUP 8
+#define SM_SYNC_LOCATIONS 4096
+#define SM_SYNC_THREADS 1024
+typedef struct sm_release { uintptr_t location; uint32_t clock, epoch, thread, pad; } sm_release;
+typedef struct sm_acquire { uintptr_t location; uint32_t start, clock, epoch, thread; } sm_acquire;
+typedef struct sm_sync_location { uintptr_t location; uint32_t start, pad; } sm_sync_location;
+/* Per thread of the running threadgroup: 1 + the epoch of its last device-scope release
+ * fence (0: none), and its last atomic read (read_location 0: none). */
+typedef struct sm_thread_sync { uint32_t fence_epoch, read_start, read_clock, pad; uintptr_t read_location; } sm_thread_sync;
 typedef struct sm_check {
     sm_shadow* buffer_shadow[SM_MAX_BUFFERS];  /* one cell per byte of buffers[i] (NULL: no race tracking) */
     sm_shadow* tg_shadow[SM_MAX_THREADGROUP_MEMORY];
@@ -83,6 +100,24 @@ typedef struct sm_check {
      * dispatches: set once host or kernel wrote it. NULL: every byte counts as written. */
     uint8_t* buffer_init[SM_MAX_BUFFERS];
     uint64_t buffer_init_bit[SM_MAX_BUFFERS];   /* the bound pointer's bit in buffer_init[i] */
+    /* The memory model across threadgroups (NULL tables: not tracked, every cross-threadgroup
+     * pair unordered). */
+    sm_release* releases;                      /* SM_RELEASES_PER_GROUP per threadgroup, by linear number */
+    uint32_t group_count;
+    uint32_t release_clock;
+    sm_thread_sync* threads;                   /* SM_SYNC_THREADS */
+    sm_sync_location* locations;               /* SM_SYNC_LOCATIONS, open addressing */
+    uint32_t acquire_count;                    /* of the running threadgroup */
+    uint32_t atomic_read;                      /* out: the finding's read is an atomic load */
+    sm_acquire acquires[SM_ACQUIRES_PER_GROUP];
+    /* Stale reads: a cross-threadgroup read that nothing orders after the write gets the byte
+     * the dispatch began with (initial) instead of a report; the byte it displaced (newest)
+     * goes back after the dispatch or at the next ordered read (pending: one byte per byte,
+     * 1 while memory holds the stale value). By buffer index, offsets applied. */
+    uint32_t stale_reads;
+    uint8_t* stale_initial[SM_MAX_BUFFERS];
+    uint8_t* stale_newest[SM_MAX_BUFFERS];
+    uint8_t* stale_pending[SM_MAX_BUFFERS];
 } sm_check;
 #define SM_PARAM_BUFFER 1
 #define SM_PARAM_THREADGROUP 2

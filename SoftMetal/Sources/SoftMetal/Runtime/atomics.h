@@ -14,16 +14,22 @@ typedef _atomic<bool> atomic_bool;
 typedef _atomic<float> atomic_float;
 typedef _atomic<ulong> atomic_ulong;
 typedef _atomic<long_t> atomic_long;
-// Under the memory check an atomic is bounds-checked and marks its bytes written, but
-// its own loads are not traced (atomics never race).
+// Under the memory check an atomic is bounds-checked, marks its bytes written and takes
+// part in the memory model across threadgroups (memory_check.h), but its own loads are not
+// traced (atomics never race with each other). Not inlined, so that its return address is
+// the kernel's MSL line.
 #ifdef SM_CHECK_MEMORY
 #define SM_ATOMIC_FN __attribute__((noinline, no_sanitize("coverage")))
-namespace __sm { static void check_atomic(const void* p, uint32_t size); }
-#define SM_ATOMIC_CHECK(a) ::metal::__sm::check_atomic((const void*)(a), sizeof(T))
+namespace __sm {
+static void check_atomic(const void* p, uint32_t size, uintptr_t pc, uint32_t kind);
+static void check_fence(bool device_memory, bool device_scope, bool acquire, bool release);
+}
+#define SM_ATOMIC_CHECK_KIND(a, kind) ::metal::__sm::check_atomic((const void*)(a), sizeof(T), (uintptr_t)__builtin_return_address(0), kind)
 #else
 #define SM_ATOMIC_FN inline
-#define SM_ATOMIC_CHECK(a) ((void)0)
+#define SM_ATOMIC_CHECK_KIND(a, kind) ((void)0)
 #endif
+#define SM_ATOMIC_CHECK(a) SM_ATOMIC_CHECK_KIND(a, 3)
 namespace __sm {
 template <class T> inline T* ap(volatile _atomic<T>* a) { return const_cast<T*>(&a->__v); }
 template <class T, class F> SM_ATOMIC_FN T cas_loop(volatile _atomic<T>* a, F f) {
@@ -37,11 +43,11 @@ template <class T, class F> SM_ATOMIC_FN T cas_loop(volatile _atomic<T>* a, F f)
 }
 }  // namespace __sm
 template <class T> SM_ATOMIC_FN void atomic_store_explicit(volatile _atomic<T>* a, typename __sm::identity<T>::type v, memory_order o) {
-    SM_ATOMIC_CHECK(a);
+    SM_ATOMIC_CHECK_KIND(a, 2);
     __atomic_store(__sm::ap(a), &v, o == memory_order_relaxed ? __ATOMIC_RELAXED : __ATOMIC_SEQ_CST);
 }
 template <class T> SM_ATOMIC_FN T atomic_load_explicit(volatile _atomic<T>* a, memory_order o) {
-    SM_ATOMIC_CHECK(a);
+    SM_ATOMIC_CHECK_KIND(a, 1);
     T v;
     __atomic_load(__sm::ap(a), &v, o == memory_order_relaxed ? __ATOMIC_RELAXED : __ATOMIC_SEQ_CST);
     return v;
@@ -74,5 +80,12 @@ SM_ATOMIC_RMW(fetch_min, v < x ? v : x)
 SM_ATOMIC_RMW(fetch_max, x < v ? v : x)
 #undef SM_ATOMIC_RMW
 // atomic_thread_fence: the fibers of a threadgroup share one OS thread.
-inline void atomic_thread_fence(mem_flags, memory_order, thread_scope = thread_scope::thread_scope_device) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void atomic_thread_fence(mem_flags f, memory_order o, thread_scope s = thread_scope::thread_scope_device) {
+#ifdef SM_CHECK_MEMORY
+    __sm::check_fence(((uint)f & (uint)mem_flags::mem_device) != 0, (int)s == (int)thread_scope::thread_scope_device || (int)s == 3 /* Apple's system scope */,
+                      o == memory_order_acquire || o == memory_order_acq_rel || o == memory_order_seq_cst,
+                      o == memory_order_release || o == memory_order_acq_rel || o == memory_order_seq_cst);
+#endif
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 }  // namespace metal

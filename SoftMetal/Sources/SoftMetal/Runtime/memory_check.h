@@ -7,11 +7,23 @@
 // threadgroup bytes have shadow cells (sm_shadow: last writer, last reader) that find
 // races by what orders two accesses, not by their outcome: threads of one threadgroup
 // are ordered by a threadgroup barrier between them (or, in one simdgroup, by a simd
-// operation), threads of different threadgroups never (atomics aside).
+// operation). Threads of different threadgroups only as Apple's memory model orders them
+// (device memory): a write is ordered before another threadgroup's access when the writer's
+// threadgroup then made a device-scope release (atomic_thread_fence with mem_device, a
+// release order and device scope, by the writing thread or after a barrier, then an
+// atomic write) and the accessing threadgroup acquired it (an atomic read of that location
+// in the release's sequence, then a device-scope acquire fence, by the accessing thread or
+// before a barrier). A threadgroup_barrier, whatever its mem_flags, orders nothing across
+// threadgroups. Checked threadgroups run one after another, so an atomic read always
+// reads the newest value and the releases it synchronises with are those of its location's
+// release sequence so far. Atomics on one location never race with each other; an atomic
+// load of a value another threadgroup wrote is reported like a plain read when nothing
+// orders it (a relaxed load may return the older value: the previous dispatch's).
 namespace metal {
 namespace __sm {
 #ifdef SM_CHECK_MEMORY
 constexpr uint64_t ARENA_RED_ZONE = 64;
+enum : uint32_t { ATOMIC_NONE = 0, ATOMIC_LOAD = 1, ATOMIC_STORE = 2, ATOMIC_RMW = 3 };
 // The checker's own code is not traced (it would call itself).
 #define SM_UNTRACED __attribute__((no_sanitize("coverage")))
 extern "C" char __ehdr_start __attribute__((visibility("hidden")));
@@ -33,8 +45,11 @@ SM_UNTRACED static inline bool check_begin(sm_dispatch* d) {
     return true;
 }
 SM_UNTRACED static inline void check_threadgroup_begin(sm_dispatch* d) {
+    sm_check* c = d->check;
     for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++)
-        if (d->check->tg_shadow[i]) memset(d->check->tg_shadow[i], 0, d->tg_mem_lengths[i] * sizeof(sm_shadow));
+        if (c->tg_shadow[i]) memset(c->tg_shadow[i], 0, d->tg_mem_lengths[i] * sizeof(sm_shadow));
+    c->acquire_count = 0;
+    if (c->threads) memset(c->threads, 0, (d->max_threads < SM_SYNC_THREADS ? d->max_threads : SM_SYNC_THREADS) * sizeof(sm_thread_sync));
 }
 SM_UNTRACED static inline void check_arena_allocated(Group* g, uint64_t off, uint64_t size) {
     if (g->d->check->arena_shadow) memset(g->d->check->arena_shadow + off, 0, size * sizeof(sm_shadow));
@@ -59,11 +74,30 @@ SM_UNTRACED static inline void check_arena_allocated(Group* g, uint64_t off, uin
     fail(g, SM_ERROR_CHECK);
 }
 
+// Whether an access of another threadgroup (group, thread, epoch; thread ~0u: some thread
+// of it) happens before the running thread's access now: a release of that threadgroup
+// made after the access, acquired by this threadgroup before it.
+SM_UNTRACED static inline bool synchronized(const sm_check* c, const Group* g, const Lane* L, uint32_t group, uint32_t thread,
+                                            uint32_t epoch) {
+    if (!c->releases || group == 0 || group > c->group_count) return false;
+    const sm_release* r = c->releases + (uint64_t)(group - 1) * SM_RELEASES_PER_GROUP;
+    for (uint32_t k = 0; k < SM_RELEASES_PER_GROUP; k++) {
+        if (!r[k].location || !(epoch < r[k].epoch || (thread == r[k].thread && epoch == r[k].epoch))) continue;
+        for (uint32_t j = 0; j < c->acquire_count; j++) {
+            const sm_acquire* q = c->acquires + j;
+            if (q->location == r[k].location && q->start <= r[k].clock && r[k].clock <= q->clock &&
+                (g->epoch > q->epoch || (L->tid == q->thread && g->epoch == q->epoch)))
+                return true;
+        }
+    }
+    return false;
+}
+
 // Whether an earlier access (group, thread, epoch, sg_epoch) is unordered with the
 // running thread's access now.
 SM_UNTRACED static inline bool unordered(Group* g, Lane* L, bool device, uint32_t group, uint32_t thread, uint32_t epoch, uint16_t sg_epoch) {
-    if (thread == SM_SHADOW_ATOMIC) return false;
-    if (group != g->id) return device;
+    if (group != g->id) return device && !synchronized(g->d->check, g, L, group, thread & SM_SHADOW_THREAD, epoch);
+    if (thread & SM_SHADOW_ATOMIC) return false;
     if (thread == L->tid || epoch != g->epoch) return false;
     if (thread / 32 == L->sg && sg_epoch != g->sg_epoch[L->sg]) return false;
     return true;
@@ -83,50 +117,97 @@ SM_UNTRACED static inline bool initialized(const sm_check* c, int32_t region, ui
     return (bits[k >> 3] >> (k & 7)) & 1u;
 }
 
-// An atomic marks its bytes written (so later reads are initialised) and never races.
-SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool device, int32_t region, uint64_t offset,
-                         uintptr_t a, uint32_t size, bool write, uintptr_t pc, bool atomic) {
+// Stale reads: memory gets the byte the dispatch began with, the newer byte is kept to go back.
+SM_UNTRACED static inline void serve_stale(sm_check* c, int32_t region, uint64_t offset, uintptr_t a) {
+    uint8_t* pending = c->stale_pending[region] + offset;
+    if (*pending) return;
+    c->stale_newest[region][offset] = *(uint8_t*)a;
+    *(uint8_t*)a = c->stale_initial[region][offset];
+    *pending = 1;
+}
+// An ordered read sees the newest byte again; a write replaces it.
+SM_UNTRACED static inline void unstale(sm_check* c, int32_t region, uint64_t offset, uintptr_t a, bool write) {
+    uint8_t* pending = c->stale_pending[region] + offset;
+    if (!*pending) return;
+    if (!write) *(uint8_t*)a = c->stale_newest[region][offset];
+    *pending = 0;
+}
+
+[[noreturn]] SM_UNTRACED static inline void report_race(Group* g, Lane* L, const sm_shadow* x, bool other_is_write, int32_t region,
+                                                        uint64_t offset, uintptr_t a, uint32_t size, bool write, uintptr_t pc) {
     sm_check* c = g->d->check;
+    c->other_is_write = other_is_write;
+    c->other_pc = other_is_write ? x->w_pc : x->r_pc;
+    c->other_group = other_is_write ? x->w_group : x->r_group;
+    c->other_thread = (other_is_write ? x->w_thread : x->r_thread) & SM_SHADOW_THREAD;
+    c->other_epoch = other_is_write ? x->w_epoch : x->r_epoch;
+    check_report(g, L, SM_CHECK_RACE, region, offset, a, size, write, pc);
+}
+
+// Plain accesses and atomics. Atomic writes record their thread (flagged) and never race;
+// an atomic load of device memory is a read that must be ordered after a write of
+// another threadgroup, and otherwise changes no cell.
+SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool device, int32_t region, uint64_t offset,
+                         uintptr_t a, uint32_t size, bool write, uintptr_t pc, uint32_t atomic) {
+    sm_check* c = g->d->check;
+    const bool stale = device && c->stale_reads && c->stale_pending[region];
+    if (atomic == ATOMIC_LOAD && device) {
+        c->atomic_read = 1;
+        for (uint32_t b = 0; b < size; b++) {
+            const sm_shadow* x = cells + b;
+            if (c->races && x->w_group && x->w_group != g->id &&
+                !synchronized(c, g, L, x->w_group, x->w_thread & SM_SHADOW_THREAD, x->w_epoch)) {
+                if (stale) serve_stale(c, region, offset + b, a + b);
+                else report_race(g, L, x, true, region, offset + b, a + b, size, false, pc);
+            } else if (stale) {
+                unstale(c, region, offset + b, a + b, false);
+            }
+        }
+        c->atomic_read = 0;
+        return;
+    }
     if (device && write) mark_initialized(c, region, offset, size);
+    const uint16_t sge = g->sg_epoch[L->sg];
+    const uint32_t pc32 = (uint32_t)(pc - c->image_start);
     if (atomic) {
         for (uint32_t b = 0; b < size; b++) {
-            cells[b].w_group = g->id;
-            cells[b].w_thread = SM_SHADOW_ATOMIC;
+            sm_shadow* x = cells + b;
+            x->w_group = g->id;
+            x->w_thread = (uint16_t)(L->tid | SM_SHADOW_ATOMIC);
+            x->w_epoch = g->epoch;
+            x->w_sg_epoch = sge;
+            x->w_pc = pc32;
+            x->r_group = 0;
+            if (stale) unstale(c, region, offset + b, a + b, true);
         }
         return;
     }
-    const uint16_t sge = g->sg_epoch[L->sg];
     for (uint32_t b = 0; b < size; b++) {
         sm_shadow* x = cells + b;
+        bool served = false;
         if (x->w_group == 0) {
             if (!write && c->uninitialized && (!device || !initialized(c, region, offset + b)))
                 check_report(g, L, SM_CHECK_UNINITIALIZED, region, offset + b, a + b, size, write, pc);
-        } else if (c->races && unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
-            c->other_is_write = 1;
-            c->other_pc = x->w_pc;
-            c->other_group = x->w_group;
-            c->other_thread = x->w_thread;
-            c->other_epoch = x->w_epoch;
-            check_report(g, L, SM_CHECK_RACE, region, offset + b, a + b, size, write, pc);
+        } else if (c->races && !(write && (x->w_thread & SM_SHADOW_ATOMIC)) &&
+                   unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
+            if (stale && !write && x->w_group != g->id) {
+                serve_stale(c, region, offset + b, a + b);
+                served = true;
+            } else {
+                report_race(g, L, x, true, region, offset + b, a + b, size, write, pc);
+            }
         }
-        const uint32_t pc32 = (uint32_t)(pc - c->image_start);
+        if (stale && !served) unstale(c, region, offset + b, a + b, write);
         if (write) {
             if (c->races && x->r_group) {
-                const uint32_t reader = x->r_thread & 0x3FFFu;
+                const uint32_t reader = x->r_thread & SM_SHADOW_THREAD;
                 bool race;
                 if (!(x->r_thread & SM_SHADOW_MANY)) race = unordered(g, L, device, x->r_group, reader, x->r_epoch, x->r_sg_epoch);
-                else if (x->r_group != g->id) race = device;
+                else if (x->r_group != g->id) race = device && !synchronized(c, g, L, x->r_group, ~0u, x->r_epoch);
                 else if (x->r_epoch != g->epoch) race = false;
                 else if (x->r_thread & SM_SHADOW_MIXED) race = true;  // readers in several simdgroups: one is not this one
                 else race = !(reader / 32 == L->sg && x->r_sg_epoch != sge);
-                if (race) {
-                    c->other_is_write = 0;
-                    c->other_pc = x->r_pc;
-                    c->other_group = x->r_group;
-                    c->other_thread = reader;
-                    c->other_epoch = x->r_epoch;
-                    check_report(g, L, SM_CHECK_RACE, region, offset + b, a + b, size, write, pc);
-                }
+                if (race) report_race(g, L, x, false, region, offset + b, a + b, size, write, pc);
             }
             x->w_group = g->id;
             x->w_thread = (uint16_t)L->tid;
@@ -134,9 +215,9 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
             x->w_sg_epoch = sge;
             x->w_pc = pc32;
             x->r_group = 0;
-        } else if (x->r_group == g->id && x->r_epoch == g->epoch && (x->r_thread & 0x3FFFu) != L->tid) {
+        } else if (x->r_group == g->id && x->r_epoch == g->epoch && (x->r_thread & SM_SHADOW_THREAD) != L->tid) {
             uint16_t flags = (uint16_t)(x->r_thread & (SM_SHADOW_MANY | SM_SHADOW_MIXED)) | SM_SHADOW_MANY;
-            if ((x->r_thread & 0x3FFFu) / 32 != L->sg || x->r_sg_epoch != sge) flags |= SM_SHADOW_MIXED;
+            if ((x->r_thread & SM_SHADOW_THREAD) / 32 != L->sg || x->r_sg_epoch != sge) flags |= SM_SHADOW_MIXED;
             x->r_thread = (uint16_t)(L->tid | flags);
             x->r_sg_epoch = sge;
             x->r_pc = pc32;
@@ -150,7 +231,46 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
     }
 }
 
-SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool write, uintptr_t pc, bool atomic = false) {
+// The release and acquire bookkeeping of an atomic on device memory at address a.
+SM_UNTRACED static inline sm_sync_location* sync_location(sm_check* c, uintptr_t a) {
+    if (!c->locations) return nullptr;
+    for (uint32_t i = (uint32_t)((a >> 2) * 0x9E3779B1u) % SM_SYNC_LOCATIONS, n = 0; n < SM_SYNC_LOCATIONS; n++, i = (i + 1) % SM_SYNC_LOCATIONS) {
+        sm_sync_location* s = c->locations + i;
+        if (s->location == a) return s;
+        if (!s->location) {
+            s->location = a;
+            s->start = 0;
+            return s;
+        }
+    }
+    return nullptr;  // full: every release counts as in the sequence
+}
+SM_UNTRACED static inline void sync_atomic(sm_check* c, Group* g, Lane* L, uintptr_t a, uint32_t atomic) {
+    if (!c->threads || !c->releases || L->tid >= SM_SYNC_THREADS || g->id == 0 || g->id > c->group_count) return;
+    sm_thread_sync* t = c->threads + L->tid;
+    sm_sync_location* s = sync_location(c, a);
+    if (atomic != ATOMIC_STORE) {  // it reads: a later acquire fence synchronises through it
+        t->read_location = a;
+        t->read_start = s ? s->start : 0;
+        t->read_clock = c->release_clock;
+    }
+    if (atomic == ATOMIC_LOAD) return;
+    if (t->fence_epoch) {
+        const uint32_t clock = ++c->release_clock;
+        sm_release* r = c->releases + (uint64_t)(g->id - 1) * SM_RELEASES_PER_GROUP;
+        sm_release* slot = r;
+        for (uint32_t k = 0; k < SM_RELEASES_PER_GROUP; k++) {
+            if (r[k].location == a && r[k].epoch == t->fence_epoch - 1 && r[k].thread == L->tid) { slot = r + k; break; }
+            if (r[k].clock < slot->clock) slot = r + k;  // else the oldest (or an empty one) gives way
+        }
+        *slot = sm_release{a, clock, t->fence_epoch - 1, L->tid, 0};
+        if (atomic == ATOMIC_STORE && s) s->start = clock;  // a store heads a new release sequence
+    } else if (atomic == ATOMIC_STORE && s) {
+        s->start = c->release_clock + 1;  // a store that releases nothing ends the sequence
+    }
+}
+
+SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool write, uintptr_t pc, uint32_t atomic = ATOMIC_NONE) {
     sm_dispatch* d = checked_;
     if (!d) return;
     const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
@@ -169,7 +289,7 @@ SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool wri
     if (a >= (uintptr_t)d && end <= (uintptr_t)(d + 1)) return;
     if (a >= (uintptr_t)c && end <= (uintptr_t)(c + 1)) return;
     if (d->error && a >= (uintptr_t)d->error && end <= (uintptr_t)d->error + d->error_capacity) return;
-    if (atomic) write = true;
+    if (atomic && atomic != ATOMIC_LOAD) write = true;
     for (int i = 0; i < SM_MAX_THREADGROUP_MEMORY; i++) {
         const uintptr_t base = (uintptr_t)d->tg_mem[i];
         if (!base || a < base || a >= base + d->tg_mem_lengths[i]) continue;
@@ -207,6 +327,7 @@ SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool wri
         if (!base || a < base || a >= base + d->buffer_lengths[i]) continue;
         if (end > base + d->buffer_lengths[i]) { partly = i; continue; }
         if (c->buffer_shadow[i]) track(g, L, c->buffer_shadow[i] + (a - base), true, i, a - base, a, size, write, pc, atomic);
+        if (atomic) sync_atomic(c, g, L, a, atomic);
         return;
     }
     if (partly >= 0) check_report(g, L, SM_CHECK_BOUNDS, partly, a - (uintptr_t)d->buffers[partly], a, size, write, pc);
@@ -222,8 +343,28 @@ SM_UNTRACED static inline void check_access(uintptr_t a, uint32_t size, bool wri
     c->outside = 1;
     check_report(g, L, SM_CHECK_BOUNDS, nearest, nearest >= 0 ? a - (uintptr_t)d->buffers[nearest] : 0, a, size, write, pc);
 }
-SM_UNTRACED static void check_atomic(const void* p, uint32_t size) {
-    check_access((uintptr_t)p, size, true, (uintptr_t)__builtin_return_address(0), true);
+// pc: the atomic function's return address, in the kernel's code.
+SM_UNTRACED static void check_atomic(const void* p, uint32_t size, uintptr_t pc, uint32_t atomic) {
+    check_access((uintptr_t)p, size, atomic != ATOMIC_LOAD, pc, atomic);
+}
+// atomic_thread_fence: with mem_device at device (or system) scope, a release fence makes
+// the thread's later atomic writes releases; an acquire fence acquires through the
+// thread's last atomic read. Not inlined into the (traced) fence.
+__attribute__((noinline)) SM_UNTRACED static void check_fence(bool device_memory, bool device_scope, bool acquire, bool release) {
+    sm_dispatch* d = checked_;
+    if (!d || !device_memory || !device_scope) return;
+    const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+    const uintptr_t stacks = (uintptr_t)d->stacks;
+    if (sp < stacks || sp >= stacks + d->stack_size * d->stack_count) return;
+    sm_check* c = d->check;
+    Lane* L = cur();
+    if (!c->threads || L->tid >= SM_SYNC_THREADS) return;
+    sm_thread_sync* t = c->threads + L->tid;
+    if (acquire && t->read_location) {
+        const uint32_t n = c->acquire_count < SM_ACQUIRES_PER_GROUP ? c->acquire_count++ : SM_ACQUIRES_PER_GROUP - 1;
+        c->acquires[n] = sm_acquire{t->read_location, t->read_start, t->read_clock, L->g->epoch, L->tid};
+    }
+    if (release) t->fence_epoch = L->g->epoch + 1;
 }
 #endif
 

@@ -64,6 +64,12 @@ kernel void zero_then_store_without_barrier(device const uint* x [[buffer(0)]], 
         y[0] = total;
     }
 }
+
+// Threadgroup 1 reads what threadgroup 0 wrote in the same dispatch: nothing orders the two.
+kernel void read_other_group(device float* y [[buffer(0)]], uint group [[threadgroup_position_in_grid]]) {
+    if (group == 0) y[0] = 1.0f;
+    if (group == 1) y[1] = y[0];
+}
 """
 
 final class SoftMetalChecksTests: XCTestCase {
@@ -195,6 +201,22 @@ final class SoftMetalChecksTests: XCTestCase {
         guard case .uninitializedRead(let r)? = racy.error as? SoftMetalError else { return XCTFail(message(racy)) }
         XCTAssertTrue(r.contains("neighbour_without_barrier") && r.contains("MSL line 19"), r)
         XCTAssertGreaterThan(SoftMetalOptions.statistics.memoryCheckedDispatches, 0)
+    }
+
+    func testAllChecksAndStaleReadsAreRequestedOnTheSoftMetalEncoder() throws {
+        let y = device.makeBuffer(length: 16)!
+        let values = y.contents().bindMemory(to: Float.self, capacity: 4)
+        values[0] = 7
+        let cb = try run("read_other_group", groups: 2, threads: 1, configure: { $0.softMetalCheckAll() },
+                         [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        guard case .race(let m)? = cb.error as? SoftMetalError else { return XCTFail(message(cb)) }
+        XCTAssertTrue(m.contains("thread 0 of threadgroup (1, 0, 0) reads it") && m.contains("not ordered by a threadgroup_barrier"), m)
+        values[0] = 7
+        let stale = try run("read_other_group", groups: 2, threads: 1, configure: { $0.softMetalStaleReads = true },
+                            [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        XCTAssertNil(stale.error)
+        XCTAssertEqual(values[1], 7)  // what y[0] held when the dispatch began
+        XCTAssertEqual(values[0], 1)  // the store landed
     }
 
     func testMemoryCheckFindsReadsOfBufferBytesNeverWritten() throws {
