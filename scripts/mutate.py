@@ -119,6 +119,10 @@ CATALOGUE = [
     ("memory-budget-ignored", "Swift API", "Sources/MoEKernels/Support/MemoryBudget.swift",
      "guard let found = available(limit: limit), needed > found.bytes else { return }",
      "guard let found = available(limit: limit), needed > 2 * found.bytes else { return }"),
+    # SoftMetal's own rules: lanes of one simdgroup are ordered only by a simd operation
+    ("softmetal-simdgroup-always-ordered", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Runtime/memory_check.h",
+     "if (thread / 32 == L->sg && sg_epoch != g->sg_epoch[L->sg]) return false;",
+     "if (thread / 32 == L->sg) return false;"),
     # blocks: the combine walks a row in blocks of 256 (killed only at H > 256)
     ("cpu-next-norm-last-block-only", "CPU backend", "Sources/MoEKernels/CPU/CPUPass.swift",
      "if next != nil { sumOfSquares += RMSNorm.sumOfSquares(acc, count: n) }",

@@ -117,6 +117,17 @@ kernel void simd_ordered(device float* y [[buffer(0)]], uint lane [[thread_index
     y[lane] = s[31 - lane];
 }
 
+// The same exchange without the simd operation: lanes of one simdgroup are not ordered
+// by being in one simdgroup (the slots are written once before a barrier, so the read
+// is of initialised memory: the only fault is the order).
+kernel void simd_unordered(device float* y [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+    threadgroup float s[32];
+    s[lane] = 0.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    s[lane] = float(lane);                                    // each lane's slot
+    y[lane] = s[31 - lane];                                   // another lane's slot, nothing between
+}
+
 kernel void counter(device atomic_uint* c [[buffer(0)]], device uint* out [[buffer(1)]], uint i [[thread_position_in_grid]]) {
     uint slot = atomic_fetch_add_explicit(c, 1u, memory_order_relaxed);
     out[slot] = i;
@@ -211,6 +222,17 @@ def test_missing_barrier_names_both_threads_and_lines(lib):
     assert re.search(rf"thread \d+ of threadgroup \(0, 0, 0\) reads it at MSL line {read}, "
                      rf"thread \d+ of threadgroup \(0, 0, 0\) wrote it at MSL line {write}", message), message
     assert "no threadgroup_barrier between them" in message
+
+
+def test_lanes_of_one_simdgroup_need_a_simd_operation(lib):
+    """Both sides of the simdgroup rule: with simdgroup_barrier between the write and the
+    read the exchange is clean (test_correct_kernels_pass); without it, it is a race."""
+    y = np.zeros(32, np.float32)
+    with pytest.raises(softmetal.RaceError) as e:
+        lib.launch("simd_unordered", [y], threadgroups=(1,), threads_per_threadgroup=(32,), check_memory=True)
+    write, read = lines_of("// each lane's slot", "// another lane's slot")
+    message = str(e.value)
+    assert f"MSL line {write}" in message and f"MSL line {read}" in message, message
 
 
 def test_a_race_that_does_not_change_the_output(lib):
