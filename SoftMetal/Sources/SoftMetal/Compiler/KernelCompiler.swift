@@ -240,7 +240,7 @@ final class KernelCompiler: @unchecked Sendable {
         let ir = "\(dir)/\(key).\(unique).ll"
         let log = "\(dir)/\(key).\(unique).lang.log"
         defer { unlink(source); unlink(ir); unlink(log) }
-        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil else { return [] }
+        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil else { return [] }
         let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
                                   timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
         if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).\(unique)") }
@@ -249,6 +249,19 @@ final class KernelCompiler: @unchecked Sendable {
         try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
         SoftMetalCache.evictIfNeeded(dir, keep: cached)
         return findings
+    }
+
+    /// The file clang++ compiles: the runtime header, after the `#define` lines the text
+    /// starts with (the MSL version, `__SM_METAL_VERSION`, which the runtime's version-gated
+    /// declarations read, and the function constants' values), then the rest of the text.
+    static func sourceFile(_ translated: String) -> String {
+        var defines = Substring(translated)
+        var rest = defines[...]
+        while rest.hasPrefix("#define "), let newline = rest.firstIndex(of: "\n") {
+            rest = rest[rest.index(after: newline)...]
+        }
+        defines = defines[..<rest.startIndex]
+        return defines + "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + rest
     }
 
     private func compile(_ translated: String, key: String, dir: String, compiler: String, flags: [String], output: String,
@@ -262,7 +275,7 @@ final class KernelCompiler: @unchecked Sendable {
         // see each other's files; kept as <key>.failed.cpp when the compilation fails and
         // SOFTMETAL_KEEP_FAILED=1 (for debugging), else removed.
         let source = "\(dir)/\(key).\(unique).cpp"
-        try SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)
+        try SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)
         defer {
             if access(output, R_OK) != 0 && SMEnv.get("SOFTMETAL_KEEP_FAILED") == "1" {
                 rename(source, "\(dir)/\(key).failed.cpp")

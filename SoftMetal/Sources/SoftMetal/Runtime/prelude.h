@@ -23,7 +23,12 @@
 #include <stddef.h>
 #include <type_traits>
 
-#define __METAL_VERSION__ 310
+// The MSL version asked for (MTLCompileOptions.languageVersion), defined before this header
+// by the compile: the runtime's version-gated parts (atomics.h) follow it as Apple's headers do.
+#ifndef __SM_METAL_VERSION
+#define __SM_METAL_VERSION 310
+#endif
+#define __METAL_VERSION__ __SM_METAL_VERSION
 #define __SOFTMETAL__ 1
 #define METAL_FUNC inline __attribute__((always_inline))
 #define INFINITY (__builtin_inff())
