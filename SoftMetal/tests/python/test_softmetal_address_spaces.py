@@ -56,7 +56,44 @@ def test_a_pointer_or_reference_without_an_address_space_is_refused(case):
     assert f"source.metal:{line}: error: {kind} type must have explicit address space qualifier: `{written}`" in message, message
 
 
+_CONVERSIONS = {
+    "device pointer to a thread parameter": (
+        "static float first(thread const float* p) { return p[0]; }\n" + _kernel("    y[i] = first(y);"), 3,
+        "no matching function for call to 'first': cannot pass pointer to address space 'device' as a pointer to "
+        "address space 'thread' in 1st argument (the function at source.metal:1)"),
+    "device pointer into a thread one": (
+        _kernel("    thread float* p = y;\n    p[i] = 1.0f;"), 2,
+        "cannot initialize a variable of type 'thread float *' with an lvalue of type 'device float *'"),
+    "threadgroup array into a device pointer": (
+        _kernel("    threadgroup float t[4];\n    t[i % 4] = 1.0f;\n    device float* d = t;\n    y[i] = d[0];"), 4,
+        "cannot initialize a variable of type 'device float *' with an lvalue of type 'threadgroup float[4]'"),
+    "device pointer returned as a thread one": (
+        "static thread float* self(device float* p) { return p; }\n" + _kernel("    y[i] = 0.0f;"), 1,
+        "cannot initialize return object of type 'thread float *' with an lvalue of type 'device float *'"),
+    "thread reference to a device element": (
+        _kernel("    thread float& r = y[i];\n    r = 1.0f;"), 2,
+        "binding reference of type 'thread float' to value of type 'device float' changes address space"),
+    "thread pointer assigned to a device one": (
+        _kernel("    float x = 1.0f;\n    thread float* p = &x;\n    device float* q = y;\n    q = p;\n    q[i] = 2.0f;"), 5,
+        "assigning 'thread float *' to 'device float *' changes address space of pointer"),
+    "constant buffer to a device parameter": (
+        "static float get(device const float* p) { return p[0]; }\n"
+        "kernel void k(device float* y [[buffer(0)]], constant float* c [[buffer(1)]]) { y[0] = get(c); }\n", 2,
+        "no matching function for call to 'get': cannot pass pointer to address space 'constant' as a pointer to "
+        "address space 'device' in 1st argument"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CONVERSIONS))
+def test_a_conversion_between_address_spaces_is_refused(case):
+    source, line, expected = _CONVERSIONS[case]
+    with pytest.raises(softmetal.CompileError) as e:
+        softmetal.compile(source)
+    assert f"source.metal:{line}: error: {expected}" in str(e.value), str(e.value)
+
+
 _ACCEPTED = """
+using namespace metal;
 struct S {
     float a;
     float twice() const { return a * 2.0f; }   // `this`: thread, implied
@@ -65,8 +102,19 @@ template <typename T> T first(const T* p) { return p[0]; }        // T deduced w
 template <typename T> T get(thread const T& r) { return r; }
 static float sum(thread const float* p, int n) { float s = 0.0f; for (int j = 0; j < n; j++) s += p[j]; return s; }
 static int twice_int(int x) { return 2 * x; }
+static float dev(device const float* p) { return p[0]; }                  // adding const: allowed
+static float con(constant S& s) { return s.a; }
+static void put(threadgroup float* t, uint i) { t[i] = 1.0f; }
 kernel void k(device float* y [[buffer(0)]], constant S& s [[buffer(1)]], device const float* x [[buffer(2)]],
               uint i [[thread_position_in_grid]]) {
+    threadgroup float shared[4];
+    threadgroup atomic_uint count;
+    if (i == 0) atomic_store_explicit(&count, 0u, memory_order_relaxed);
+    put(shared, i);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    atomic_fetch_add_explicit(&count, 1u, memory_order_relaxed);
+    y[i] = dev(y) * 0.0f + con(s) * 0.0f + shared[3 - i] - 1.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     float local[2] = {1.0f, 2.0f};
     thread float* p = local;
     auto& r = y[i];              // deduced: device float&
@@ -75,7 +123,8 @@ kernel void k(device float* y [[buffer(0)]], constant S& s [[buffer(1)]], device
     float a = float(i) * 2.0f;
     uint bits = i & 1u;
     constant S& t = s;
-    r = a + sum(p, 2) + first(q) + get(local[0]) + t.a + S{1.0f}.twice() + ((bits != 0u) && true ? 10.0f : 0.0f) + fp(1);
+    r += a + sum(p, 2) + first(q) + get(local[0]) + t.a + S{1.0f}.twice() + ((bits != 0u) && true ? 10.0f : 0.0f) + fp(1)
+         + float(atomic_load_explicit(&count, memory_order_relaxed)) - 4.0f;
 }
 """
 

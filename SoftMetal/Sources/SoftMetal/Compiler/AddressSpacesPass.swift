@@ -143,6 +143,10 @@ extension MSLTranslator {
             }
             let key = "\(stack.last ?? -1)|" + words.joined(separator: " ")
             if seen.contains(key) {
+                var name = identifier(endingAt: skipSpaceBack(open - 1)).word
+                let head = Substring(MSLTranslator.compact(string(declStart, open)))
+                if name.isEmpty, let r = head.firstRange(ofPlain: "operator") { name = "operator" + head[r.upperBound...] }
+                addressSpaceOverloadNames.insert(name)
                 blankInPlace(declStart, end)
             } else {
                 seen.insert(key)
@@ -151,29 +155,39 @@ extension MSLTranslator {
         }
     }
 
-    /// `device` and `thread` are dropped, `constant` becomes `const` (a function constant's
-    /// `constant` is that pass's), outside member names (`x.device`).
+    /// What an address-space word becomes: `thread` (the default address space) is dropped,
+    /// `device` and `threadgroup` become the runtime's macros, `constant` also `const`
+    /// (prelude.h: empty in the build, clang address spaces in the address-space check).
+    static func addressSpaceReplacement(_ word: String) -> String? {
+        switch word {
+        case "thread": return "      "
+        case "device": return "__sm_device"
+        case "threadgroup": return "__sm_threadgroup"
+        case "constant": return "const __sm_constant"
+        default: return nil
+        }
+    }
+
+    /// `device`, `thread` and `constant` replaced (a function constant's `constant` is that
+    /// pass's, `threadgroup` the threadgroup-memory pass's), outside member names (`x.device`).
     mutating func addressSpaces() throws {
         try walk { t, v in
-            guard let word = t.word(v) else { return nil }
-            if (word == "device" || word == "thread" || word == "constant") && !t.isMember(v.start) {
-                t.edits.append((v.start, v.end, word == "constant" ? "const   " : String(repeating: " ", count: v.end - v.start)))
-            }
+            guard let word = t.word(v), word != "threadgroup", let replacement = MSLTranslator.addressSpaceReplacement(word),
+                  !t.isMember(v.start) else { return nil }
+            t.edits.append((v.start, v.end, replacement))
             return nil
         }
     }
 
-    /// `device`/`thread`/`threadgroup` dropped and `constant` made `const` in [a, b): for the
-    /// parameter list of a kernel template's head, which the walk steps over.
+    /// The address-space words replaced in [a, b): for the parameter list of a kernel
+    /// template's head, which the walk steps over.
     mutating func dropAddressSpaces(_ a: Int, _ b: Int) {
         var k = a
         while k < b {
             guard Byte.isIdentStart(text[k]), k == 0 || !Byte.isIdent(text[k - 1]),
                   let (word, end) = identifier(at: k) else { k += 1; continue }
-            if ["device", "thread", "threadgroup"].contains(word) {
-                edits.append((k, end, String(repeating: " ", count: end - k)))
-            } else if word == "constant" {
-                edits.append((k, end, "const   "))
+            if let replacement = MSLTranslator.addressSpaceReplacement(word) {
+                edits.append((k, end, replacement))
             }
             k = end
         }

@@ -200,17 +200,52 @@ final class KernelCompiler: @unchecked Sendable {
 
     /// `load(translated:)` and the language check of the same text (see MSLLanguageCheck),
     /// the two clang++ runs side by side when neither is cached.
-    func loadChecked(translated: String, timeout: Double? = nil) throws -> (library: LoadedLibrary, findings: [MSLLanguageCheck.Finding]) {
+    /// And the address-space check's clang output (see MSLAddressSpaceCheck), a third run.
+    func loadChecked(translated: String, timeout: Double? = nil)
+        throws -> (library: LoadedLibrary, findings: [MSLLanguageCheck.Finding], addressSpaceLog: String) {
         var loaded: Result<LoadedLibrary, Error>!
         var findings: [MSLLanguageCheck.Finding] = []
-        DispatchQueue.concurrentPerform(iterations: 2) { i in
+        var addressSpaceLog = ""
+        DispatchQueue.concurrentPerform(iterations: 3) { i in
             if i == 0 {
                 loaded = Result { try self.load(translated: translated, timeout: timeout) }
-            } else {
+            } else if i == 1 {
                 findings = self.languageFindings(translated: translated, timeout: timeout)
+            } else {
+                addressSpaceLog = self.addressSpaceLog(translated: translated, timeout: timeout)
             }
         }
-        return (try loaded.get(), findings)
+        return (try loaded.get(), findings, addressSpaceLog)
+    }
+
+    /// clang's diagnostics for the translated text with address spaces as types (empty when
+    /// it has none, or the check could not run), cached on disk beside the shared objects.
+    func addressSpaceLog(translated: String, timeout: Double? = nil) -> String {
+        guard let compiler = try? KernelCompiler.findCompiler() else { return "" }
+        let flags = MSLAddressSpaceCheck.flags
+        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "address-space-check-1"])
+        let dir = KernelCompiler.cacheDirectory
+        let cached = "\(dir)/\(key).asp"
+        if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
+            utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
+            return text
+        }
+        guard (try? SMFile.makeDirectories(dir)) != nil else { return "" }
+        let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
+        let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
+        if access(header, R_OK) != 0 {
+            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return "" }
+        }
+        let source = "\(dir)/\(key).\(unique).asp.cpp"
+        let log = "\(dir)/\(key).\(unique).asp.log"
+        defer { unlink(source); unlink(log) }
+        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil else { return "" }
+        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source], output: log,
+                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+        guard status >= 0, let text = try? SMFile.read(log) else { return "" }
+        try? SMFile.writeAtomically(cached, text, unique: unique)
+        SoftMetalCache.evictIfNeeded(dir, keep: cached)
+        return text
     }
 
     static let languageCheckFlags = [

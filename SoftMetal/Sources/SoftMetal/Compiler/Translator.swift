@@ -109,6 +109,9 @@ struct MSLTranslator {
             var allowedFrom: Int
         }
         var versionGated: [VersionGated] = []
+        /// Functions the source overloads on the address spaces of their parameters, of
+        /// which the translation keeps one (the address-space check leaves their calls alone).
+        var addressSpaceOverloads: Set<String> = []
     }
 
     /// `constant T name [[function_constant(index)]];`: becomes
@@ -148,6 +151,7 @@ struct MSLTranslator {
     var tgSlot = 0
     /// Version-gated features found (offset in `text`, what, from which `__METAL_VERSION__`).
     var versionGated: [(at: Int, what: String, allowedFrom: Int)] = []
+    var addressSpaceOverloadNames = Set<String>()
     /// Where the earliest error so far was raised: the passes go no further.
     var stopAt = Int.max
 
@@ -316,7 +320,8 @@ struct MSLTranslator {
         for l in launchers { out += l }
         return Output(source: out, kernels: kernels, functionConstants: declaredConstants.map(\.constant),
                       body: body, launchers: launchers,
-                      versionGated: versionGated.map { .init(location: location(at: $0.at), what: $0.what, allowedFrom: $0.allowedFrom) })
+                      versionGated: versionGated.map { .init(location: location(at: $0.at), what: $0.what, allowedFrom: $0.allowedFrom) },
+                      addressSpaceOverloads: addressSpaceOverloadNames)
     }
 }
 #endif

@@ -265,7 +265,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
                 let built = try KernelCompiler.shared.loadChecked(
                     translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:], metalVersion: options.metalVersion) + translated.body,
                     timeout: options.compileTimeout)
-                if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: options.metalVersion) {
+                if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: options.metalVersion)
+                    ?? MSLAddressSpaceCheck.errors(built.addressSpaceLog, overloaded: translated.addressSpaceOverloads) {
                     throw SoftMetalError.compile(errors)
                 }
                 loadedLibrary = built.library
@@ -307,7 +308,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         let checked = CheckedBuild(text: text, timeout: context.timeout)
         do {
             let built = try KernelCompiler.shared.loadChecked(translated: text, timeout: context.timeout)
-            if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: metalVersion) {
+            if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: metalVersion)
+                ?? MSLAddressSpaceCheck.errors(built.addressSpaceLog, overloaded: translated.addressSpaceOverloads) {
                 throw SoftMetalError.compile(errors)
             }
             library = built.library
