@@ -1065,7 +1065,7 @@ def test_compile_errors_come_whole_and_before_warnings():
 
 
 @pytest.mark.parametrize("statement,word", [
-    ("float* p = new float[4];", "new"), ("goto done; done: ;", "goto"), ("try { } catch (...) { }", "try"),
+    ("thread float* p = new float[4];", "new"), ("goto done; done: ;", "goto"), ("try { } catch (...) { }", "try"),
     ("thread_local int t = 0;", "thread_local"), ("register int r = 0;", "register"),
 ])
 def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
