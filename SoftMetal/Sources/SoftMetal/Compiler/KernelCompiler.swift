@@ -221,31 +221,14 @@ final class KernelCompiler: @unchecked Sendable {
     /// clang's diagnostics for the translated text with address spaces as types (empty when
     /// it has none, or the check could not run), cached on disk beside the shared objects.
     func addressSpaceLog(translated: String, timeout: Double? = nil) -> String {
-        guard let compiler = try? KernelCompiler.findCompiler() else { return "" }
         let flags = MSLAddressSpaceCheck.flags
-        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "address-space-check-1"])
-        let dir = KernelCompiler.cacheDirectory
-        let cached = "\(dir)/\(key).asp"
-        if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
-            utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
-            return text
-        }
-        guard (try? SMFile.makeDirectories(dir)) != nil else { return "" }
-        let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
-        let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
-        if access(header, R_OK) != 0 {
-            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return "" }
-        }
-        let source = "\(dir)/\(key).\(unique).asp.cpp"
-        let log = "\(dir)/\(key).\(unique).asp.log"
-        defer { unlink(source); unlink(log) }
-        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil else { return "" }
-        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source], output: log,
-                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-        guard status >= 0, let text = try? SMFile.read(log) else { return "" }
-        try? SMFile.writeAtomically(cached, text, unique: unique)
-        SoftMetalCache.evictIfNeeded(dir, keep: cached)
-        return text
+        return cachedCheck(translated: translated, flags: flags, tag: "address-space-check-1", ext: "asp") { compiler, dir, source, base in
+            let log = "\(base).asp.log"
+            defer { unlink(log) }
+            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source], output: log,
+                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+            return status >= 0 ? try? SMFile.read(log) : nil
+        } ?? ""
     }
 
     static let languageCheckFlags = [
@@ -256,34 +239,48 @@ final class KernelCompiler: @unchecked Sendable {
     /// The language check's findings for a translated source, cached on disk beside the
     /// shared objects. A source that clang++ rejects has none (the build reports the error).
     func languageFindings(translated: String, timeout: Double? = nil) -> [MSLLanguageCheck.Finding] {
-        guard let compiler = try? KernelCompiler.findCompiler() else { return [] }
         let flags = KernelCompiler.languageCheckFlags
-        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "language-check-2"])
+        let text = cachedCheck(translated: translated, flags: flags, tag: "language-check-2", ext: "lang") { compiler, dir, source, base in
+            let ir = "\(base).ll"
+            let log = "\(base).lang.log"
+            defer { unlink(ir); unlink(log) }
+            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
+                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+            if status < 0 { SMFile.removeFiles(in: dir, prefix: String(base.dropFirst(dir.count + 1))) }
+            guard status == 0, let text = try? SMFile.read(ir) else { return nil }
+            return MSLLanguageCheck.findings(ir: text, translated: translated).map { $0.serialized + "\n" }.joined()
+        }
+        return (text ?? "").split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
+    }
+
+    /// A check's clang++ run on a translated text (beside the build), cached on disk beside the
+    /// shared objects as `<key>.<ext>`: the cached text, else what `run` returns (given the
+    /// compiler, the cache directory, the source file written for it and the path prefix for
+    /// its temporary files; nil: nothing to cache), else nil when the check cannot run.
+    private func cachedCheck(translated: String, flags: [String], tag: String, ext: String,
+                             _ run: (_ compiler: String, _ dir: String, _ source: String, _ base: String) -> String?) -> String? {
+        guard let compiler = try? KernelCompiler.findCompiler() else { return nil }
+        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, tag])
         let dir = KernelCompiler.cacheDirectory
-        let cached = "\(dir)/\(key).lang"
+        let cached = "\(dir)/\(key).\(ext)"
         if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
             utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
-            return text.split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
+            return text
         }
-        guard (try? SMFile.makeDirectories(dir)) != nil else { return [] }
+        guard (try? SMFile.makeDirectories(dir)) != nil else { return nil }
         let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
         let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
         if access(header, R_OK) != 0 {
-            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return [] }
+            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return nil }
         }
-        let source = "\(dir)/\(key).\(unique).lang.cpp"
-        let ir = "\(dir)/\(key).\(unique).ll"
-        let log = "\(dir)/\(key).\(unique).lang.log"
-        defer { unlink(source); unlink(ir); unlink(log) }
-        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil else { return [] }
-        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
-                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-        if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).\(unique)") }
-        guard status == 0, let text = try? SMFile.read(ir) else { return [] }
-        let findings = MSLLanguageCheck.findings(ir: text, translated: translated)
-        try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
+        let base = "\(dir)/\(key).\(unique)"
+        let source = "\(base).\(ext).cpp"
+        defer { unlink(source) }
+        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil,
+              let text = run(compiler, dir, source, base) else { return nil }
+        try? SMFile.writeAtomically(cached, text, unique: unique)
         SoftMetalCache.evictIfNeeded(dir, keep: cached)
-        return findings
+        return text
     }
 
     /// The file clang++ compiles: the runtime header, after the `#define` lines the text
