@@ -1073,7 +1073,7 @@ def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
     with pytest.raises(softmetal.CompileError, match=rf"source.metal:2.*`{word}`.*not part of MSL"):
         softmetal.compile(source)
     # A deleted function is not the delete operator; virtual in a struct is refused too.
-    softmetal.compile("struct S { S(const S&) = delete; };\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1.0f; }\n")
+    softmetal.compile("struct S { S(thread const S&) = delete; };\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1.0f; }\n")
     with pytest.raises(softmetal.CompileError, match="virtual"):
         softmetal.compile("struct S { virtual float f(); };\nkernel void k(device float* y [[buffer(0)]]) { }\n")
 

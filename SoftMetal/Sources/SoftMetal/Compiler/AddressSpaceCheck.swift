@@ -15,7 +15,7 @@
 /// functions the source overloads on address spaces (the translation keeps one overload).
 /// Missed: what a template deduces (`thread T&` given a device lvalue deduces T with its
 /// address space here), C-style casts between address spaces (clang allows them in C++), and
-/// in a library compiled kernel by kernel (more than 64 kernels), the kernel templates' bodies.
+/// runtime functions given an address space Apple's overloads do not take.
 enum MSLAddressSpaceCheck {
     static let flags = [
         "-std=c++17", "-fsyntax-only", "-D__SM_ADDRESS_SPACES=1", "-fno-exceptions", "-fno-rtti",
