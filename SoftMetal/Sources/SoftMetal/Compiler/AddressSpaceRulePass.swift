@@ -11,16 +11,16 @@
 /// `decltype(x)&`, `typename X::type*`), pointers to functions (`void (*f)(...)`), `this`
 /// (its address space is the member function's qualifier, `thread` by default), and what is
 /// not a type at all (`a * b`, `&x`, `*p`). Kernel parameters are the kernel-signature
-/// pass's (it names the kernel).
+/// pass's (it names the kernel). Also here: `coherent(device)`, an MSL 3.2 qualifier.
 extension MSLTranslator {
     static let scalarTypeNames: Set<String> = [
         "bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "float", "bfloat",
         "void", "size_t", "ptrdiff_t", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t",
         "uint32_t", "uint64_t", "unsigned", "signed", "mem_flags", "memory_order", "thread_scope",
     ]
-    /// Class templates of MSL whose instances are types (`vec<float, 4>& v`).
     /// Words of a type that are not its name.
     static let typeWords: Set<String> = ["const", "volatile", "struct", "class", "enum", "union", "typename", "unsigned", "signed", "auto"]
+    /// Class templates of MSL whose instances are types (`vec<float, 4>& v`).
     static let typeTemplateNames: Set<String> = ["vec", "array", "matrix", "atomic", "packed_vec", "simdgroup_matrix", "uniform"]
     static let vectorElementNames = ["bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "float", "bfloat"]
 
@@ -142,11 +142,10 @@ extension MSLTranslator {
             let prev = v.start > 0 ? t.text[v.start - 1] : 0
             // `&&`, `*=`, `&=`, `->*`, `.*`: operators (and rvalue references, forwarding ones in templates).
             if next == Byte.equals || next == Byte.ampersand || prev == Byte.ampersand || prev == Byte.minus || prev == Byte.dot { return nil }
-            // The specifiers before it, nearest first: words, `<...>` groups (as "<>", with
-            // their template's name after them), `::`.
-            // A word is part of the type if it is a qualifier or a type's name, or it names the
-            // scope (`metal::`) or the template (`vec<...>`) after it; `static`, `return`,
-            // `METAL_FUNC` and any other word end the type.
+            // The type before it, nearest first: words and `<...>` groups (as "<>", their
+            // template's name after them), across `::`. A word belongs to the type if it is a
+            // qualifier or a type's name, or names the scope (`metal::`) or the template
+            // (`vec<...>`) after it; `static`, `return`, `METAL_FUNC` or any other word ends it.
             var words: [String] = []
             var typeStart = v.start
             var k = t.skipSpaceBack(v.start - 1)
