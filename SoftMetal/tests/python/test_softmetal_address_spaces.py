@@ -76,6 +76,10 @@ _CONVERSIONS = {
     "thread pointer assigned to a device one": (
         _kernel("    float x = 1.0f;\n    thread float* p = &x;\n    device float* q = y;\n    q = p;\n    q[i] = 2.0f;"), 5,
         "assigning 'thread float *' to 'device float *' changes address space of pointer"),
+    "device pointer to a constant array parameter": (  # MLX declares strides so: a pointer in C++
+        "static float second(constant const float v[2]) { return v[1]; }\n" + _kernel("    y[i] = second(y);"), 3,
+        "no matching function for call to 'second': cannot pass pointer to address space 'device' as a pointer to "
+        "address space 'constant' in 1st argument"),
     "constant buffer to a device parameter": (
         "static float get(device const float* p) { return p[0]; }\n"
         "kernel void k(device float* y [[buffer(0)]], constant float* c [[buffer(1)]]) { y[0] = get(c); }\n", 2,
