@@ -1065,7 +1065,7 @@ def test_compile_errors_come_whole_and_before_warnings():
 
 
 @pytest.mark.parametrize("statement,word", [
-    ("float* p = new float[4];", "new"), ("goto done; done: ;", "goto"), ("try { } catch (...) { }", "try"),
+    ("thread float* p = new float[4];", "new"), ("goto done; done: ;", "goto"), ("try { } catch (...) { }", "try"),
     ("thread_local int t = 0;", "thread_local"), ("register int r = 0;", "register"),
 ])
 def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
@@ -1073,7 +1073,7 @@ def test_cpp_that_msl_excludes_is_a_compile_error(statement, word):
     with pytest.raises(softmetal.CompileError, match=rf"source.metal:2.*`{word}`.*not part of MSL"):
         softmetal.compile(source)
     # A deleted function is not the delete operator; virtual in a struct is refused too.
-    softmetal.compile("struct S { S(const S&) = delete; };\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1.0f; }\n")
+    softmetal.compile("struct S { S(thread const S&) = delete; };\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1.0f; }\n")
     with pytest.raises(softmetal.CompileError, match="virtual"):
         softmetal.compile("struct S { virtual float f(); };\nkernel void k(device float* y [[buffer(0)]]) { }\n")
 

@@ -41,11 +41,12 @@ def refused(src, *needles, include_dirs=(), **kwargs):
 # -- host calls: refused from the shared object's imports, before dlopen -------------------
 
 @pytest.mark.parametrize("name,decl,body", [
-    ("system", 'extern "C" int system(const char*);', 'if (i == 0) system("touch {marker}");'),
-    ("system", "int system(const char*);", 'if (i == 0) system("touch {marker}");'),  # C++ linkage: mangled
-    ("fopen", 'extern "C" void* fopen(const char*, const char*); extern "C" unsigned long fread(void*, unsigned long, unsigned long, void*);',
-     'void* f = fopen("/etc/hostname", "r"); if (f) fread(a, 1, 4, f);'),
-    ("dlsym", 'extern "C" void* dlsym(void*, const char*);', 'a[i] = dlsym((void*)0, "system") ? 1.0f : 0.0f;'),
+    ("system", 'extern "C" int system(thread const char*);', 'if (i == 0) system("touch {marker}");'),
+    ("system", "int system(thread const char*);", 'if (i == 0) system("touch {marker}");'),  # C++ linkage: mangled
+    ("fopen", 'extern "C" thread void* fopen(thread const char*, thread const char*); '
+     'extern "C" unsigned long fread(thread void*, unsigned long, unsigned long, thread void*);',
+     'thread void* f = fopen("/etc/hostname", "r"); if (f) fread(a, 1, 4, f);'),
+    ("dlsym", 'extern "C" thread void* dlsym(thread void*, thread const char*);', 'a[i] = dlsym((thread void*)0, "system") ? 1.0f : 0.0f;'),
     ("syscall", 'extern "C" long syscall(long, ...);', "a[i] = (float)syscall(39);"),
 ])
 def test_host_calls_are_refused_before_loading(tmp_path, name, decl, body):
@@ -80,7 +81,7 @@ def test_inline_assembly_is_refused(decl, body, needle):
     ("[[gnu::constructor]] static void boom() {}", "constructor"),
     ("__attribute__((destructor)) static void boom() {}", "destructor"),
     ('__attribute__((section(".init_array"))) static void (*p)() = 0;', "section"),
-    ('extern "C" void* r() { return 0; } extern "C" void f() __attribute__((ifunc("r")));', "ifunc"),
+    ('extern "C" thread void* r() { return 0; } extern "C" void f() __attribute__((ifunc("r")));', "ifunc"),
     ('__attribute__((target_clones("avx2", "default"))) static int f() { return 1; }', "target_clones"),
 ])
 def test_load_time_attributes_are_refused(decl, attribute):

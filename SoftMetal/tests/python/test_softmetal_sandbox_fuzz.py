@@ -54,9 +54,9 @@ BODY = [
 ]
 # Host calls: compiled, then refused from the library's imports (fixed sources: cached).
 HOST_CALLS = [
-    ('extern "C" int system(const char*);', 'if (i == 0) system("true");'),
-    ('extern "C" void* fopen(const char*, const char*);', 'a[i] = fopen("/etc/passwd", "r") ? 1.0f : 0.0f;'),
-    ('extern "C" int execve(const char*, char* const*, char* const*);', 'if (i == 0) execve("/bin/true", 0, 0);'),
+    ('extern "C" int system(thread const char*);', 'if (i == 0) system("true");'),
+    ('extern "C" thread void* fopen(thread const char*, thread const char*);', 'a[i] = fopen("/etc/passwd", "r") ? 1.0f : 0.0f;'),
+    ('extern "C" int execve(thread const char*, thread char* const*, thread char* const*);', 'if (i == 0) execve("/bin/true", 0, 0);'),
 ]
 
 helpers = st.lists(st.integers(1, 999).map(lambda n: f"static float h{n}(float x) {{ return x * {n}.0f; }}"), max_size=2)

@@ -143,6 +143,10 @@ extension MSLTranslator {
             }
             let key = "\(stack.last ?? -1)|" + words.joined(separator: " ")
             if seen.contains(key) {
+                var name = identifier(endingAt: skipSpaceBack(open - 1)).word
+                let head = Substring(MSLTranslator.compact(string(declStart, open)))
+                if name.isEmpty, let r = head.firstRange(ofPlain: "operator") { name = "operator" + head[r.upperBound...] }
+                addressSpaceOverloadNames.insert(name)
                 blankInPlace(declStart, end)
             } else {
                 seen.insert(key)
@@ -151,29 +155,79 @@ extension MSLTranslator {
         }
     }
 
-    /// `device` and `thread` are dropped, `constant` becomes `const` (a function constant's
-    /// `constant` is that pass's), outside member names (`x.device`).
+    /// What an address-space word becomes: `thread` (the default address space) is dropped,
+    /// `device` and `threadgroup` become the runtime's macros, `constant` also `const`
+    /// (prelude.h: empty in the build, clang address spaces in the address-space check).
+    static func addressSpaceReplacement(_ word: String) -> String? {
+        switch word {
+        case "thread": return "      "
+        case "device": return "__sm_device"
+        case "threadgroup": return "__sm_threadgroup"
+        case "constant": return "const __sm_constant"
+        default: return nil
+        }
+    }
+
+    /// `device`, `thread` and `constant` replaced (a function constant's `constant` is that
+    /// pass's, `threadgroup` the threadgroup-memory pass's), outside member names (`x.device`).
     mutating func addressSpaces() throws {
         try walk { t, v in
-            guard let word = t.word(v) else { return nil }
-            if (word == "device" || word == "thread" || word == "constant") && !t.isMember(v.start) {
-                t.edits.append((v.start, v.end, word == "constant" ? "const   " : String(repeating: " ", count: v.end - v.start)))
-            }
+            guard let word = t.word(v), word != "threadgroup", let replacement = MSLTranslator.addressSpaceReplacement(word),
+                  !t.isMember(v.start) else { return nil }
+            t.edits.append((v.start, v.end, replacement))
+            t.arrayParameterToPointer(after: v.end)
             return nil
         }
     }
 
-    /// `device`/`thread`/`threadgroup` dropped and `constant` made `const` in [a, b): for the
-    /// parameter list of a kernel template's head, which the walk steps over.
+    /// A parameter declared as an array in an address space (`constant const int64_t
+    /// strides[2]`, MLX's): C++ adjusts it to a pointer, `constant const int64_t* strides`,
+    /// which is what this writes, since clang refuses an address space on an array parameter
+    /// ("parameter may not be qualified with an address space") in the address-space check.
+    /// `end`: just past the address-space word of the parameter.
+    mutating func arrayParameterToPointer(after end: Int) {
+        // A parameter: `(` or `,` before its specifiers.
+        var p = skipSpaceBack(end - 1)
+        while p >= 0 && (Byte.isIdent(text[p]) || text[p] == Byte.colon || Byte.isSpace(text[p])) { p -= 1 }
+        guard p >= 0, text[p] == Byte.openParen || text[p] == Byte.comma else { return }
+        // Its end: `,` or `)` outside brackets; attribute lists `[[...]]` stepped over.
+        var k = end
+        var depth = 0
+        var last = -1  // the last non-space byte of the declarator, outside attributes
+        while k < text.count {
+            let c = text[k]
+            if c == Byte.openBracket && k + 1 < text.count && text[k + 1] == Byte.openBracket && depth == 0 {
+                k = attributeEnd(k)
+                continue
+            }
+            if c == Byte.openParen || c == Byte.openBracket || c == Byte.less { depth += 1 }
+            else if c == Byte.closeParen || c == Byte.closeBracket || c == Byte.greater {
+                if depth == 0 { break }
+                depth -= 1
+            } else if depth == 0 && (c == Byte.comma || Byte.endsStatement(c) || c == Byte.equals) { break }
+            if !Byte.isSpace(c) { last = k }
+            k += 1
+        }
+        guard last > end, text[last] == Byte.closeBracket, k < text.count, text[k] == Byte.comma || text[k] == Byte.closeParen else { return }
+        var open = last
+        while open > end && text[open] != Byte.openBracket { open -= 1 }
+        let nameEnd = skipSpaceBack(open - 1)
+        guard text[open] == Byte.openBracket, nameEnd > end, Byte.isIdent(text[nameEnd]) else { return }
+        let name = identifier(endingAt: nameEnd)
+        guard !name.word.isEmpty, !string(end, name.start).contains("*"), !string(end, name.start).contains("&") else { return }
+        edits.append((name.start, name.start, "*"))
+        edits.append((open, last + 1, MSLTranslator.blank(text[open...last])))
+    }
+
+    /// The address-space words replaced in [a, b): for the parameter list of a kernel
+    /// template's head, which the walk steps over.
     mutating func dropAddressSpaces(_ a: Int, _ b: Int) {
         var k = a
         while k < b {
             guard Byte.isIdentStart(text[k]), k == 0 || !Byte.isIdent(text[k - 1]),
                   let (word, end) = identifier(at: k) else { k += 1; continue }
-            if ["device", "thread", "threadgroup"].contains(word) {
-                edits.append((k, end, String(repeating: " ", count: end - k)))
-            } else if word == "constant" {
-                edits.append((k, end, "const   "))
+            if let replacement = MSLTranslator.addressSpaceReplacement(word) {
+                edits.append((k, end, replacement))
             }
             k = end
         }

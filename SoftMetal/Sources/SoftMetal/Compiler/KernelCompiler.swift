@@ -200,17 +200,35 @@ final class KernelCompiler: @unchecked Sendable {
 
     /// `load(translated:)` and the language check of the same text (see MSLLanguageCheck),
     /// the two clang++ runs side by side when neither is cached.
-    func loadChecked(translated: String, timeout: Double? = nil) throws -> (library: LoadedLibrary, findings: [MSLLanguageCheck.Finding]) {
+    /// And the address-space check's clang output (see MSLAddressSpaceCheck), a third run.
+    func loadChecked(translated: String, timeout: Double? = nil)
+        throws -> (library: LoadedLibrary, findings: [MSLLanguageCheck.Finding], addressSpaceLog: String) {
         var loaded: Result<LoadedLibrary, Error>!
         var findings: [MSLLanguageCheck.Finding] = []
-        DispatchQueue.concurrentPerform(iterations: 2) { i in
+        var addressSpaceLog = ""
+        DispatchQueue.concurrentPerform(iterations: 3) { i in
             if i == 0 {
                 loaded = Result { try self.load(translated: translated, timeout: timeout) }
-            } else {
+            } else if i == 1 {
                 findings = self.languageFindings(translated: translated, timeout: timeout)
+            } else {
+                addressSpaceLog = self.addressSpaceLog(translated: translated, timeout: timeout)
             }
         }
-        return (try loaded.get(), findings)
+        return (try loaded.get(), findings, addressSpaceLog)
+    }
+
+    /// clang's diagnostics for the translated text with address spaces as types (empty when
+    /// it has none, or the check could not run), cached on disk beside the shared objects.
+    func addressSpaceLog(translated: String, timeout: Double? = nil) -> String {
+        let flags = MSLAddressSpaceCheck.flags
+        return cachedCheck(translated: translated, flags: flags, tag: "address-space-check-1", ext: "asp") { compiler, dir, source, base in
+            let log = "\(base).asp.log"
+            defer { unlink(log) }
+            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source], output: log,
+                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+            return status >= 0 ? try? SMFile.read(log) : nil
+        } ?? ""
     }
 
     static let languageCheckFlags = [
@@ -221,34 +239,61 @@ final class KernelCompiler: @unchecked Sendable {
     /// The language check's findings for a translated source, cached on disk beside the
     /// shared objects. A source that clang++ rejects has none (the build reports the error).
     func languageFindings(translated: String, timeout: Double? = nil) -> [MSLLanguageCheck.Finding] {
-        guard let compiler = try? KernelCompiler.findCompiler() else { return [] }
         let flags = KernelCompiler.languageCheckFlags
-        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "language-check-2"])
+        let text = cachedCheck(translated: translated, flags: flags, tag: "language-check-2", ext: "lang") { compiler, dir, source, base in
+            let ir = "\(base).ll"
+            let log = "\(base).lang.log"
+            defer { unlink(ir); unlink(log) }
+            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
+                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+            if status < 0 { SMFile.removeFiles(in: dir, prefix: String(base.dropFirst(dir.count + 1))) }
+            guard status == 0, let text = try? SMFile.read(ir) else { return nil }
+            return MSLLanguageCheck.findings(ir: text, translated: translated).map { $0.serialized + "\n" }.joined()
+        }
+        return (text ?? "").split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
+    }
+
+    /// A check's clang++ run on a translated text (beside the build), cached on disk beside the
+    /// shared objects as `<key>.<ext>`: the cached text, else what `run` returns (given the
+    /// compiler, the cache directory, the source file written for it and the path prefix for
+    /// its temporary files; nil: nothing to cache), else nil when the check cannot run.
+    private func cachedCheck(translated: String, flags: [String], tag: String, ext: String,
+                             _ run: (_ compiler: String, _ dir: String, _ source: String, _ base: String) -> String?) -> String? {
+        guard let compiler = try? KernelCompiler.findCompiler() else { return nil }
+        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, tag])
         let dir = KernelCompiler.cacheDirectory
-        let cached = "\(dir)/\(key).lang"
+        let cached = "\(dir)/\(key).\(ext)"
         if let text = try? SMFile.read(cached), access(cached, R_OK) == 0 {
             utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
-            return text.split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
+            return text
         }
-        guard (try? SMFile.makeDirectories(dir)) != nil else { return [] }
+        guard (try? SMFile.makeDirectories(dir)) != nil else { return nil }
         let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
         let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
         if access(header, R_OK) != 0 {
-            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return [] }
+            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return nil }
         }
-        let source = "\(dir)/\(key).\(unique).lang.cpp"
-        let ir = "\(dir)/\(key).\(unique).ll"
-        let log = "\(dir)/\(key).\(unique).lang.log"
-        defer { unlink(source); unlink(ir); unlink(log) }
-        guard (try? SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)) != nil else { return [] }
-        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
-                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-        if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).\(unique)") }
-        guard status == 0, let text = try? SMFile.read(ir) else { return [] }
-        let findings = MSLLanguageCheck.findings(ir: text, translated: translated)
-        try? SMFile.writeAtomically(cached, findings.map { $0.serialized + "\n" }.joined(), unique: unique)
+        let base = "\(dir)/\(key).\(unique)"
+        let source = "\(base).\(ext).cpp"
+        defer { unlink(source) }
+        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil,
+              let text = run(compiler, dir, source, base) else { return nil }
+        try? SMFile.writeAtomically(cached, text, unique: unique)
         SoftMetalCache.evictIfNeeded(dir, keep: cached)
-        return findings
+        return text
+    }
+
+    /// The file clang++ compiles: the runtime header, after the `#define` lines the text
+    /// starts with (the MSL version, `__SM_METAL_VERSION`, which the runtime's version-gated
+    /// declarations read, and the function constants' values), then the rest of the text.
+    static func sourceFile(_ translated: String) -> String {
+        var defines = Substring(translated)
+        var rest = defines[...]
+        while rest.hasPrefix("#define "), let newline = rest.firstIndex(of: "\n") {
+            rest = rest[rest.index(after: newline)...]
+        }
+        defines = defines[..<rest.startIndex]
+        return defines + "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + rest
     }
 
     private func compile(_ translated: String, key: String, dir: String, compiler: String, flags: [String], output: String,
@@ -262,7 +307,7 @@ final class KernelCompiler: @unchecked Sendable {
         // see each other's files; kept as <key>.failed.cpp when the compilation fails and
         // SOFTMETAL_KEEP_FAILED=1 (for debugging), else removed.
         let source = "\(dir)/\(key).\(unique).cpp"
-        try SMFile.writeAtomically(source, "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + translated, unique: unique)
+        try SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)
         defer {
             if access(output, R_OK) != 0 && SMEnv.get("SOFTMETAL_KEEP_FAILED") == "1" {
                 rename(source, "\(dir)/\(key).failed.cpp")

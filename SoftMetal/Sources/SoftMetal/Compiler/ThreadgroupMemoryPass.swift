@@ -1,5 +1,6 @@
 #if os(Linux)
-/// Threadgroup memory: `threadgroup` as an address space is dropped, and a variable declared
+/// Threadgroup memory: `threadgroup` as an address space becomes `__sm_threadgroup` (see
+/// `addressSpaces`), and a variable declared
 /// `threadgroup` in a kernel body becomes a reference to storage its threadgroup shares
 /// (`metal::__sm::tg_var(slot, sizeof, alignof)`, one slot per declaration).
 extension MSLTranslator {
@@ -12,7 +13,7 @@ extension MSLTranslator {
         }
     }
 
-    /// `threadgroup` as an address space is dropped; `threadgroup T name[N]...;` declares a
+    /// `threadgroup` as an address space becomes `__sm_threadgroup`; `threadgroup T name[N]...;` declares a
     /// variable the threadgroup shares.
     private mutating func threadgroup(at i: Int, end: Int) throws -> Int {
         // Find the end of the statement or parameter.
@@ -67,10 +68,11 @@ extension MSLTranslator {
             tgSlot += 1
                         let arrayType = "\(type) \(dims)"
             let replacement: String
+            // A C-style cast: it may change the address space (for the address-space check).
             if dims.isEmpty {
-                replacement = "\(type)& \(name) = *reinterpret_cast<\(type)*>(::metal::__sm::tg_var(\(slot), sizeof(\(type)), alignof(\(type))))"
+                replacement = "__sm_threadgroup \(type)& \(name) = *(__sm_threadgroup \(type)*)(::metal::__sm::tg_var(\(slot), sizeof(\(type)), alignof(\(type))))"
             } else {
-                replacement = "\(type) (&\(name))\(dims) = *reinterpret_cast<\(type) (*)\(dims)>(::metal::__sm::tg_var(\(slot), sizeof(\(arrayType)), alignof(\(type))))"
+                replacement = "__sm_threadgroup \(type) (&\(name))\(dims) = *(__sm_threadgroup \(type) (*)\(dims))(::metal::__sm::tg_var(\(slot), sizeof(\(arrayType)), alignof(\(type))))"
             }
             edits.append((i, j, replacement + newlines(i, j)))
             if let initializer {
@@ -82,7 +84,7 @@ extension MSLTranslator {
         if j < text.count && text[j] == Byte.comma && atStatementStart && isVariable {
             throw fail(i, "declare one threadgroup variable per statement")
         }
-        edits.append((i, end, String(repeating: " ", count: end - i)))
+        edits.append((i, end, "__sm_threadgroup"))
         return end
     }
 

@@ -8,6 +8,8 @@
 /// line numbers back to the MSL source. Where each rule lives:
 /// - `MSLLexer.swift`: comments blanked, tokens;
 /// - `DirectivesPass.swift`: `#include <metal_*>` / `<simd/*>` dropped, `#pragma unroll` blanked;
+/// - `AddressSpaceRulePass.swift`: `coherent(device)` blanked (where it was kept for the MSL
+///   version's check); a pointer or reference type without an address space, rejected;
 /// - `AddressSpacesPass.swift`: `device` and `thread` dropped, `constant` made `const`;
 ///   members qualified by the address space of `this`, functions overloaded on address spaces;
 /// - `KernelHeads.swift`: kernels, kernel templates and their explicit instantiations found,
@@ -99,6 +101,17 @@ struct MSLTranslator {
         /// a large library is compiled kernel by kernel (see SoftMetalLibrary).
         var body: String = ""
         var launchers: [String] = []
+        /// Language features the source uses that only some MSL versions have (the library
+        /// refuses them below `allowedFrom`, a `__METAL_VERSION__`).
+        struct VersionGated: Equatable {
+            var location: SourceLocation
+            var what: String
+            var allowedFrom: Int
+        }
+        var versionGated: [VersionGated] = []
+        /// Functions the source overloads on the address spaces of their parameters, of
+        /// which the translation keeps one (the address-space check leaves their calls alone).
+        var addressSpaceOverloads: Set<String> = []
     }
 
     /// `constant T name [[function_constant(index)]];`: becomes
@@ -136,6 +149,9 @@ struct MSLTranslator {
     var kernelDeclarations: [KernelDeclaration] = []
     var templates: [String: KernelTemplate] = [:]
     var tgSlot = 0
+    /// Version-gated features found (offset in `text`, what, from which `__METAL_VERSION__`).
+    var versionGated: [(at: Int, what: String, allowedFrom: Int)] = []
+    var addressSpaceOverloadNames = Set<String>()
     /// Where the earliest error so far was raised: the passes go no further.
     var stopAt = Int.max
 
@@ -159,6 +175,7 @@ struct MSLTranslator {
     /// variables before the conversions that would rewrite their types.
     static let passes: [(name: String, run: (inout MSLTranslator) throws -> Void)] = [
         ("includes", { $0.blankMetalIncludes() }),
+        ("coherent", { $0.blankCoherent() }),
         ("member address spaces", { $0.memberAddressSpaces() }),
         ("address-space overloads", { $0.addressSpaceOverloads() }),
         ("template type names", { $0.collectTemplateTypeNames() }),
@@ -168,6 +185,7 @@ struct MSLTranslator {
         ("function constants", { try $0.functionConstants() }),
         ("kernel signatures", { try $0.bindKernels() }),
         ("threadgroup memory", { try $0.threadgroupMemory() }),
+        ("address-space rule", { try $0.addressSpaceRule() }),
         ("address spaces", { try $0.addressSpaces() }),
         ("restrictions", { try $0.restrictions() }),
         ("vector conversions", { try $0.conversions() }),
@@ -301,7 +319,9 @@ struct MSLTranslator {
         let launchers = kernels.map { MSLTranslator.launcher($0) }
         for l in launchers { out += l }
         return Output(source: out, kernels: kernels, functionConstants: declaredConstants.map(\.constant),
-                      body: body, launchers: launchers)
+                      body: body, launchers: launchers,
+                      versionGated: versionGated.map { .init(location: location(at: $0.at), what: $0.what, allowedFrom: $0.allowedFrom) },
+                      addressSpaceOverloads: addressSpaceOverloadNames)
     }
 }
 #endif

@@ -247,6 +247,9 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         do {
             let preprocessed = try MSLPreprocessor.run(source, options: options)
             translated = try MSLTranslator.translate(preprocessed)
+            if let errors = MSLTranslator.versionErrors(translated.versionGated, metalVersion: options.metalVersion) {
+                throw SoftMetalError.compile(errors)
+            }
             // Once for every later compile of this library: each compiles parts of this text
             // (the body, a kernel's launcher) after SoftMetal's own function-constant defines.
             try MSLSandbox.checkTranslated(translated.source)
@@ -260,9 +263,10 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
             // the kernel templates' instances is compiled, which reports the errors there.
             do {
                 let built = try KernelCompiler.shared.loadChecked(
-                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:]) + translated.body,
+                    translated: SoftMetalLibrary.constantsPrefix(translated.functionConstants, [:], metalVersion: options.metalVersion) + translated.body,
                     timeout: options.compileTimeout)
-                if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: options.metalVersion) {
+                if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: options.metalVersion)
+                    ?? MSLAddressSpaceCheck.errors(built.addressSpaceLog, overloaded: translated.addressSpaceOverloads) {
                     throw SoftMetalError.compile(errors)
                 }
                 loadedLibrary = built.library
@@ -293,7 +297,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
                              metalVersion: Int, only: String? = nil) throws
         -> (LoadedLibrary, [String: CompiledKernel]) {
         let library: LoadedLibrary
-        var text = constantsPrefix(translated.functionConstants, constants)
+        var text = constantsPrefix(translated.functionConstants, constants, metalVersion: metalVersion)
         var selected = translated.kernels
         if let only, let i = translated.kernels.firstIndex(where: { $0.name == only }) {
             text += translated.body + translated.launchers[i]
@@ -304,7 +308,8 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         let checked = CheckedBuild(text: text, timeout: context.timeout)
         do {
             let built = try KernelCompiler.shared.loadChecked(translated: text, timeout: context.timeout)
-            if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: metalVersion) {
+            if let errors = MSLLanguageCheck.errors(built.findings, metalVersion: metalVersion)
+                ?? MSLAddressSpaceCheck.errors(built.addressSpaceLog, overloaded: translated.addressSpaceOverloads) {
                 throw SoftMetalError.compile(errors)
             }
             library = built.library
@@ -329,10 +334,11 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
         return (library, kernels)
     }
 
-    /// `#define __SM_FC_<i> <value>` and `__SM_FCD_<i>` (defined or not) for every function
-    /// constant; empty when the source declares none (so its cache key is unchanged).
-    static func constantsPrefix(_ declared: [MSLTranslator.FunctionConstant], _ values: [Int: String]) -> String {
-        declared.map { c in
+    /// The `#define`s before a compile's text: `__SM_METAL_VERSION` (the runtime's
+    /// version-gated declarations follow it), then `__SM_FC_<i> <value>` and `__SM_FCD_<i>`
+    /// (defined or not) for every function constant.
+    static func constantsPrefix(_ declared: [MSLTranslator.FunctionConstant], _ values: [Int: String], metalVersion: Int) -> String {
+        "#define __SM_METAL_VERSION \(metalVersion)\n" + declared.map { c in
             let value = values[c.index]
             return "#define __SM_FC_\(c.index) \(value ?? "\(c.type)()")\n#define __SM_FCD_\(c.index) \(value == nil ? 0 : 1)\n"
         }.joined()

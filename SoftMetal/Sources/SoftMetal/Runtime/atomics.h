@@ -2,10 +2,19 @@
 namespace metal {
 enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4, mem_threadgroup_imageblock = 8, mem_object_data = 16 };
 inline constexpr mem_flags operator|(mem_flags a, mem_flags b) { return (mem_flags)((uint)a | (uint)b); }
-enum memory_order { memory_order_relaxed = __ATOMIC_RELAXED, memory_order_acquire = __ATOMIC_ACQUIRE,
-                    memory_order_release = __ATOMIC_RELEASE, memory_order_acq_rel = __ATOMIC_ACQ_REL,
-                    memory_order_seq_cst = __ATOMIC_SEQ_CST };
-enum class thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+// Before MSL 3.2 the only memory order is relaxed and there is no thread scope or fence:
+// the other names are undeclared there, as in Apple's <metal_atomic>. From 3.2 on, the
+// orders, `thread_scope` (a plain enum: `thread_scope_device` unqualified) and
+// atomic_thread_fence.
+enum memory_order { memory_order_relaxed = __ATOMIC_RELAXED,
+#if __METAL_VERSION__ >= 320
+                    memory_order_acquire = __ATOMIC_ACQUIRE, memory_order_release = __ATOMIC_RELEASE,
+                    memory_order_acq_rel = __ATOMIC_ACQ_REL, memory_order_seq_cst = __ATOMIC_SEQ_CST,
+#endif
+};
+#if __METAL_VERSION__ >= 320
+enum thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+#endif
 template <class T> struct _atomic { T __v; };
 template <class T> using atomic = _atomic<T>;
 typedef _atomic<int> atomic_int;
@@ -79,13 +88,15 @@ SM_ATOMIC_RMW(fetch_xor, x ^ v)
 SM_ATOMIC_RMW(fetch_min, v < x ? v : x)
 SM_ATOMIC_RMW(fetch_max, x < v ? v : x)
 #undef SM_ATOMIC_RMW
+#if __METAL_VERSION__ >= 320
 // atomic_thread_fence: the fibers of a threadgroup share one OS thread.
-inline void atomic_thread_fence(mem_flags f, memory_order o, thread_scope s = thread_scope::thread_scope_device) {
+inline void atomic_thread_fence(mem_flags f, memory_order o, thread_scope s = thread_scope_device) {
 #ifdef SM_CHECK_MEMORY
-    __sm::check_fence(((uint)f & (uint)mem_flags::mem_device) != 0, (int)s == (int)thread_scope::thread_scope_device || (int)s == 3 /* Apple's system scope */,
+    __sm::check_fence(((uint)f & (uint)mem_flags::mem_device) != 0, s == thread_scope_device,
                       o == memory_order_acquire || o == memory_order_acq_rel || o == memory_order_seq_cst,
                       o == memory_order_release || o == memory_order_acq_rel || o == memory_order_seq_cst);
 #endif
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
+#endif
 }  // namespace metal

@@ -23,7 +23,29 @@
 #include <stddef.h>
 #include <type_traits>
 
-#define __METAL_VERSION__ 310
+// The MSL version asked for (MTLCompileOptions.languageVersion), defined before this header
+// by the compile: the runtime's version-gated parts (atomics.h) follow it as Apple's headers do.
+#ifndef __SM_METAL_VERSION
+#define __SM_METAL_VERSION 310
+#endif
+#define __METAL_VERSION__ __SM_METAL_VERSION
+// MSL's address spaces as the translator writes them (`thread` is the default one). The
+// build erases them: every pointer reaches all memory here, and clang++ could not copy an
+// object out of another address space with C++'s implicit copy constructors. The
+// address-space check (Compiler/AddressSpaceCheck.swift) compiles the same text with
+// __SM_ADDRESS_SPACES, where they are clang address spaces, so that converting between
+// them fails as with Apple's compiler. (On x86-64, address spaces 1-3 lower to ordinary
+// loads and stores, and sanitizer coverage traces them; 256-258 are segment registers and
+// 270-272 32-bit pointers.)
+#ifdef __SM_ADDRESS_SPACES
+#define __sm_device __attribute__((address_space(1)))
+#define __sm_constant __attribute__((address_space(2)))
+#define __sm_threadgroup __attribute__((address_space(3)))
+#else
+#define __sm_device
+#define __sm_constant
+#define __sm_threadgroup
+#endif
 #define __SOFTMETAL__ 1
 #define METAL_FUNC inline __attribute__((always_inline))
 #define INFINITY (__builtin_inff())

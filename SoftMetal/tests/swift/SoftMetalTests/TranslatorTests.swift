@@ -75,12 +75,12 @@ final class TranslatorTests: XCTestCase {
         }
         """)
         let text = out.source
-        XCTAssertTrue(text.contains("const    float table[2]"), text)
-        XCTAssertTrue(text.contains("inline float f(       float& a,             float* b,        const float* c)"), text)
-        XCTAssertTrue(text.contains("float (&tile)[8][9] = *reinterpret_cast<float (*)[8][9]>(::metal::__sm::tg_var(0, sizeof(float [8][9]), alignof(float)))"), text)
-        XCTAssertTrue(text.contains("atomic_uint& counter = *reinterpret_cast<atomic_uint*>(::metal::__sm::tg_var(1, sizeof(atomic_uint), alignof(atomic_uint)))"), text)
-        XCTAssertTrue(text.contains("float* p = (            float*)tile;"), text)
-        XCTAssertFalse(body(out).joined().contains("device"))
+        XCTAssertTrue(text.contains("const __sm_constant float table[2]"), text)
+        XCTAssertTrue(text.contains("inline float f(       float& a, __sm_threadgroup float* b, __sm_device const float* c)"), text)
+        XCTAssertTrue(text.contains("__sm_threadgroup float (&tile)[8][9] = *(__sm_threadgroup float (*)[8][9])(::metal::__sm::tg_var(0, sizeof(float [8][9]), alignof(float)))"), text)
+        XCTAssertTrue(text.contains("__sm_threadgroup atomic_uint& counter = *(__sm_threadgroup atomic_uint*)(::metal::__sm::tg_var(1, sizeof(atomic_uint), alignof(atomic_uint)))"), text)
+        XCTAssertTrue(text.contains("__sm_threadgroup float* p = (__sm_threadgroup float*)tile;"), text)
+        XCTAssertFalse(body(out).joined().split(whereSeparator: { !$0.isLetter && $0 != "_" }).contains("device"))
     }
 
     func testVectorConstructorsAndHalfLiterals() throws {
@@ -105,9 +105,9 @@ final class TranslatorTests: XCTestCase {
         // Metal does not promise to run it (README): the variable starts poisoned like any other.
         let out = try translate("kernel void k(device float* x [[buffer(0)]]) {\n  threadgroup float a[4] = {0,\n 1};\n  threadgroup float s = 2.0f; x[0] = a[1] + s;\n}")
         let lines = out.source.components(separatedBy: "\n")
-        let at = try XCTUnwrap(lines.firstIndex { $0.contains("(&a)[4] = *reinterpret_cast<float (*)[4]>(::metal::__sm::tg_var(") })
+        let at = try XCTUnwrap(lines.firstIndex { $0.contains("(&a)[4] = *(__sm_threadgroup float (*)[4])(::metal::__sm::tg_var(") })
         XCTAssertFalse(lines[at].contains("{0") || lines[at + 1].contains("1}"), out.source)
-        XCTAssertTrue(lines[at + 2].contains("float& s = *reinterpret_cast<float*>(::metal::__sm::tg_var(")
+        XCTAssertTrue(lines[at + 2].contains("float& s = *(__sm_threadgroup float*)(::metal::__sm::tg_var(")
                       && !lines[at + 2].contains("2.0f") && lines[at + 2].contains("x[0] = a[1] + s;"), out.source)
     }
 
