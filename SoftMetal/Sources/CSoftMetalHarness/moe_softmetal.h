@@ -66,6 +66,9 @@ typedef struct moe_softmetal_launch_desc {
                                               next barrier before the next starts, in forward then in
                                               reverse order, results compared (MOE_SOFTMETAL_RACE);
                                               2 run-ahead forward only; 3 run-ahead reverse only */
+    int32_t check_division;                /* an integer division by zero (or INT_MIN / -1) fails the
+                                              launch; without it the result is x / 0 = 0, x % 0 = x
+                                              (check_memory includes this check) */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

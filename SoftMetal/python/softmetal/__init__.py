@@ -28,6 +28,12 @@ every load and store is checked against the buffer or threadgroup variable it mu
 in (however far out), races are found on shadow memory whatever the output, and reading
 threadgroup memory no thread wrote is an error; the message names both MSL lines.
 
+An integer division or remainder by zero (or INT_MIN / -1) does not stop a GPU, and does
+not stop a launch here: it gives x / 0 = 0, x % 0 = x, as Apple's CPUs do (what Apple's
+GPUs give is not documented). `check_division=True` (or SOFTMETAL_CHECK_DIVISION=1, or
+check_memory) makes it an error naming the kernel and, in the memory check's build, the
+MSL line.
+
 `schedule` says how the simdgroups of a threadgroup interleave between threadgroup
 barriers: "round-robin" (default, or SOFTMETAL_SCHEDULE) lets every thread take a turn at
 each barrier and simd operation; "run-ahead" runs the dispatch twice from the same inputs,
@@ -270,7 +276,8 @@ class Library:
 
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
                threadgroup_memory=None, check_races=False, grid=None, indirect=None,
-               poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None) -> float:
+               poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None,
+               check_division=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -331,6 +338,9 @@ class Library:
         if check_memory is None:
             check_memory = os.environ.get("SOFTMETAL_CHECK_MEMORY") == "1"
         desc.check_memory = 1 if check_memory else 0
+        if check_division is None:
+            check_division = os.environ.get("SOFTMETAL_CHECK_DIVISION") == "1"
+        desc.check_division = 1 if check_division else 0
         if schedule is None:
             schedule = os.environ.get("SOFTMETAL_SCHEDULE") or "round-robin"
         if schedule not in _SCHEDULES:

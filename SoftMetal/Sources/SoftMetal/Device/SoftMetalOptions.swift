@@ -38,6 +38,7 @@ public enum SoftMetalOptions {
     nonisolated(unsafe) private static var _checkRaces = SMEnv.get("SOFTMETAL_CHECK_RACES") == "1"
     nonisolated(unsafe) private static var _poison = SMEnv.get("SOFTMETAL_POISON") != "0"
     nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1"
+    nonisolated(unsafe) private static var _checkDivision = SMEnv.get("SOFTMETAL_CHECK_DIVISION") == "1"
     nonisolated(unsafe) private static var _schedule = SoftMetalSchedule(environment: SMEnv.get("SOFTMETAL_SCHEDULE")) ?? .roundRobin
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalCheckRaces for new encoders
@@ -53,6 +54,13 @@ public enum SoftMetalOptions {
     public static var checkMemory: Bool {
         get { lock.withLock { _checkMemory } }
         set { lock.withLock { _checkMemory = newValue } }
+    }
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalCheckDivision for new encoders
+    /// (initially: $SOFTMETAL_CHECK_DIVISION == 1).
+    public static var checkDivision: Bool {
+        get { lock.withLock { _checkDivision } }
+        set { lock.withLock { _checkDivision = newValue } }
     }
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalSchedule for new encoders
