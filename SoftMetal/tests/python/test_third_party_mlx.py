@@ -539,9 +539,9 @@ def test_mlx_block_sort(host_name, axis, threads):
 
 
 # ---- gemv.metal: out = mat @ vec (and alpha * out + beta * bias), MLX's kernel choice ----
-# MLX binds only the buffers an instance uses (bias, alpha, beta, bias strides only for
-# axpby). SoftMetal lets a kernel's unnamed arguments stay unbound, but gemv names them in
-# code that `if constexpr` drops (SoftMetal cannot tell), so the unused ones get a dummy.
+# Bound as MLX's gemv_axbpy (matmul.cpp) binds them: bias (2), alpha (7), beta (8) and the
+# bias strides (13, 14) only for axpby. gemv names them in code that `if constexpr` drops
+# for axpby0, so they are inactive after specialization and stay unbound, as in Metal.
 
 @pytest.mark.parametrize("m,k,host_name,group", [
     (100, 300, "gemv_float32_bm4_bn1_sm1_sn32_tm4_tn4_nc0_axpby0", (32, 1, 4)),  # a partial last threadgroup
@@ -556,13 +556,16 @@ def test_mlx_gemv(m, k, host_name, group):
     out = np.zeros(m, dtype=np.float32)
     bm, bn, sm_, tm = group[2], group[1], int(host_name.split("_sm")[1].split("_")[0]), 4
     per_tgp = bm * sm_ * tm
-    alpha, beta = (0.5, 2.0) if host_name.endswith("axpby1") else (1.0, 0.0)
+    axpby = host_name.endswith("axpby1")
+    alpha, beta = (0.5, 2.0) if axpby else (1.0, 0.0)
+    buffers = {0: mat, 1: vec, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32), 6: scalar(k, np.int32),
+               9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
+               12: np.array([0], np.int64)}
+    if axpby:
+        buffers.update({2: bias, 7: scalar(alpha, np.float32), 8: scalar(beta, np.float32),
+                        13: np.array([0], np.int64), 14: scalar(1, np.int32)})
     mlx_library("gemv.metal").launch(
-        host_name,
-        buffers={0: mat, 1: vec, 2: bias, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32),
-                 6: scalar(k, np.int32), 7: scalar(alpha, np.float32), 8: scalar(beta, np.float32),
-                 9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
-                 12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
+        host_name, buffers=buffers,
         threadgroups=(-(-m // per_tgp), 1, 1), threads_per_threadgroup=group,
         check_memory=(k == 300 and alpha == 1.0))
     expected = alpha * (mat.astype(np.float64) @ vec) + beta * bias
@@ -581,10 +584,9 @@ def test_mlx_gemv_overlapping_tail_rows_race():
     with pytest.raises(sm.RaceError, match=r"gemv\.h line \d+.*threadgroups of one dispatch are not ordered"):
         mlx_library("gemv.metal").launch(
             "gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0",
-            buffers={0: mat, 1: vec, 2: np.zeros(m, np.float32), 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32),
-                     6: scalar(k, np.int32), 7: scalar(1.0, np.float32), 8: scalar(0.0, np.float32),
+            buffers={0: mat, 1: vec, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32), 6: scalar(k, np.int32),
                      9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
-                     12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
+                     12: np.array([0], np.int64)},
             threadgroups=(3, 1, 1), threads_per_threadgroup=(32, 8, 1), check_memory=True)
 
 
@@ -637,3 +639,43 @@ def test_mlx_complex64_binary_and_unary():
         mlx_library("unary.metal").launch(f"v_{op}complex64complex64", buffers=[a, o, scalar(n, np.uint32)],
                                           grid=(n, 1, 1), threads_per_threadgroup=(32, 1, 1))
         np.testing.assert_allclose(o, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---- quantized.metal: affine-quantized mat-vec (quantized.h, which includes steel's
+# integral_constant.h with its `noexcept` members), launched as MLX's qmv (quantized.cpp):
+# threadgroups (M, ceil(N / 8), B) of (32, 2, 1); w, scales, biases, x, y, K, N bound, and
+# for an unbatched call (B = 1) nothing else: the batch shapes and strides (7-14) are named
+# only in code that the `batched = false` instance drops. ----
+
+def affine_quantize(w, group_size, bits):
+    """MLX's affine quantization: per group, scale = (max - min) / (2^bits - 1), bias = min;
+    values packed little-end first into uint32 (32 / bits per word)."""
+    n, k = w.shape
+    g = w.reshape(n, k // group_size, group_size).astype(np.float64)
+    lo, hi = g.min(axis=2), g.max(axis=2)
+    scale = np.maximum((hi - lo) / (2 ** bits - 1), 1e-8).astype(np.float32)
+    bias = lo.astype(np.float32)
+    q = np.clip(np.rint((g - bias[..., None]) / scale[..., None]), 0, 2 ** bits - 1).astype(np.uint32).reshape(n, k)
+    per = 32 // bits
+    words = np.zeros((n, k // per), np.uint32)
+    for j in range(per):
+        words |= q[:, j::per] << np.uint32(bits * j)
+    deq = (scale[..., None] * q.reshape(n, k // group_size, group_size).astype(np.float64) + bias[..., None]).reshape(n, k)
+    return words, scale, bias, deq
+
+
+@pytest.mark.parametrize("kernel,n,k,group_size,bits", [
+    ("affine_qmv_fast", 16, 512, 64, 4),   # N % 8 == 0 and K % 512 == 0: MLX's fast path
+    ("affine_qmv_fast", 8, 256, 32, 8),
+    ("affine_qmv", 20, 320, 64, 4),        # otherwise qmv: a partial last row block and K tail
+])
+def test_mlx_affine_qmv(kernel, n, k, group_size, bits):
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    words, scales, biases, deq = affine_quantize(w, group_size, bits)
+    x = RNG.standard_normal(k).astype(np.float32)
+    y = np.zeros(n, np.float32)
+    host_name = f"{kernel}_float_gs_{group_size}_b_{bits}_batch_0"
+    mlx_library("quantized.metal").launch(
+        host_name, buffers={0: words, 1: scales, 2: biases, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32)},
+        threadgroups=(1, -(-n // 8), 1), threads_per_threadgroup=(32, 2, 1), check_memory=(kernel == "affine_qmv"))
+    np.testing.assert_allclose(y, deq @ x.astype(np.float64), rtol=1e-4, atol=1e-4)

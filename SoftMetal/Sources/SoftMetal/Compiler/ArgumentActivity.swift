@@ -23,7 +23,7 @@ enum ArgumentActivity {
     static func activeArguments(translated: String, timeout: Double?) -> [String: Set<String>]? {
         guard let compiler = try? KernelCompiler.findCompiler() else { return nil }
         let flags = KernelCompiler.flags.filter { $0 != "-shared" } + ["-S", "-emit-llvm", "-w"]
-        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "argument-activity-1"])
+        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "argument-activity-2"])
         let dir = KernelCompiler.cacheDirectory
         let cached = "\(dir)/\(key).active"
         if access(cached, R_OK) == 0, let text = try? SMFile.read(cached) {
@@ -100,10 +100,28 @@ enum ArgumentActivity {
             out.append(text[i])
             i += 1
         }
-        return declarations + "\n" + String(decoding: out, as: UTF8.self)
+        // The MSL code gets internal linkage, as a kernel's whole program has in Apple's
+        // compiler: a helper template (linkonce_odr otherwise) that ignores a parameter then
+        // loses it to dead-argument elimination when it is not inlined (ggml's Q4_0 mat-vec
+        // takes `shmem` and never uses it). The launchers after it stay external.
+        var code = String(decoding: out, as: UTF8.self)
+        let starts = ["using __sm_fn_", "static constexpr int32_t __sm_max_", "static void __sm_body_"]
+            .compactMap { code.utf8.firstIndex(ofBytes: Array($0.utf8)) }
+        if let first = starts.min() {
+            var at = code.utf8[..<first].lastIndex(of: UInt8(ascii: "\n")).map { code.utf8.index(after: $0) } ?? code.startIndex
+            // A `#line` directive just before it belongs to the launcher.
+            if at > code.startIndex {
+                let previousEnd = code.utf8.index(before: at)
+                let previousStart = code.utf8[..<previousEnd].lastIndex(of: UInt8(ascii: "\n")).map { code.utf8.index(after: $0) } ?? code.startIndex
+                if code[previousStart..<previousEnd].hasPrefix("#line ") { at = previousStart }
+            }
+            code = "#pragma clang attribute push (__attribute__((internal_linkage)), apply_to = function)\n"
+                + code[..<at] + "#pragma clang attribute pop\n" + code[at...]
+        }
+        return declarations + "\n" + code
     }
 
-    private static func matches(_ text: [UInt8], _ at: Int, _ pattern: [UInt8]) -> Bool {
+    static func matches(_ text: [UInt8], _ at: Int, _ pattern: [UInt8]) -> Bool {
         guard at + pattern.count <= text.count, text[at] == pattern[0] else { return false }
         for k in 1..<pattern.count where text[at + k] != pattern[k] { return false }
         return true
@@ -162,6 +180,20 @@ enum ArgumentActivity {
             result[String(symbol)] = Set((parts.count > 1 ? parts[1] : "").split(separator: " ").map(String.init))
         }
         return result
+    }
+}
+#endif
+
+#if os(Linux)
+extension String.UTF8View {
+    /// The index where `pattern` first occurs.
+    func firstIndex(ofBytes pattern: [UInt8]) -> Index? {
+        let bytes = Array(self)
+        guard !pattern.isEmpty, bytes.count >= pattern.count else { return nil }
+        for i in 0...(bytes.count - pattern.count) where ArgumentActivity.matches(bytes, i, pattern) {
+            return index(startIndex, offsetBy: i)
+        }
+        return nil
     }
 }
 #endif
