@@ -679,3 +679,27 @@ def test_mlx_affine_qmv(kernel, n, k, group_size, bits):
         host_name, buffers={0: words, 1: scales, 2: biases, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32)},
         threadgroups=(1, -(-n // 8), 1), threads_per_threadgroup=(32, 2, 1), check_memory=(kernel == "affine_qmv"))
     np.testing.assert_allclose(y, deq @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+# ---- fp_quantized.metal: mxfp4 mat-vec (fp4 e2m1 values, one e8m0 scale per 32), launched as
+# MLX's qmv launches mode "mxfp4": w, scales, x, y, K, N; no global scale (buffer 2, used
+# only by the `_hgs` instances) and no batch strides. ----
+
+FP4_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+@pytest.mark.parametrize("kernel,n,k", [("qmv_fast", 16, 512), ("qmv", 20, 320)])
+def test_mlx_mxfp4_qmv(kernel, n, k):
+    codes = RNG.integers(0, 16, (n, k)).astype(np.uint32)
+    exps = RNG.integers(122, 130, (n, k // 32)).astype(np.uint8)  # 2^(e - 127)
+    words = np.zeros((n, k // 8), np.uint32)
+    for j in range(8):
+        words |= codes[:, j::8] << np.uint32(4 * j)
+    w = FP4_E2M1[codes] * np.repeat(2.0 ** (exps.astype(np.float64) - 127), 32, axis=1)
+    x = RNG.standard_normal(k).astype(np.float32)
+    y = np.zeros(n, np.float32)
+    mlx_library("fp_quantized.metal").launch(
+        f"mxfp4_{kernel}_float_gs_32_b_4_batch_0",
+        buffers={0: words, 1: exps, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32)},
+        threadgroups=(1, -(-n // 8), 1), threads_per_threadgroup=(32, 2, 1), check_memory=(kernel == "qmv"))
+    np.testing.assert_allclose(y, w @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
