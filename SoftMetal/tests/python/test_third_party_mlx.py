@@ -703,3 +703,43 @@ def test_mlx_mxfp4_qmv(kernel, n, k):
         buffers={0: words, 1: exps, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32)},
         threadgroups=(1, -(-n // 8), 1), threads_per_threadgroup=(32, 2, 1), check_memory=(kernel == "qmv"))
     np.testing.assert_allclose(y, w @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+# ---- steel_gemm_fused.metal: MLX's steel GEMM (simdgroup matrices, threadgroup tiles),
+# launched as steel_matmul_regular_axpby launches it: threadgroups (ceil(N / bn), ceil(M / bm), 1)
+# of (32, wn, wm); A, B, D and GEMMParams bound; function constants has_batch (10),
+# use_out_source (100), do_axpby (110), align_M/N/K (200-202). The C source, its params and
+# the batch arrays are bound only when those constants are true. ----
+
+GEMM_PARAMS = np.dtype([("M", np.int32), ("N", np.int32), ("K", np.int32), ("lda", np.int32), ("ldb", np.int32),
+                        ("ldd", np.int32), ("tiles_n", np.int32), ("tiles_m", np.int32),
+                        ("batch_stride_a", np.int64), ("batch_stride_b", np.int64), ("batch_stride_d", np.int64),
+                        ("swizzle_log", np.int32), ("gemm_k_iterations_aligned", np.int32), ("batch_ndim", np.int32)],
+                       align=True)
+
+
+@pytest.mark.parametrize("m,n,k,trans,dtype,tile", [
+    (70, 50, 40, "nn", np.float32, (64, 64, 16, 2, 2)),   # no dimension aligned: edge tiles and a K tail
+    (64, 64, 32, "nn", np.float32, (64, 64, 16, 2, 2)),   # every dimension aligned
+    (40, 48, 96, "nt", np.float16, (64, 32, 32, 2, 2)),   # MLX's nt tile on small devices, half
+])
+def test_mlx_steel_gemm(m, n, k, trans, dtype, tile):
+    bm, bn, bk, wm, wn = tile
+    a = RNG.standard_normal((m, k)).astype(dtype)
+    b = RNG.standard_normal((n, k) if trans == "nt" else (k, n)).astype(dtype)
+    d = np.zeros((m, n), dtype)
+    tn, tm = -(-n // bn), -(-m // bm)
+    params = np.zeros((), GEMM_PARAMS)
+    for key, value in dict(M=m, N=n, K=k, lda=k, ldb=k if trans == "nt" else n, ldd=n, tiles_n=tn, tiles_m=tm,
+                           batch_stride_a=m * k, batch_stride_b=n * k, batch_stride_d=m * n, swizzle_log=0,
+                           gemm_k_iterations_aligned=k // bk, batch_ndim=1).items():
+        params[key] = value
+    name = {np.float32: "float32", np.float16: "float16"}[dtype]
+    mlx_library("steel/gemm/kernels/steel_gemm_fused.metal").launch(
+        f"steel_gemm_fused_{trans}_{name}_{name}_bm{bm}_bn{bn}_bk{bk}_wm{wm}_wn{wn}",
+        buffers={0: a, 1: b, 3: d, 4: params.tobytes()}, threadgroups=(tn, tm, 1), threads_per_threadgroup=(32, wn, wm),
+        constants={10: False, 100: False, 110: False, 200: m % bm == 0, 201: n % bn == 0, 202: k % bk == 0},
+        check_memory=(m == 70))
+    ref = a.astype(np.float64) @ (b.T if trans == "nt" else b).astype(np.float64)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == np.float16 else dict(rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d.astype(np.float64), ref, **tol)
