@@ -743,3 +743,57 @@ def test_mlx_steel_gemm(m, n, k, trans, dtype, tile):
     ref = a.astype(np.float64) @ (b.T if trans == "nt" else b).astype(np.float64)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == np.float16 else dict(rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(d.astype(np.float64), ref, **tol)
+
+
+def _qmm_t(m, n, k, pad_rows=0):
+    group_size, bits = 64, 4
+    w = RNG.standard_normal((n + pad_rows, k)).astype(np.float32)
+    words, scales, biases, deq = affine_quantize(w, group_size, bits)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    y = np.zeros((m, n), np.float32)
+    aligned = "true" if n % 32 == 0 else "false"
+    mlx_library("quantized.metal").launch(
+        f"affine_qmm_t_float_gs_{group_size}_b_{bits}_alN_{aligned}_batch_0",
+        buffers={0: words, 1: scales, 2: biases, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32),
+                 7: scalar(m, np.int32)},
+        threadgroups=(-(-n // 32), -(-m // 32), 1), threads_per_threadgroup=(32, 2, 2))
+    np.testing.assert_allclose(y, x.astype(np.float64) @ deq[:n].T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k,pad_rows", [(40, 64, 128, 0), (33, 40, 256, 24)])
+def test_mlx_affine_qmm_t(m, n, k, pad_rows):
+    """x (M, K) @ dequantized w (N, K)^T through steel's tiles (quantized.h's QuantizedBlockLoader
+    into threadgroup memory, BlockMMA), launched as MLX's qmm: (32, 2, 2) threads, 32 x 32 tiles.
+    N % 32 != 0 (alN_false) reads whole 32-row tiles of w, scales and biases (see below), so
+    that case gets rows up to the next tile, as MLX's page-rounded allocations have them."""
+    _qmm_t(m, n, k, pad_rows)
+
+
+def test_mlx_affine_qmm_t_reads_rows_past_n():
+    """A finding in unmodified code: with N % 32 != 0 the last tile's QuantizedBlockLoader::load_safe
+    is called with short2(BK, num_outs) and, for reduction_dim 1, checks the row `bi` against
+    `src_tile_dim.x` (BK), not the row count, so it reads scales, biases and weights of rows
+    past N (the results for them are not stored). On a GPU the read lands in the rest of the
+    allocation; SoftMetal's guard page stops it."""
+    with pytest.raises(sm.OutOfBoundsError, match=r"affine_qmm_t_float_gs_64_b_4_alN_false_batch_0: out-of-bounds access to buffer\((0|1|2)\)"):
+        _qmm_t(33, 40, 256)
+
+
+@pytest.mark.xfail(strict=True, reason="SoftMetal's memory check does not see a struct copy of 32 bytes or more "
+                   "(clang lowers it to llvm.memcpy, which -fsanitize-coverage=trace-stores does not trace), so it "
+                   "reports the threadgroup tile that steel's BlockLoader fills through its ReadVector as unwritten: "
+                   "a false alarm on affine_qmm_t under check_memory")
+def test_memory_check_sees_a_32_byte_struct_copy():
+    lib = sm.compile("""
+using namespace metal;
+struct alignas(32) V8 { float v[8]; };
+kernel void k(device const float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_index_in_threadgroup]]) {
+    threadgroup float t[256];
+    *((threadgroup V8*)(&t[i * 8])) = *((const device V8*)(&x[i * 8]));
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[i] = t[(i * 8 + 13) % 256];
+}
+""")
+    x, y = np.arange(256, dtype=np.float32), np.zeros(32, np.float32)
+    lib.launch("k", [x, y], threadgroups=(1,), threads_per_threadgroup=(32,), check_memory=True)
+    np.testing.assert_array_equal(y, (np.arange(32) * 8 + 13) % 256)
