@@ -28,8 +28,8 @@ def run(unbound):
     if not unbound:
         b.update({2: np.zeros(m, np.float32), 7: one(1, np.float32), 8: one(0, np.float32), 13: np.array([0], np.int64), 14: one(1, np.int32)})
     t = time.perf_counter(); lib.launch(name, b, threadgroups=(-(-m // 16), 1, 1), threads_per_threadgroup=(32, 1, 4)); return time.perf_counter() - t
-print(f"gemv launch, all bound (warm library): {run(False)*1e3:.1f} ms")
-print(f"gemv launch, bias/alpha/beta unbound, first (activity analysis): {run(True)*1e3:.0f} ms")
+print(f"gemv launch, all bound (first in the process): {run(False)*1e3:.1f} ms")
+print(f"gemv launch, bias/alpha/beta unbound, first (activity analysis, or its disk cache): {run(True)*1e3:.0f} ms")
 print(f"gemv launch, bias/alpha/beta unbound, again: {run(True)*1e3:.1f} ms")
 div = sm.compile("""kernel void d(device const int* a [[buffer(0)]], device const int* b [[buffer(1)]], device int* q [[buffer(2)]], uint i [[thread_position_in_grid]]) { q[i] = a[i] / b[i] + a[i] % b[i]; }""")
 n = 1 << 16
