@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "csoftmetal.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -200,6 +201,7 @@ typedef struct thread_state {
     volatile int running;
     uintptr_t fault_address, fault_start, fault_length;
     int32_t fault_tag, fault_kind, fault_signal, fault_code;
+    int check_division;         // SM_FLAG_CHECK_DIVISION of the running dispatch
     // fiber stacks
     char* stacks;
     size_t stack_size, stack_count, stacks_map_length;
@@ -391,8 +393,101 @@ static void chain(int sig, siginfo_t* info, void* context) {
     }
 }
 
+// MARK: integer division as a GPU does it
+// x86's div and idiv trap (#DE, SIGFPE) on a zero divisor and on INT_MIN / -1; a GPU does
+// not, and real kernels compute such quotients and never use them (ggml's soft_max takes
+// `i % ne12` with ne12 = 0 when it has no mask). Apple does not document what its GPUs
+// give; SoftMetal gives what Apple's CPUs (AArch64 UDIV/SDIV) give, so that the same
+// kernel computes the same on an x86 and an arm64 host: x / 0 = 0, x % 0 = x,
+// INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0. The handler decodes the faulting instruction
+// (F6/F7 with ModRM reg 6 or 7), writes those results to rax/rdx (al/ah for 8 bits) and
+// resumes after it.
+#if defined(__x86_64__)
+#include <ucontext.h>
+
+static const int gpr_of[16] = {REG_RAX, REG_RCX, REG_RDX, REG_RBX, REG_RSP, REG_RBP, REG_RSI, REG_RDI,
+                               REG_R8, REG_R9, REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15};
+
+static int emulate_division(ucontext_t* uc) {
+    greg_t* r = uc->uc_mcontext.gregs;
+    const uint8_t* p = (const uint8_t*)r[REG_RIP];
+    int opsize16 = 0, rex = 0, n = 0;
+    for (;; n++) {  // legacy prefixes
+        uint8_t b = p[n];
+        if (b == 0x66) opsize16 = 1;
+        else if (!(b == 0x67 || b == 0xF0 || b == 0xF2 || b == 0xF3 || b == 0x2E || b == 0x36 ||
+                   b == 0x3E || b == 0x26 || b == 0x64 || b == 0x65)) break;
+        if (n > 4) return 0;
+    }
+    if ((p[n] & 0xF0) == 0x40) rex = p[n++];
+    uint8_t op = p[n++];
+    if (op != 0xF6 && op != 0xF7) return 0;
+    uint8_t modrm = p[n++];
+    int mod = modrm >> 6, reg = (modrm >> 3) & 7, rm = modrm & 7;
+    if (reg != 6 && reg != 7) return 0;
+    int is_signed = reg == 7;
+    int bits = op == 0xF6 ? 8 : (rex & 8) ? 64 : opsize16 ? 16 : 32;
+    uint64_t divisor;
+    uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    if (mod == 3) {
+        int index = rm | ((rex & 1) << 3);
+        if (bits == 8 && !rex && rm >= 4) divisor = ((uint64_t)r[gpr_of[rm - 4]] >> 8) & 0xFF;  // ah ch dh bh
+        else divisor = (uint64_t)r[gpr_of[index]] & mask;
+    } else {
+        uint64_t address = 0;
+        int has_sib = rm == 4;
+        uint8_t sib = has_sib ? p[n++] : 0;
+        int base = has_sib ? (sib & 7) : rm;
+        int rip_relative = !has_sib && mod == 0 && rm == 5;
+        int32_t disp = 0;
+        int disp_size = mod == 1 ? 1 : mod == 2 ? 4 : (rip_relative || (has_sib && mod == 0 && base == 5)) ? 4 : 0;
+        if (disp_size == 1) disp = (int8_t)p[n];
+        else if (disp_size == 4) memcpy(&disp, p + n, 4);
+        n += disp_size;
+        if (rip_relative) {
+            address = (uint64_t)r[REG_RIP] + (uint64_t)n + (uint64_t)(int64_t)disp;
+        } else {
+            if (!(has_sib && mod == 0 && base == 5)) address = (uint64_t)r[gpr_of[base | ((rex & 1) << 3)]];
+            if (has_sib) {
+                int index = ((sib >> 3) & 7) | ((rex & 2) << 2);
+                if (index != 4) address += (uint64_t)r[gpr_of[index]] << (sib >> 6);
+            }
+            address += (uint64_t)(int64_t)disp;
+        }
+        divisor = 0;
+        memcpy(&divisor, (const void*)(uintptr_t)address, (size_t)(bits / 8));
+    }
+    // The dividend as the C code has it: the low half of dx:ax (sign- or zero-extended there).
+    uint64_t dividend = bits == 8 ? (uint64_t)r[REG_RAX] & 0xFF : (uint64_t)r[REG_RAX] & mask;
+    uint64_t quotient, remainder;
+    if (divisor == 0) {
+        quotient = 0;
+        remainder = dividend;
+    } else if (is_signed && divisor == mask) {  // INT_MIN / -1 (the only other #DE a compiler's code meets)
+        quotient = dividend;
+        remainder = 0;
+    } else {
+        return 0;  // a quotient too wide for its register: not code a compiler makes
+    }
+    if (bits == 8) {
+        r[REG_RAX] = (greg_t)(((uint64_t)r[REG_RAX] & ~0xFFFFull) | (remainder << 8) | quotient);
+    } else if (bits == 16) {
+        r[REG_RAX] = (greg_t)(((uint64_t)r[REG_RAX] & ~0xFFFFull) | quotient);
+        r[REG_RDX] = (greg_t)(((uint64_t)r[REG_RDX] & ~0xFFFFull) | remainder);
+    } else {  // a 32-bit result zero-extends into the 64-bit register, as the instruction would
+        r[REG_RAX] = (greg_t)quotient;
+        r[REG_RDX] = (greg_t)remainder;
+    }
+    r[REG_RIP] += n;
+    return 1;
+}
+#else
+static int emulate_division(void* uc) { (void)uc; return 0; }
+#endif
+
 static void on_fault(int sig, siginfo_t* info, void* context) {
     thread_state* ts = current_thread;
+    if (ts && ts->running && sig == SIGFPE && !ts->check_division && emulate_division(context)) return;
     if (ts && ts->running && (sig == SIGFPE || sig == SIGILL || sig == SIGTRAP)) {
         // Integer division by zero or INT_MIN / -1, __builtin_trap(), a breakpoint: on a
         // GPU these give garbage or stop the kernel; here the kernel is stopped and the
@@ -495,6 +590,12 @@ uintptr_t csm_fault_address(void) { return current_thread ? current_thread->faul
 uintptr_t csm_fault_region_start(void) { return current_thread ? current_thread->fault_start : 0; }
 uintptr_t csm_fault_region_length(void) { return current_thread ? current_thread->fault_length : 0; }
 int32_t csm_fault_region_tag(void) { return current_thread ? current_thread->fault_tag : 0; }
+const char* csm_code_object(uintptr_t address, uintptr_t* base) {
+    Dl_info info;
+    if (!dladdr((void*)address, &info) || !info.dli_fname) return NULL;
+    *base = (uintptr_t)info.dli_fbase;
+    return info.dli_fname;
+}
 int32_t csm_fault_signal(void) { return current_thread ? current_thread->fault_signal : 0; }
 int32_t csm_fault_code(void) { return current_thread ? current_thread->fault_code : 0; }
 
@@ -559,6 +660,7 @@ int32_t csm_run(sm_launcher launcher, sm_dispatch* d, uint32_t lanes_needed, dou
         return d->error_kind = (uint32_t)jumped;
     }
 
+    ts->check_division = (d->flags & SM_FLAG_CHECK_DIVISION) != 0;
     ts->running = 1;
     int32_t result = launcher(d);
     ts->running = 0;

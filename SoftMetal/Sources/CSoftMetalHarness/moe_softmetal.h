@@ -71,6 +71,9 @@ typedef struct moe_softmetal_launch_desc {
                                               memory model, gets the bytes the dispatch began with
                                               instead of an error. A struct_size without this field
                                               means 0. */
+    int32_t check_division;                /* an integer division by zero (or INT_MIN / -1) fails the
+                                              launch; without it the result is x / 0 = 0, x % 0 = x
+                                              (check_memory includes this check) */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

@@ -215,6 +215,7 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
             e.softMetalPoisonThreadgroupMemory = d.poison_threadgroup_memory != 0
             e.softMetalCheckMemory = d.check_memory != 0
             e.softMetalStaleReads = d.stale_reads != 0
+            e.softMetalCheckDivision = d.check_division != 0
             switch d.schedule {
             case 0: e.softMetalSchedule = .roundRobin
             case 1: e.softMetalSchedule = .runAhead

@@ -53,6 +53,12 @@ The checks (SoftMetal's README has the table: what each catches, misses and cost
   does not change the bytes (both orders giving NaN, the same value written twice) and
   order bugs that the random order does not hit; about 2-2.5x.
 
+An integer division or remainder by zero (or INT_MIN / -1) does not stop a GPU, and does
+not stop a launch here: it gives x / 0 = 0, x % 0 = x, as Apple's CPUs do (what Apple's
+GPUs give is not documented). `check_division=True` (or SOFTMETAL_CHECK_DIVISION=1, or
+check_memory) makes it an error naming the kernel and, in the memory check's build, the
+MSL line.
+
 `schedule` says how the simdgroups of a threadgroup interleave between threadgroup
 barriers: "round-robin" (default, or SOFTMETAL_SCHEDULE) lets every thread take a turn at
 each barrier and simd operation; "run-ahead" runs the dispatch twice from the same inputs,
@@ -296,7 +302,7 @@ class Library:
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
                threadgroup_memory=None, check_races=False, grid=None, indirect=None,
                poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None,
-               checks=None, stale_reads=None) -> float:
+               checks=None, stale_reads=None, check_division=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -364,6 +370,9 @@ class Library:
             stale_reads = os.environ.get("SOFTMETAL_STALE_READS") == "1"
         desc.check_memory = 1 if check_memory or stale_reads else 0
         desc.stale_reads = 1 if stale_reads else 0
+        if check_division is None:
+            check_division = os.environ.get("SOFTMETAL_CHECK_DIVISION") == "1" or checks == "all"
+        desc.check_division = 1 if check_division else 0
         if schedule is None:
             schedule = os.environ.get("SOFTMETAL_SCHEDULE") or ("run-ahead" if checks == "all" else "round-robin")
         if schedule not in _SCHEDULES:

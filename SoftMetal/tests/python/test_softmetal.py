@@ -1064,6 +1064,26 @@ def test_compile_errors_come_whole_and_before_warnings():
     assert "warning:" in message and message.index("error:") < message.index("warning:"), message[:600]
 
 
+def test_noexcept_is_accepted_as_apples_compiler_accepts_it():
+    # MLX's steel/utils/integral_constant.h: `constexpr operator value_type() const thread noexcept`.
+    lib = softmetal.compile("""
+template <typename T, T v> struct constant_value {
+    static constexpr constant T value = v;
+    constexpr operator T() const thread noexcept { return value; }
+};
+static inline float twice(float x) noexcept { return 2.0f * x; }
+kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+    y[i] = twice(float(i)) + float(constant_value<int, 3>{}) + (noexcept(twice(1.0f)) ? 1.0f : 0.0f);
+}
+""")
+    y = np.zeros(4, np.float32)
+    lib.launch("k", [y], threadgroups=(1,), threads_per_threadgroup=(4,))
+    np.testing.assert_array_equal(y, 2.0 * np.arange(4) + 4.0)
+    with pytest.raises(softmetal.CompileError, match=r"source.metal:1.*`throw`.*not part of MSL"):
+        softmetal.compile("static inline float f(float x) { if (x < 0.0f) throw 1; return x; }\n"
+                          "kernel void k(device float* y [[buffer(0)]]) { y[0] = f(1.0f); }\n")
+
+
 @pytest.mark.parametrize("statement,word", [
     ("thread float* p = new float[4];", "new"), ("goto done; done: ;", "goto"), ("try { } catch (...) { }", "try"),
     ("thread_local int t = 0;", "thread_local"), ("register int r = 0;", "register"),
@@ -1145,3 +1165,123 @@ kernel void uses(device float* y [[buffer(0)]], device const float* x [[buffer(1
     np.testing.assert_array_equal(y, 2.0)
     with pytest.raises(softmetal.InvalidUsageError, match=r"buffer\(1\) \(`const float\* x`\) is not bound"):
         lib.launch("uses", {0: y}, threadgroups=(1,), threads_per_threadgroup=(4,))
+
+
+_SPECIALIZED = """
+constant bool use_x [[function_constant(0)]];
+template <bool B> static inline void add(device float* y, device const float* b, uint i) {
+    if (B) y[i] += b[i];
+}
+template <bool HasBias>
+[[kernel]] void affine(device float* y [[buffer(0)]], device const float* bias [[buffer(1)]],
+                       device const float* x [[buffer(2)]], constant int& n [[buffer(3)]],
+                       threadgroup float* scratch [[threadgroup(0)]], uint i [[thread_position_in_grid]]) {
+    y[i] = 2.0f;
+    if constexpr (HasBias) { scratch[i] = bias[i]; y[i] += scratch[i]; }
+    add<HasBias>(y, bias, i);
+    if (use_x) y[i] += x[i];
+}
+template [[host_name("affine_plain")]] [[kernel]] decltype(affine<false>) affine<false>;
+template [[host_name("affine_bias")]] [[kernel]] decltype(affine<true>) affine<true>;
+kernel void runtime_branch(device float* y [[buffer(0)]], device const float* x [[buffer(1)]],
+                           constant int& n [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+    y[i] = n > 100 ? x[i] : 1.0f;
+}
+"""
+
+
+def test_arguments_inactive_after_specialization_need_not_be_bound():
+    # As Metal's reflection after specialization says (MTLArgument.isActive): an argument
+    # whose every use a template argument or function constant removes (MLX launches gemv
+    # without its bias) may stay unbound; an active one may not, whether or not this
+    # dispatch's path reaches it (Metal's validation refuses it on every path).
+    lib = softmetal.compile(_SPECIALIZED)
+    y = np.zeros(4, np.float32)
+    lib.launch("affine_plain", {0: y, 3: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,),
+               constants={"use_x": False})
+    np.testing.assert_array_equal(y, 2.0)
+    bias, x = np.arange(4, dtype=np.float32), np.full(4, 10, np.float32)
+    lib.launch("affine_plain", {0: y, 2: x, 3: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,),
+               constants={"use_x": True})
+    np.testing.assert_array_equal(y, 12.0)
+    # The function constant makes x active: unbound, refused.
+    with pytest.raises(softmetal.InvalidUsageError, match=r"kernel affine_plain: buffer\(2\) \(`const float\* x`\) is not bound"):
+        lib.launch("affine_plain", {0: y, 3: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,),
+                   constants={"use_x": True})
+    # The template argument makes bias and the threadgroup memory active.
+    with pytest.raises(softmetal.InvalidUsageError, match=r"kernel affine_bias: buffer\(1\) \(`const float\* bias`\) is not bound"):
+        lib.launch("affine_bias", {0: y, 3: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,),
+                   threadgroup_memory={0: 16}, constants={"use_x": False})
+    with pytest.raises(softmetal.InvalidUsageError, match=r"kernel affine_bias: threadgroup\(0\) .* has no memory"):
+        lib.launch("affine_bias", {0: y, 1: bias, 3: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,),
+                   constants={"use_x": False})
+    lib.launch("affine_bias", {0: y, 1: bias, 3: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,),
+               threadgroup_memory={0: 16}, constants={"use_x": False})
+    np.testing.assert_array_equal(y, 2.0 + 2 * bias)
+    # A runtime condition keeps the argument active, though this launch never takes the branch.
+    with pytest.raises(softmetal.InvalidUsageError, match=r"kernel runtime_branch: buffer\(1\) \(`const float\* x`\) is not bound"):
+        lib.launch("runtime_branch", {0: y, 2: struct.pack("i", 4)}, threadgroups=(1,), threads_per_threadgroup=(4,))
+
+
+_DIVISION = """
+kernel void divide(device const int* a [[buffer(0)]], device const int* b [[buffer(1)]],
+                   device int* q [[buffer(2)]], device int* r [[buffer(3)]],
+                   device const long* la [[buffer(4)]], device const long* lb [[buffer(5)]],
+                   device long* lq [[buffer(6)]], device long* lr [[buffer(7)]],
+                   device const uint* ua [[buffer(8)]], device const uint* ub [[buffer(9)]],
+                   device uint* uq [[buffer(10)]], device uint* ur [[buffer(11)]],
+                   uint i [[thread_position_in_grid]]) {
+    q[i] = a[i] / b[i];
+    r[i] = a[i] % b[i];
+    lq[i] = la[i] / lb[i];
+    lr[i] = la[i] % lb[i];
+    uq[i] = ua[i] / ub[i];
+    ur[i] = ua[i] % ub[i];
+}
+kernel void divide4(device const int4* a [[buffer(0)]], device const int4* b [[buffer(1)]],
+                    device int4* q [[buffer(2)]], device int4* r [[buffer(3)]], uint i [[thread_position_in_grid]]) {
+    q[i] = a[i] / b[i];
+    r[i] = a[i] % b[i];
+}
+"""
+
+
+def test_integer_division_by_zero_gives_a_value_and_is_reported_only_by_the_checks():
+    # A GPU does not trap (ggml's soft_max takes `i % ne12` with ne12 = 0 and never uses
+    # it); SoftMetal gives what Apple's CPUs give: x / 0 = 0, x % 0 = x, INT_MIN / -1 = INT_MIN.
+    lib = softmetal.compile(_DIVISION)
+    imin, lmin = np.iinfo(np.int32).min, np.iinfo(np.int64).min
+    a = np.array([7, -7, imin, 9, imin, 0], np.int32)
+    b = np.array([0, 0, 0, 2, -1, 0], np.int32)
+    la = np.array([7, -7, lmin, 9, lmin, 1 << 40], np.int64)
+    lb = np.array([0, 0, 0, 2, -1, 0], np.int64)
+    ua = np.array([7, 0xFFFFFFFF, 5, 9, 3, 1], np.uint32)
+    ub = np.array([0, 0, 0, 2, 0, 0], np.uint32)
+    outs = [np.full(6, 12345, t) for t in (np.int32, np.int32, np.int64, np.int64, np.uint32, np.uint32)]
+    buffers = [a, b, outs[0], outs[1], la, lb, outs[2], outs[3], ua, ub, outs[4], outs[5]]
+    lib.launch("divide", buffers, threadgroups=(1,), threads_per_threadgroup=(6,))
+    np.testing.assert_array_equal(outs[0], [0, 0, 0, 4, imin, 0])
+    np.testing.assert_array_equal(outs[1], [7, -7, imin, 1, 0, 0])
+    np.testing.assert_array_equal(outs[2], [0, 0, 0, 4, lmin, 0])
+    np.testing.assert_array_equal(outs[3], [7, -7, lmin, 1, 0, 1 << 40])
+    np.testing.assert_array_equal(outs[4], [0, 0, 0, 4, 0, 0])
+    np.testing.assert_array_equal(outs[5], [7, 0xFFFFFFFF, 5, 1, 3, 1])
+
+    # Vectors divide lane by lane (clang scalarises them into one div per lane).
+    a4 = np.array([[8, -8, 5, 6]], np.int32)
+    b4 = np.array([[0, 3, 0, -1]], np.int32)
+    q4, r4 = np.zeros((1, 4), np.int32), np.zeros((1, 4), np.int32)
+    lib.launch("divide4", [a4, b4, q4, r4], threadgroups=(1,), threads_per_threadgroup=(1,))
+    np.testing.assert_array_equal(q4, [[0, -2, 0, -6]])
+    np.testing.assert_array_equal(r4, [[8, -2, 5, 0]])
+
+    # Under the checks it is an error: the division check alone, and the memory check with the MSL line.
+    with pytest.raises(softmetal.SoftMetalError, match=r"kernel divide: an integer division or remainder by zero"):
+        lib.launch("divide", buffers, threadgroups=(1,), threads_per_threadgroup=(6,), check_division=True)
+    with pytest.raises(softmetal.SoftMetalError, match=r"kernel divide: an integer division or remainder by zero.* at MSL line (9|10)\b"):
+        lib.launch("divide", buffers, threadgroups=(1,), threads_per_threadgroup=(6,), check_memory=True)
+    # Divisors without a zero or an overflow pass the checks.
+    ok = [a, np.array([1, 2, 3, 2, 5, 7], np.int32)] + [np.zeros(6, np.int32)] * 2 + \
+         [la, np.array([1, 2, 3, 2, 5, 7], np.int64)] + [np.zeros(6, np.int64)] * 2 + \
+         [ua, np.array([1, 2, 3, 2, 5, 7], np.uint32)] + [np.zeros(6, np.uint32)] * 2
+    lib.launch("divide", [x.copy() for x in ok], threadgroups=(1,), threads_per_threadgroup=(6,), check_memory=True)

@@ -375,6 +375,92 @@ def test_ggml_get_rows_q4_0(ggml):
     np.testing.assert_allclose(out, deq[idx], rtol=1e-3, atol=1e-3)
 
 
+# ---- kernel_mul_mv_id_<quant>_f32: the MoE expert mat-vec, launched as
+# ggml_metal_op_mul_mat_id launches it (ggml-metal-ops.cpp; nsg, nr0 and threadgroup memory
+# from ggml_metal_library_get_pipeline_mul_mv_id). Quant blocks are random bytes (finite
+# half scales), dequantized in NumPy as ggml-quants.c does. ----
+
+def _random_halves(rng, n, scale):
+    return (rng.uniform(0.5, 1.0, n) * scale).astype(np.float16)
+
+
+def blocks_q4_0(rng, rows, k):
+    """(raw bytes per row, dequantized (rows, k)): half d, 16 bytes of nibbles (j low, j+16 high)."""
+    nb = rows * k // 32
+    d = _random_halves(rng, nb, 0.05)
+    qs = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
+    raw = np.concatenate([d.view(np.uint8).reshape(nb, 2), qs], axis=1)
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.float32) - 8
+    return raw.reshape(rows, -1), (q * d.astype(np.float32)[:, None]).reshape(rows, k)
+
+
+def blocks_q8_0(rng, rows, k):
+    """half d, 32 int8 values."""
+    nb = rows * k // 32
+    d = _random_halves(rng, nb, 0.01)
+    qs = rng.integers(-128, 128, (nb, 32), dtype=np.int8)
+    raw = np.concatenate([d.view(np.uint8).reshape(nb, 2), qs.view(np.uint8)], axis=1)
+    return raw.reshape(rows, -1), (qs.astype(np.float32) * d.astype(np.float32)[:, None]).reshape(rows, k)
+
+
+def blocks_q4_K(rng, rows, k):
+    """Super-blocks of 256: half d, half dmin, 12 bytes of 6-bit scales and mins (8 sub-blocks
+    of 32), 128 bytes of nibbles; ggml-quants.c's dequantize_row_q4_K."""
+    nb = rows * k // 256
+    d, dmin = _random_halves(rng, nb, 0.01), _random_halves(rng, nb, 0.01)
+    sc = rng.integers(0, 256, (nb, 12), dtype=np.uint8)
+    qs = rng.integers(0, 256, (nb, 128), dtype=np.uint8)
+    raw = np.concatenate([d.view(np.uint8).reshape(nb, 2), dmin.view(np.uint8).reshape(nb, 2), sc, qs], axis=1)
+    out = np.zeros((nb, 256), np.float64)
+    for b in range(nb):
+        def scale_min(j):
+            if j < 4:
+                return sc[b, j] & 63, sc[b, j + 4] & 63
+            return (sc[b, j + 4] & 0xF) | ((sc[b, j - 4] >> 6) << 4), (sc[b, j + 4] >> 4) | ((sc[b, j] >> 6) << 4)
+        for chunk in range(4):  # 64 values: 32 low nibbles, then 32 high nibbles of the same bytes
+            q = qs[b, chunk * 32:(chunk + 1) * 32]
+            for half, values in enumerate((q & 0xF, q >> 4)):
+                s_, m_ = scale_min(2 * chunk + half)
+                out[b, chunk * 64 + half * 32: chunk * 64 + half * 32 + 32] = \
+                    float(d[b]) * int(s_) * values - float(dmin[b]) * int(m_)
+    return raw.reshape(rows, -1), out.reshape(rows, k)
+
+
+# type: (block maker, nsg, nr0, threadgroup memory bytes, grid rows per threadgroup)
+_MUL_MV_ID = {
+    "q4_0": (blocks_q4_0, _define("N_SG_Q4_0"), _define("N_R0_Q4_0"), 0, "nsg"),
+    "q8_0": (blocks_q8_0, _define("N_SG_Q8_0"), _define("N_R0_Q8_0"), 32 * 4 * _define("N_R0_Q8_0"), "nr0"),
+    "q4_K": (blocks_q4_K, _define("N_SG_Q4_K"), _define("N_R0_Q4_K"), 0, "nsg"),
+}
+
+
+@pytest.mark.parametrize("qtype", sorted(_MUL_MV_ID))
+@pytest.mark.parametrize("ne11", [1, 2])  # the activations broadcast to every used expert, or one per expert
+def test_ggml_mul_mv_id(ggml, qtype, ne11):
+    make, nsg, nr0, smem, per = _MUL_MV_ID[qtype]
+    rng = np.random.default_rng(7)
+    n_expert, ne00, ne01, n_used, n_tokens = 4, 512, 24, 2, 3
+    raws, deqs = zip(*(make(rng, ne01, ne00) for _ in range(n_expert)))
+    src0 = np.stack(raws)                                   # (expert, rows, row bytes)
+    w = np.stack(deqs)                                      # (expert, rows, ne00)
+    src1 = rng.standard_normal((n_tokens, ne11, ne00)).astype(np.float32)
+    ids = np.stack([rng.permutation(n_expert)[:n_used] for _ in range(n_tokens)]).astype(np.int32)
+    dst = np.zeros((n_tokens, n_used, ne01), np.float32)
+    row = src0.shape[2]
+    args = kargs("ggml_metal_kargs_mul_mv_id", nei0=n_used, nei1=n_tokens, nbi1=n_used * 4, ne00=ne00, ne01=ne01,
+                 ne02=n_expert, nb00=row // (ne00 // 32) if qtype != "q4_K" else 144, nb01=row, nb02=row * ne01,
+                 ne10=ne00, ne11=ne11, ne12=n_tokens, ne13=1, nb10=4, nb11=ne00 * 4, nb12=ne11 * ne00 * 4,
+                 ne0=ne01, ne1=n_used, nb1=ne01 * 4, nr0=nr0)
+    fc = _define("FC_MUL_MV")
+    rows_per_group = nr0 * nsg if per == "nsg" else nr0
+    ggml.launch(f"kernel_mul_mv_id_{qtype}_f32", buffers=[args, src0, src1, dst, ids],
+                threadgroups=(-(-ne01 // rows_per_group), 1, n_used * n_tokens), threads_per_threadgroup=(32, nsg, 1),
+                threadgroup_memory={0: smem} if smem else None,
+                constants={fc + 0: nsg, fc + 2: 1, fc + 3: 1, fc + 4: 1}, check_memory=(ne11 == 2))
+    ref = np.einsum("tek,terk->ter", src1[:, np.arange(n_used) % ne11].astype(np.float64), w[ids])
+    np.testing.assert_allclose(dst, ref, rtol=1e-4, atol=1e-4)
+
+
 # ---- planted bugs: a patched copy of the source text (the vendored file stays as it is) ----
 
 def _patched(source, old, new, after="kernel void kernel_rms_norm_fuse_impl("):

@@ -540,9 +540,9 @@ def test_mlx_block_sort(host_name, axis, threads):
 
 
 # ---- gemv.metal: out = mat @ vec (and alpha * out + beta * bias), MLX's kernel choice ----
-# MLX binds only the buffers an instance uses (bias, alpha, beta, bias strides only for
-# axpby). SoftMetal lets a kernel's unnamed arguments stay unbound, but gemv names them in
-# code that `if constexpr` drops (SoftMetal cannot tell), so the unused ones get a dummy.
+# Bound as MLX's gemv_axbpy (matmul.cpp) binds them: bias (2), alpha (7), beta (8) and the
+# bias strides (13, 14) only for axpby. gemv names them in code that `if constexpr` drops
+# for axpby0, so they are inactive after specialization and stay unbound, as in Metal.
 
 @pytest.mark.parametrize("m,k,host_name,group", [
     (100, 300, "gemv_float32_bm4_bn1_sm1_sn32_tm4_tn4_nc0_axpby0", (32, 1, 4)),  # a partial last threadgroup
@@ -557,13 +557,16 @@ def test_mlx_gemv(m, k, host_name, group):
     out = np.zeros(m, dtype=np.float32)
     bm, bn, sm_, tm = group[2], group[1], int(host_name.split("_sm")[1].split("_")[0]), 4
     per_tgp = bm * sm_ * tm
-    alpha, beta = (0.5, 2.0) if host_name.endswith("axpby1") else (1.0, 0.0)
+    axpby = host_name.endswith("axpby1")
+    alpha, beta = (0.5, 2.0) if axpby else (1.0, 0.0)
+    buffers = {0: mat, 1: vec, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32), 6: scalar(k, np.int32),
+               9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
+               12: np.array([0], np.int64)}
+    if axpby:
+        buffers.update({2: bias, 7: scalar(alpha, np.float32), 8: scalar(beta, np.float32),
+                        13: np.array([0], np.int64), 14: scalar(1, np.int32)})
     mlx_library("gemv.metal").launch(
-        host_name,
-        buffers={0: mat, 1: vec, 2: bias, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32),
-                 6: scalar(k, np.int32), 7: scalar(alpha, np.float32), 8: scalar(beta, np.float32),
-                 9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
-                 12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
+        host_name, buffers=buffers,
         threadgroups=(-(-m // per_tgp), 1, 1), threads_per_threadgroup=group,
         check_memory=(k == 300 and alpha == 1.0))
     expected = alpha * (mat.astype(np.float64) @ vec) + beta * bias
@@ -582,10 +585,9 @@ def test_mlx_gemv_overlapping_tail_rows_race():
     with pytest.raises(sm.RaceError, match=r"gemv\.h line \d+.*threadgroups of one dispatch are not ordered"):
         mlx_library("gemv.metal").launch(
             "gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0",
-            buffers={0: mat, 1: vec, 2: np.zeros(m, np.float32), 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32),
-                     6: scalar(k, np.int32), 7: scalar(1.0, np.float32), 8: scalar(0.0, np.float32),
+            buffers={0: mat, 1: vec, 3: out, 4: scalar(k, np.int32), 5: scalar(m, np.int32), 6: scalar(k, np.int32),
                      9: scalar(1, np.int32), 10: np.array([1], np.int32), 11: np.array([0], np.int64),
-                     12: np.array([0], np.int64), 13: np.array([0], np.int64), 14: scalar(1, np.int32)},
+                     12: np.array([0], np.int64)},
             threadgroups=(3, 1, 1), threads_per_threadgroup=(32, 8, 1), check_memory=True)
 
 
@@ -638,3 +640,161 @@ def test_mlx_complex64_binary_and_unary():
         mlx_library("unary.metal").launch(f"v_{op}complex64complex64", buffers=[a, o, scalar(n, np.uint32)],
                                           grid=(n, 1, 1), threads_per_threadgroup=(32, 1, 1))
         np.testing.assert_allclose(o, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---- quantized.metal: affine-quantized mat-vec (quantized.h, which includes steel's
+# integral_constant.h with its `noexcept` members), launched as MLX's qmv (quantized.cpp):
+# threadgroups (M, ceil(N / 8), B) of (32, 2, 1); w, scales, biases, x, y, K, N bound, and
+# for an unbatched call (B = 1) nothing else: the batch shapes and strides (7-14) are named
+# only in code that the `batched = false` instance drops. ----
+
+def affine_quantize(w, group_size, bits):
+    """MLX's affine quantization: per group, scale = (max - min) / (2^bits - 1), bias = min;
+    values packed little-end first into uint32 (32 / bits per word)."""
+    n, k = w.shape
+    g = w.reshape(n, k // group_size, group_size).astype(np.float64)
+    lo, hi = g.min(axis=2), g.max(axis=2)
+    scale = np.maximum((hi - lo) / (2 ** bits - 1), 1e-8).astype(np.float32)
+    bias = lo.astype(np.float32)
+    q = np.clip(np.rint((g - bias[..., None]) / scale[..., None]), 0, 2 ** bits - 1).astype(np.uint32).reshape(n, k)
+    per = 32 // bits
+    words = np.zeros((n, k // per), np.uint32)
+    for j in range(per):
+        words |= q[:, j::per] << np.uint32(bits * j)
+    deq = (scale[..., None] * q.reshape(n, k // group_size, group_size).astype(np.float64) + bias[..., None]).reshape(n, k)
+    return words, scale, bias, deq
+
+
+@pytest.mark.parametrize("kernel,n,k,group_size,bits", [
+    ("affine_qmv_fast", 16, 512, 64, 4),   # N % 8 == 0 and K % 512 == 0: MLX's fast path
+    ("affine_qmv_fast", 8, 256, 32, 8),
+    ("affine_qmv", 20, 320, 64, 4),        # otherwise qmv: a partial last row block and K tail
+])
+def test_mlx_affine_qmv(kernel, n, k, group_size, bits):
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    words, scales, biases, deq = affine_quantize(w, group_size, bits)
+    x = RNG.standard_normal(k).astype(np.float32)
+    y = np.zeros(n, np.float32)
+    host_name = f"{kernel}_float_gs_{group_size}_b_{bits}_batch_0"
+    mlx_library("quantized.metal").launch(
+        host_name, buffers={0: words, 1: scales, 2: biases, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32)},
+        threadgroups=(1, -(-n // 8), 1), threads_per_threadgroup=(32, 2, 1), check_memory=(kernel == "affine_qmv"))
+    np.testing.assert_allclose(y, deq @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+# ---- fp_quantized.metal: mxfp4 mat-vec (fp4 e2m1 values, one e8m0 scale per 32), launched as
+# MLX's qmv launches mode "mxfp4": w, scales, x, y, K, N; no global scale (buffer 2, used
+# only by the `_hgs` instances) and no batch strides. ----
+
+FP4_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+@pytest.mark.parametrize("kernel,n,k", [("qmv_fast", 16, 512), ("qmv", 20, 320)])
+def test_mlx_mxfp4_qmv(kernel, n, k):
+    codes = RNG.integers(0, 16, (n, k)).astype(np.uint32)
+    exps = RNG.integers(122, 130, (n, k // 32)).astype(np.uint8)  # 2^(e - 127)
+    words = np.zeros((n, k // 8), np.uint32)
+    for j in range(8):
+        words |= codes[:, j::8] << np.uint32(4 * j)
+    w = FP4_E2M1[codes] * np.repeat(2.0 ** (exps.astype(np.float64) - 127), 32, axis=1)
+    x = RNG.standard_normal(k).astype(np.float32)
+    y = np.zeros(n, np.float32)
+    mlx_library("fp_quantized.metal").launch(
+        f"mxfp4_{kernel}_float_gs_32_b_4_batch_0",
+        buffers={0: words, 1: exps, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32)},
+        threadgroups=(1, -(-n // 8), 1), threads_per_threadgroup=(32, 2, 1), check_memory=(kernel == "qmv"))
+    np.testing.assert_allclose(y, w @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+# ---- steel_gemm_fused.metal: MLX's steel GEMM (simdgroup matrices, threadgroup tiles),
+# launched as steel_matmul_regular_axpby launches it: threadgroups (ceil(N / bn), ceil(M / bm), 1)
+# of (32, wn, wm); A, B, D and GEMMParams bound; function constants has_batch (10),
+# use_out_source (100), do_axpby (110), align_M/N/K (200-202). The C source, its params and
+# the batch arrays are bound only when those constants are true. ----
+
+GEMM_PARAMS = np.dtype([("M", np.int32), ("N", np.int32), ("K", np.int32), ("lda", np.int32), ("ldb", np.int32),
+                        ("ldd", np.int32), ("tiles_n", np.int32), ("tiles_m", np.int32),
+                        ("batch_stride_a", np.int64), ("batch_stride_b", np.int64), ("batch_stride_d", np.int64),
+                        ("swizzle_log", np.int32), ("gemm_k_iterations_aligned", np.int32), ("batch_ndim", np.int32)],
+                       align=True)
+
+
+@pytest.mark.parametrize("m,n,k,trans,dtype,tile", [
+    (70, 50, 40, "nn", np.float32, (64, 64, 16, 2, 2)),   # no dimension aligned: edge tiles and a K tail
+    (64, 64, 32, "nn", np.float32, (64, 64, 16, 2, 2)),   # every dimension aligned
+    (40, 48, 96, "nt", np.float16, (64, 32, 32, 2, 2)),   # MLX's nt tile on small devices, half
+])
+def test_mlx_steel_gemm(m, n, k, trans, dtype, tile):
+    bm, bn, bk, wm, wn = tile
+    a = RNG.standard_normal((m, k)).astype(dtype)
+    b = RNG.standard_normal((n, k) if trans == "nt" else (k, n)).astype(dtype)
+    d = np.zeros((m, n), dtype)
+    tn, tm = -(-n // bn), -(-m // bm)
+    params = np.zeros((), GEMM_PARAMS)
+    for key, value in dict(M=m, N=n, K=k, lda=k, ldb=k if trans == "nt" else n, ldd=n, tiles_n=tn, tiles_m=tm,
+                           batch_stride_a=m * k, batch_stride_b=n * k, batch_stride_d=m * n, swizzle_log=0,
+                           gemm_k_iterations_aligned=k // bk, batch_ndim=1).items():
+        params[key] = value
+    name = {np.float32: "float32", np.float16: "float16"}[dtype]
+    mlx_library("steel/gemm/kernels/steel_gemm_fused.metal").launch(
+        f"steel_gemm_fused_{trans}_{name}_{name}_bm{bm}_bn{bn}_bk{bk}_wm{wm}_wn{wn}",
+        buffers={0: a, 1: b, 3: d, 4: params.tobytes()}, threadgroups=(tn, tm, 1), threads_per_threadgroup=(32, wn, wm),
+        constants={10: False, 100: False, 110: False, 200: m % bm == 0, 201: n % bn == 0, 202: k % bk == 0},
+        check_memory=(m == 70))
+    ref = a.astype(np.float64) @ (b.T if trans == "nt" else b).astype(np.float64)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == np.float16 else dict(rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d.astype(np.float64), ref, **tol)
+
+
+def _qmm_t(m, n, k, pad_rows=0):
+    group_size, bits = 64, 4
+    w = RNG.standard_normal((n + pad_rows, k)).astype(np.float32)
+    words, scales, biases, deq = affine_quantize(w, group_size, bits)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    y = np.zeros((m, n), np.float32)
+    aligned = "true" if n % 32 == 0 else "false"
+    mlx_library("quantized.metal").launch(
+        f"affine_qmm_t_float_gs_{group_size}_b_{bits}_alN_{aligned}_batch_0",
+        buffers={0: words, 1: scales, 2: biases, 3: x, 4: y, 5: scalar(k, np.int32), 6: scalar(n, np.int32),
+                 7: scalar(m, np.int32)},
+        threadgroups=(-(-n // 32), -(-m // 32), 1), threads_per_threadgroup=(32, 2, 2))
+    np.testing.assert_allclose(y, x.astype(np.float64) @ deq[:n].T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k,pad_rows", [(40, 64, 128, 0), (33, 40, 256, 24)])
+def test_mlx_affine_qmm_t(m, n, k, pad_rows):
+    """x (M, K) @ dequantized w (N, K)^T through steel's tiles (quantized.h's QuantizedBlockLoader
+    into threadgroup memory, BlockMMA), launched as MLX's qmm: (32, 2, 2) threads, 32 x 32 tiles.
+    N % 32 != 0 (alN_false) reads whole 32-row tiles of w, scales and biases (see below), so
+    that case gets rows up to the next tile, as MLX's page-rounded allocations have them."""
+    _qmm_t(m, n, k, pad_rows)
+
+
+def test_mlx_affine_qmm_t_reads_rows_past_n():
+    """A finding in unmodified code: with N % 32 != 0 the last tile's QuantizedBlockLoader::load_safe
+    is called with short2(BK, num_outs) and, for reduction_dim 1, checks the row `bi` against
+    `src_tile_dim.x` (BK), not the row count, so it reads scales, biases and weights of rows
+    past N (the results for them are not stored). On a GPU the read lands in the rest of the
+    allocation; SoftMetal's guard page stops it."""
+    with pytest.raises(sm.OutOfBoundsError, match=r"affine_qmm_t_float_gs_64_b_4_alN_false_batch_0: out-of-bounds access to buffer\((0|1|2)\)"):
+        _qmm_t(33, 40, 256)
+
+
+@pytest.mark.xfail(strict=True, reason="SoftMetal's memory check does not see a struct copy of 32 bytes or more "
+                   "(clang lowers it to llvm.memcpy, which -fsanitize-coverage=trace-stores does not trace), so it "
+                   "reports the threadgroup tile that steel's BlockLoader fills through its ReadVector as unwritten: "
+                   "a false alarm on affine_qmm_t under check_memory")
+def test_memory_check_sees_a_32_byte_struct_copy():
+    lib = sm.compile("""
+using namespace metal;
+struct alignas(32) V8 { float v[8]; };
+kernel void k(device const float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_index_in_threadgroup]]) {
+    threadgroup float t[256];
+    *((threadgroup V8*)(&t[i * 8])) = *((const device V8*)(&x[i * 8]));
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[i] = t[(i * 8 + 13) % 256];
+}
+""")
+    x, y = np.arange(256, dtype=np.float32), np.zeros(32, np.float32)
+    lib.launch("k", [x, y], threadgroups=(1,), threads_per_threadgroup=(32,), check_memory=True)
+    np.testing.assert_array_equal(y, (np.arange(32) * 8 + 13) % 256)

@@ -28,6 +28,7 @@ extern "C" {
 #define SM_FLAG_POISON 1u      /* fill threadgroup memory with 0xFF before each threadgroup */
 #define SM_FLAG_RUN_AHEAD 2u   /* each simdgroup runs to its next threadgroup barrier before the next starts */
 #define SM_FLAG_REVERSE_SIMDGROUPS 4u  /* with SM_FLAG_RUN_AHEAD: the last simdgroup first */
+#define SM_FLAG_CHECK_DIVISION 8u  /* an integer division by zero or INT_MIN / -1 stops the dispatch (SM_ERROR_TRAP) */
 
 /* Error kinds (sm_dispatch.error_kind, csm_run's result) */
 #define SM_OK 0
@@ -226,6 +227,9 @@ uintptr_t csm_fault_address(void);
 uintptr_t csm_fault_region_start(void);
 uintptr_t csm_fault_region_length(void);
 int32_t csm_fault_region_tag(void);
+/* The path of the shared object holding code address `address` and its load base (dladdr);
+ * NULL if none. */
+const char* csm_code_object(uintptr_t address, uintptr_t* base);
 /* After SM_ERROR_TRAP: the signal and its si_code (e.g. SIGFPE / FPE_INTDIV). */
 int32_t csm_fault_signal(void);
 int32_t csm_fault_code(void);

@@ -117,6 +117,19 @@ extension MSLTranslator {
             if text[i] == Byte.closeBrace { _ = stack.popLast(); continue }
             guard text[i] == Byte.openBrace else { continue }
             let p = skipSpaceBack(i - 1)
+            // A class template's partial specializations on address spaces (MLX's
+            // steel/utils/type_traits.h: `pointer_element<thread T*>`, `<device T*>`...)
+            // coincide too: the first is kept, as for functions.
+            if p >= 0, text[p] == Byte.greater {
+                let declStart = declarationStart(before: p).start
+                let (words, hasSpace) = headWords(declStart, i)
+                guard hasSpace, words.first == "template", words.contains("struct") || words.contains("class"),
+                      let end = matching(i) else { stack.append(i); continue }
+                let key = "\(stack.last ?? -1)|" + words.joined(separator: " ")
+                if seen.contains(key) { blankInPlace(declStart, end) } else { seen.insert(key) }
+                t = MSLLexer.index(in: tokens, atOrAfter: end, from: t - 1)
+                continue
+            }
             guard p >= 0, text[p] == Byte.closeParen else { stack.append(i); continue }
             let (declStart, open) = declarationStart(before: p)
             // A function: an identifier (not a statement keyword) or an operator before `(`.
@@ -126,18 +139,7 @@ extension MSLTranslator {
                 if !name.isEmpty { isFunction = !statements.contains(name) && !Byte.isDigit(text[ns]) }
                 else { isFunction = string(declStart, open).contains("operator") }
             }
-            var words: [String] = []
-            var k = declStart
-            var hasSpace = false
-            while k < i {
-                if Byte.isIdentStart(text[k]), k == 0 || !Byte.isIdent(text[k - 1]), let (w, e) = identifier(at: k) {
-                    if MSLTranslator.addressSpaceNames.contains(w) { hasSpace = true } else { words.append(w) }
-                    k = e
-                } else {
-                    if !Byte.isSpace(text[k]) { words.append(String(UnicodeScalar(text[k]))) }
-                    k += 1
-                }
-            }
+            let (words, hasSpace) = headWords(declStart, i)
             guard isFunction, hasSpace, let first = words.first, !statements.contains(first), let end = matching(i) else {
                 stack.append(i); continue
             }
@@ -166,6 +168,23 @@ extension MSLTranslator {
         case "constant": return "const __sm_constant"
         default: return nil
         }
+    }
+
+    /// The words of a declaration's head in [a, b) without its address spaces, and whether it had any.
+    private func headWords(_ a: Int, _ b: Int) -> (words: [String], hasSpace: Bool) {
+        var words: [String] = []
+        var k = a
+        var hasSpace = false
+        while k < b {
+            if Byte.isIdentStart(text[k]), k == 0 || !Byte.isIdent(text[k - 1]), let (w, e) = identifier(at: k) {
+                if MSLTranslator.addressSpaceNames.contains(w) { hasSpace = true } else { words.append(w) }
+                k = e
+            } else {
+                if !Byte.isSpace(text[k]) { words.append(String(UnicodeScalar(text[k]))) }
+                k += 1
+            }
+        }
+        return (words, hasSpace)
     }
 
     /// `device`, `thread` and `constant` replaced (a function constant's `constant` is that

@@ -4,10 +4,12 @@
 /// calls through pointers, is found after compiling: `LanguageCheck.swift`.)
 extension MSLTranslator {
     /// C++ that the Metal Shading Language specification excludes (its "C++ restrictions"),
-    /// which clang++ would accept here.
+    /// which clang++ would accept here. Not `noexcept`: the specification excludes
+    /// exceptions, and a `noexcept` specifier throws none; Apple's compiler builds MLX's
+    /// `steel/utils/integral_constant.h`, which has it on every member.
     static let forbiddenKeywords: [String: String] = [
         "new": "new and delete", "delete": "new and delete", "goto": "goto statements",
-        "throw": "exceptions", "try": "exceptions", "catch": "exceptions", "noexcept": "noexcept specifications",
+        "throw": "exceptions", "try": "exceptions", "catch": "exceptions",
         "virtual": "virtual functions", "dynamic_cast": "dynamic_cast and type identification",
         "typeid": "dynamic_cast and type identification", "thread_local": "thread_local and register storage",
         "register": "thread_local and register storage",

@@ -121,6 +121,7 @@ struct DispatchCommand {
     var checkRaces: Bool
     var poison: Bool
     var checkMemory = false
+    var checkDivision = false
     var schedule = SoftMetalSchedule.roundRobin
     var staleReads = false
 }
@@ -157,6 +158,13 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// compiled once more, instrumented; the dispatch runs on one core.
     /// Default: SoftMetalOptions.checkMemory.
     public var softMetalCheckMemory = SoftMetalOptions.checkMemory
+    /// SoftMetal only: an integer division or remainder by zero (or INT_MIN / -1) fails the
+    /// command buffer (SoftMetalError.runtime naming the kernel, and the MSL line when the
+    /// library has line tables, as the memory check's build has). Without it the division
+    /// gives a value as a GPU does, which does not trap: x / 0 = 0, x % 0 = x (Apple's CPUs'
+    /// results; its GPUs' are not documented). The memory check turns this on too.
+    /// Default: SoftMetalOptions.checkDivision.
+    public var softMetalCheckDivision = SoftMetalOptions.checkDivision
     /// SoftMetal only: how threads of different simdgroups interleave between threadgroup
     /// barriers (SoftMetalSchedule; `.runAhead` runs each dispatch in forward and reverse
     /// simdgroup order and fails with SoftMetalError.race if the results differ).
@@ -172,6 +180,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// SoftMetal only: every check at once (SoftMetalOptions.enableAllChecks says which).
     public func softMetalCheckAll() {
         softMetalCheckMemory = true
+        softMetalCheckDivision = true
         softMetalSchedule = .runAhead
     }
 
@@ -224,7 +233,8 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
             checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory,
-            checkMemory: softMetalCheckMemory || softMetalStaleReads, schedule: softMetalSchedule, staleReads: softMetalStaleReads)
+            checkMemory: softMetalCheckMemory || softMetalStaleReads, checkDivision: softMetalCheckDivision,
+            schedule: softMetalSchedule, staleReads: softMetalStaleReads)
         if dispatchType == .concurrent {
             unordered.append(command)
         } else {

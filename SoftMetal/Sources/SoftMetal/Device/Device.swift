@@ -173,6 +173,13 @@ final class CompiledKernel: @unchecked Sendable {
 
     deinit { free(cName) }
 
+    /// Whether the compiled kernel uses the argument after specialization (Metal's
+    /// `MTLArgument.isActive`): only an active argument must be bound. See ArgumentActivity.
+    func isActive(_ p: Param) -> Bool {
+        guard let active = build.activeArguments()?[symbol] else { return true }
+        return active.contains((p.kind == SM_PARAM_THREADGROUP ? "t" : "b") + "\(p.index)")
+    }
+
     /// The launcher of the memory check's instrumented build, and its shared object.
     func checkedLauncher() throws -> (launcher: sm_launcher, path: String) {
         let built = try build.load()
@@ -190,6 +197,7 @@ final class CheckedBuild: @unchecked Sendable {
     private let timeout: Double?
     private let lock = SMLock()
     private var built: LoadedLibrary?
+    private var active: [String: Set<String>]??
 
     init(text: String, timeout: Double?) {
         self.text = text
@@ -202,6 +210,16 @@ final class CheckedBuild: @unchecked Sendable {
             let b = try KernelCompiler.interruptible { try KernelCompiler.shared.load(translated: text, checked: true, timeout: timeout) }
             built = b
             return b
+        }
+    }
+
+    /// The active arguments of the library's kernels, by symbol (nil: not known).
+    func activeArguments() -> [String: Set<String>]? {
+        lock.withLock { () -> [String: Set<String>]? in
+            if case .some(let known) = active { return known }
+            let found = ArgumentActivity.activeArguments(translated: text, timeout: timeout)
+            active = .some(found)
+            return found
         }
     }
 }

@@ -89,10 +89,12 @@ enum Executor {
             throw SoftMetalError.invalidUsage("kernel \(kernel.name): grid too large")
         }
 
-        // Every buffer and threadgroup memory index the kernel uses must be bound.
+        // Every buffer and threadgroup memory index the kernel uses must be bound: as in
+        // Metal, one that the body names only in code its specialization removed need not be.
         for p in kernel.params {
             if p.kind == SM_PARAM_BUFFER {
                 guard p.index < c.buffers.count, let binding = c.buffers[p.index] else {
+                    if !kernel.isActive(p) { continue }
                     throw SoftMetalError.invalidUsage("kernel \(kernel.name): buffer(\(p.index)) (`\(p.type) \(p.name)`) is not bound: call setBuffer(_:offset:index:) or setBytes(_:length:index:) with index \(p.index)")
                 }
                 let available = binding.buffer.length - binding.offset
@@ -101,6 +103,7 @@ enum Executor {
                 }
             } else if p.kind == SM_PARAM_THREADGROUP {
                 guard p.index < c.threadgroupLengths.count, c.threadgroupLengths[p.index] > 0 else {
+                    if !kernel.isActive(p) { continue }
                     throw SoftMetalError.invalidUsage("kernel \(kernel.name): threadgroup(\(p.index)) (`\(p.type) \(p.name)`) has no memory: call setThreadgroupMemoryLength(_:index:) with index \(p.index)")
                 }
             }
@@ -115,6 +118,7 @@ enum Executor {
         var base = sm_dispatch()
         base.abi_version = UInt32(SM_ABI_VERSION)
         base.flags = c.poison ? UInt32(SM_FLAG_POISON) : 0
+        if c.checkDivision || c.checkMemory { base.flags |= UInt32(SM_FLAG_CHECK_DIVISION) }
         base.kernel_name = UnsafePointer(kernel.cName)
         for (i, binding) in c.buffers.enumerated() {
             guard let binding else { continue }
@@ -286,7 +290,19 @@ enum Executor {
         case (SIGILL, _): what = "a trap instruction (SIGILL: __builtin_trap() or an undefined-behaviour check)"
         default: what = "a breakpoint trap (SIGTRAP)"
         }
-        let hex = String(UInt(bitPattern: Int(bitPattern: csm_fault_address())), radix: 16)
+        let address = csm_fault_address()
+        let hex = String(UInt(bitPattern: Int(bitPattern: address)), radix: 16)
+        if csm_fault_signal() == SIGFPE, csm_fault_code() == Int32(FPE_INTDIV) || csm_fault_code() == Int32(FPE_INTOVF) {
+            // Stopped only because the division check is on (otherwise the handler gives the value).
+            var place = "at address 0x\(hex)"
+            var base: UInt = 0
+            if let file = csm_code_object(address, &base), case let offset = UInt(address) &- base, offset > 0, offset < UInt(UInt32.max) {
+                // sourceLines takes return addresses (it looks one byte back): the instruction's own + 1.
+                place = "at \(MemoryCheck.sourceLines(String(cString: file), [UInt32(offset + 1)])[0])"
+            }
+            return "kernel \(kernel.name): an integer division or remainder by zero (or INT_MIN / -1) \(place): undefined in MSL; "
+                + "without the division check it gives x / 0 = 0, x % 0 = x, as Apple's CPUs do (a GPU does not trap; what Apple's GPUs give is not documented)"
+        }
         return "kernel \(kernel.name): \(what) at address 0x\(hex); on a GPU its result would be undefined"
     }
 

@@ -40,6 +40,7 @@ public enum SoftMetalOptions {
     nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1" || allFromEnvironment
     nonisolated(unsafe) private static var _schedule = SoftMetalSchedule(environment: SMEnv.get("SOFTMETAL_SCHEDULE"))
         ?? (allFromEnvironment ? .runAhead : .roundRobin)
+    nonisolated(unsafe) private static var _checkDivision = SMEnv.get("SOFTMETAL_CHECK_DIVISION") == "1" || allFromEnvironment
     nonisolated(unsafe) private static var _staleReads = SMEnv.get("SOFTMETAL_STALE_READS") == "1"
     /// SOFTMETAL_CHECKS=all.
     private static var allFromEnvironment: Bool { SMEnv.get("SOFTMETAL_CHECKS") == "all" }
@@ -53,6 +54,7 @@ public enum SoftMetalOptions {
     public static func enableAllChecks() {
         lock.withLock {
             _checkMemory = true
+            _checkDivision = true
             _schedule = .runAhead
         }
     }
@@ -77,6 +79,13 @@ public enum SoftMetalOptions {
     public static var checkMemory: Bool {
         get { lock.withLock { _checkMemory } }
         set { lock.withLock { _checkMemory = newValue } }
+    }
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalCheckDivision for new encoders
+    /// (initially: $SOFTMETAL_CHECK_DIVISION == 1).
+    public static var checkDivision: Bool {
+        get { lock.withLock { _checkDivision } }
+        set { lock.withLock { _checkDivision = newValue } }
     }
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalSchedule for new encoders

@@ -261,6 +261,7 @@ using std::is_unsigned;
 using std::remove_cv;
 using std::remove_cv_t;
 using std::integral_constant;
+using std::bool_constant;
 using std::true_type;
 using std::false_type;
 using std::is_convertible;
@@ -274,6 +275,10 @@ template <class A, class B> constexpr bool is_convertible_v = std::is_convertibl
 // `#pragma METAL internals : enable`, which is ignored here).
 template <class... B> struct _disjunction : std::disjunction<B...> {};
 template <class... B> struct _conjunction : std::conjunction<B...> {};
+// <metal_type_traits>' remove_addrspace (MLX's steel/utils/integral_constant.h): address
+// spaces are not part of types here, so it is the identity.
+template <class T> struct remove_addrspace { using type = T; };
+template <class T> using remove_addrspace_t = typename remove_addrspace<T>::type;
 // <metal_uniform>: uniform<T> marks a value the same in every thread; here it is T itself.
 template <class T> using uniform = T;
 template <class T> constexpr T make_uniform(T x) { return x; }

@@ -204,12 +204,15 @@ template <class V, class... A> inline V vmake(const A&... a) {
 }
 // `(half4) x` (the translator's rewrite of a C-style cast to a vector type): element-wise
 // conversion as MSL does, or a splat of a scalar.
-template <class T, class... A> constexpr inline T construct(const A&... a) {  // constexpr: `static constexpr U init = U(0);`
+// By value: a class's conversion operator need not be const (MLX's fp8_e8m0 has
+// `operator float() thread`, which `T(*(thread fp8_e8m0*)&s)` calls), and a vector element
+// (`T(idx.x)`) binds to no non-const reference.
+template <class T, class... A> constexpr inline T construct(A... a) {  // constexpr: `static constexpr U init = U(0);`
     if constexpr (is_vec<T>::value) return vmake<T>(a...);
     else return T(a...);
 }
 template <class V> struct vcast {};
-template <class V, class A> constexpr inline V operator->*(vcast<V>, const A& a) {
+template <class V, class A> constexpr inline V operator->*(vcast<V>, A a) {
     if constexpr (is_vec<V>::value) return vmake<V>(a);
     else return (V)a;  // a cast to a template parameter that is not a vector
 }
