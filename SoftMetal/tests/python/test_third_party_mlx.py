@@ -761,6 +761,9 @@ def _qmm_t(m, n, k, pad_rows=0):
     np.testing.assert_allclose(y, x.astype(np.float64) @ deq[:n].T, rtol=1e-4, atol=1e-4)
 
 
+# Not under checks="all": the memory check's false alarm on steel's 32-byte tile copies
+# (test_memory_check_sees_a_32_byte_struct_copy, xfail) would stop them.
+@pytest.mark.own_checks
 @pytest.mark.parametrize("m,n,k,pad_rows", [(40, 64, 128, 0), (33, 40, 256, 24)])
 def test_mlx_affine_qmm_t(m, n, k, pad_rows):
     """x (M, K) @ dequantized w (N, K)^T through steel's tiles (quantized.h's QuantizedBlockLoader
@@ -770,6 +773,9 @@ def test_mlx_affine_qmm_t(m, n, k, pad_rows):
     _qmm_t(m, n, k, pad_rows)
 
 
+# Not under checks="all": the memory check's false alarm on steel's 32-byte tile copies
+# (test_memory_check_sees_a_32_byte_struct_copy, xfail) would stop them.
+@pytest.mark.own_checks
 def test_mlx_affine_qmm_t_reads_rows_past_n():
     """A finding in unmodified code: with N % 32 != 0 the last tile's QuantizedBlockLoader::load_safe
     is called with short2(BK, num_outs) and, for reduction_dim 1, checks the row `bi` against
