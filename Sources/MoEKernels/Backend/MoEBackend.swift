@@ -1,6 +1,7 @@
 /// A device that runs MoE layers. A backend is created once per layer with the layer's
-/// weights (which it copies into its own layout and memory) and then runs any number of
-/// forwards, from several threads at once.
+/// weights (copied into its own layout and memory, or read in place from a mapping where its
+/// kernels read the stored layout) and then runs any number of forwards, from several
+/// threads at once.
 protocol MoEBackend: AnyObject, Sendable {
     var kind: MoEBackendKind { get }
 

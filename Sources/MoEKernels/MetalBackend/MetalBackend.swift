@@ -2,9 +2,9 @@ import CMoESwift
 
 /// The Metal backend: the weights live in device buffers in their given formats (dense
 /// f32 / f16 / bf16 or quantized: never widened), uploaded once at creation or, when
-/// mapped, read in place from the mapping wrapped without a copy; a forward is
-/// one command buffer with one compute encoder and one wait (MetalPass), its buffers come
-/// from a pool. The same code is the "metal" backend on Apple GPUs and the "softmetal"
+/// mapped, read in place from the mapping wrapped without a copy; a forward is recorded
+/// into a command buffer (MetalPass) — the caller's (the encode API) or one of our own that
+/// `forward` commits and waits for — with scratch from a pool. The same code is the "metal" backend on Apple GPUs and the "softmetal"
 /// backend on SoftMetal (Linux).
 final class MetalBackend: MoEBackend, @unchecked Sendable {
     let kind: MoEBackendKind
