@@ -209,7 +209,9 @@ def test_softmetal_sizes_whose_products_overflow_are_usage_errors():
 @pytest.mark.skipif("softmetal" not in moe_swift.available_backends(), reason="SoftMetal runs on Linux")
 def test_kernel_traps_are_errors_not_signals():
     """Integer division by zero, INT_MIN / -1 and __builtin_trap() in a kernel raised
-    SIGFPE / SIGILL, which ended the process."""
+    SIGFPE / SIGILL, which ended the process. A division does not stop a GPU: unchecked it
+    gives AArch64's values (x / 0 = 0; INT_MIN / -1 = INT_MIN), and check_division=True
+    makes it an error; a trap is always an error."""
     from moe_swift import softmetal
     lib = softmetal.compile("""
     kernel void div(device int* a [[buffer(0)]], device const int* b [[buffer(1)]],
@@ -218,11 +220,15 @@ def test_kernel_traps_are_errors_not_signals():
         if (i == 3) __builtin_trap();
         a[i] = 1;
     }""")
-    for b, words in ((np.array([1, 2, 0, 4], np.int32), "division or remainder by zero"),
-                     (np.array([1, -1, 1, 1], np.int32), r"overflows \(INT_MIN / -1\)|division")):
+    for b, words, values in ((np.array([1, 2, 0, 4], np.int32), "division or remainder by zero", [5, -2**30, 0, 2]),
+                             (np.array([1, -1, 1, 1], np.int32), r"overflows \(INT_MIN / -1\)|division",
+                              [5, -2**31, 7, 8])):
+        a = np.array([5, -2**31, 7, 8], np.int32)
+        lib.launch("div", [a, b], grid=(4,), threads_per_threadgroup=(4,))
+        assert a.tolist() == values
         a = np.array([5, -2**31, 7, 8], np.int32)
         with pytest.raises(softmetal.SoftMetalError, match=words):
-            lib.launch("div", [a, b], grid=(4,), threads_per_threadgroup=(4,))
+            lib.launch("div", [a, b], grid=(4,), threads_per_threadgroup=(4,), check_division=True)
     with pytest.raises(softmetal.SoftMetalError, match="trap instruction"):
         lib.launch("trap", [np.zeros(4, np.int32)], grid=(4,), threads_per_threadgroup=(4,))
     a = np.full(4, 6, np.int32)
