@@ -21,41 +21,28 @@ enum ArgumentActivity {
     /// `[[threadgroup(i)]]`; nil if the analysis could not run (the caller then treats
     /// every named argument as active).
     static func activeArguments(translated: String, timeout: Double?) -> [String: Set<String>]? {
-        guard let compiler = try? KernelCompiler.findCompiler() else { return nil }
         let flags = KernelCompiler.flags.filter { $0 != "-shared" } + ["-S", "-emit-llvm", "-w"]
-        let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, "argument-activity-2"])
-        let dir = KernelCompiler.cacheDirectory
-        let cached = "\(dir)/\(key).active"
-        if access(cached, R_OK) == 0, let text = try? SMFile.read(cached) {
-            utimensat(AT_FDCWD, cached, nil, 0)  // a use, for the cache's eviction order
-            return parse(text)
+        // The markers go around the file the build compiles, so that the MSL version and the
+        // function constants' #defines still come before the runtime header.
+        let lines = KernelCompiler.cachedCheck(translated: translated, flags: flags, tag: "argument-activity-3", ext: "active",
+                                               sourceText: mark) { compiler, dir, source, base in
+            let ir = "\(base).active.ll"
+            let log = "\(base).active.log"
+            defer { unlink(ir); unlink(log) }
+            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
+                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+            if status < 0 { SMFile.removeFiles(in: dir, prefix: String(base.dropFirst(dir.count + 1))) }
+            guard status == 0, let text = try? SMFile.read(ir) else { return nil }
+            let found = calls(inIR: text)
+            var lines = ""
+            for (symbol, arguments) in found.sorted(by: { $0.key < $1.key }) {
+                lines += symbol + "\t" + arguments.sorted().joined(separator: " ") + "\n"
+            }
+            // Kernels without an active argument still get a line, so that they read as analysed.
+            for symbol in thunkSymbols(translated) where found[symbol] == nil { lines += symbol + "\t\n" }
+            return lines
         }
-        guard (try? SMFile.makeDirectories(dir)) != nil else { return nil }
-        let unique = "\(getpid()).\(UInt64.random(in: 0..<UInt64.max))"
-        let header = "\(dir)/softmetal_runtime-\(KernelCompiler.runtimeHash).h"
-        if access(header, R_OK) != 0 {
-            guard (try? SMFile.writeAtomically(header, KernelCompiler.runtimeHeader, unique: unique)) != nil else { return nil }
-        }
-        let source = "\(dir)/\(key).\(unique).active.cpp"
-        let ir = "\(dir)/\(key).\(unique).active.ll"
-        let log = "\(dir)/\(key).\(unique).active.log"
-        defer { unlink(source); unlink(ir); unlink(log) }
-        let marked = "#include \"softmetal_runtime-\(KernelCompiler.runtimeHash).h\"\n" + mark(translated)
-        guard (try? SMFile.writeAtomically(source, marked, unique: unique)) != nil else { return nil }
-        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
-                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-        if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).\(unique)") }
-        guard status == 0, let text = try? SMFile.read(ir) else { return nil }
-        let found = calls(inIR: text)
-        var lines = ""
-        for (symbol, arguments) in found.sorted(by: { $0.key < $1.key }) {
-            lines += symbol + "\t" + arguments.sorted().joined(separator: " ") + "\n"
-        }
-        // Kernels without an active argument still get a line, so that they read as analysed.
-        for symbol in thunkSymbols(translated) where found[symbol] == nil { lines += symbol + "\t\n" }
-        try? SMFile.writeAtomically(cached, lines, unique: unique)
-        SoftMetalCache.evictIfNeeded(dir, keep: cached)
-        return parse(lines)
+        return lines.map(parse)
     }
 
     private static let marker = "__sm_active_"

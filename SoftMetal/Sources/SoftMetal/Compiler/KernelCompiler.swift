@@ -222,7 +222,7 @@ final class KernelCompiler: @unchecked Sendable {
     /// it has none, or the check could not run), cached on disk beside the shared objects.
     func addressSpaceLog(translated: String, timeout: Double? = nil) -> String {
         let flags = MSLAddressSpaceCheck.flags
-        return cachedCheck(translated: translated, flags: flags, tag: "address-space-check-1", ext: "asp") { compiler, dir, source, base in
+        return Self.cachedCheck(translated: translated, flags: flags, tag: "address-space-check-1", ext: "asp") { compiler, dir, source, base in
             let log = "\(base).asp.log"
             defer { unlink(log) }
             let status = SMFile.spawn([compiler] + flags + ["-I", dir, source], output: log,
@@ -240,7 +240,7 @@ final class KernelCompiler: @unchecked Sendable {
     /// shared objects. A source that clang++ rejects has none (the build reports the error).
     func languageFindings(translated: String, timeout: Double? = nil) -> [MSLLanguageCheck.Finding] {
         let flags = KernelCompiler.languageCheckFlags
-        let text = cachedCheck(translated: translated, flags: flags, tag: "language-check-2", ext: "lang") { compiler, dir, source, base in
+        let text = Self.cachedCheck(translated: translated, flags: flags, tag: "language-check-2", ext: "lang") { compiler, dir, source, base in
             let ir = "\(base).ll"
             let log = "\(base).lang.log"
             defer { unlink(ir); unlink(log) }
@@ -255,10 +255,12 @@ final class KernelCompiler: @unchecked Sendable {
 
     /// A check's clang++ run on a translated text (beside the build), cached on disk beside the
     /// shared objects as `<key>.<ext>`: the cached text, else what `run` returns (given the
-    /// compiler, the cache directory, the source file written for it and the path prefix for
-    /// its temporary files; nil: nothing to cache), else nil when the check cannot run.
-    private func cachedCheck(translated: String, flags: [String], tag: String, ext: String,
-                             _ run: (_ compiler: String, _ dir: String, _ source: String, _ base: String) -> String?) -> String? {
+    /// compiler, the cache directory, the source file written for it — `sourceText` of the
+    /// file clang++ compiles for the build — and the path prefix for its temporary files;
+    /// nil: nothing to cache), else nil when the check cannot run.
+    static func cachedCheck(translated: String, flags: [String], tag: String, ext: String,
+                            sourceText: (String) -> String = { $0 },
+                            _ run: (_ compiler: String, _ dir: String, _ source: String, _ base: String) -> String?) -> String? {
         guard let compiler = try? KernelCompiler.findCompiler() else { return nil }
         let key = Hash128.of([translated, flags.joined(separator: " "), KernelCompiler.runtimeHash, compiler, tag])
         let dir = KernelCompiler.cacheDirectory
@@ -276,7 +278,7 @@ final class KernelCompiler: @unchecked Sendable {
         let base = "\(dir)/\(key).\(unique)"
         let source = "\(base).\(ext).cpp"
         defer { unlink(source) }
-        guard (try? SMFile.writeAtomically(source, KernelCompiler.sourceFile(translated), unique: unique)) != nil,
+        guard (try? SMFile.writeAtomically(source, sourceText(KernelCompiler.sourceFile(translated)), unique: unique)) != nil,
               let text = run(compiler, dir, source, base) else { return nil }
         try? SMFile.writeAtomically(cached, text, unique: unique)
         SoftMetalCache.evictIfNeeded(dir, keep: cached)
