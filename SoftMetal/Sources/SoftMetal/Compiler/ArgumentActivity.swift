@@ -26,13 +26,8 @@ enum ArgumentActivity {
         // function constants' #defines still come before the runtime header.
         let lines = KernelCompiler.cachedCheck(translated: translated, flags: flags, tag: "argument-activity-3", ext: "active",
                                                sourceText: mark) { compiler, dir, source, base in
-            let ir = "\(base).active.ll"
-            let log = "\(base).active.log"
-            defer { unlink(ir); unlink(log) }
-            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
-                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-            if status < 0 { SMFile.removeFiles(in: dir, prefix: String(base.dropFirst(dir.count + 1))) }
-            guard status == 0, let text = try? SMFile.read(ir) else { return nil }
+            guard let text = KernelCompiler.llvmIR(compiler: compiler, flags: flags, dir: dir, source: source, base: base,
+                                                   ext: "active", timeout: timeout) else { return nil }
             let found = calls(inIR: text)
             var lines = ""
             for (symbol, arguments) in found.sorted(by: { $0.key < $1.key }) {

@@ -241,16 +241,24 @@ final class KernelCompiler: @unchecked Sendable {
     func languageFindings(translated: String, timeout: Double? = nil) -> [MSLLanguageCheck.Finding] {
         let flags = KernelCompiler.languageCheckFlags
         let text = Self.cachedCheck(translated: translated, flags: flags, tag: "language-check-2", ext: "lang") { compiler, dir, source, base in
-            let ir = "\(base).ll"
-            let log = "\(base).lang.log"
-            defer { unlink(ir); unlink(log) }
-            let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
-                                      timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
-            if status < 0 { SMFile.removeFiles(in: dir, prefix: String(base.dropFirst(dir.count + 1))) }
-            guard status == 0, let text = try? SMFile.read(ir) else { return nil }
-            return MSLLanguageCheck.findings(ir: text, translated: translated).map { $0.serialized + "\n" }.joined()
+            Self.llvmIR(compiler: compiler, flags: flags, dir: dir, source: source, base: base, ext: "lang", timeout: timeout)
+                .map { MSLLanguageCheck.findings(ir: $0, translated: translated).map { $0.serialized + "\n" }.joined() }
         }
         return (text ?? "").split(separator: "\n").compactMap { MSLLanguageCheck.Finding(serialized: $0) }
+    }
+
+    /// A check's source compiled to LLVM IR (`flags` say so) inside `cachedCheck`'s `run`:
+    /// the IR's text, or nil when clang++ failed (a timeout also removes the run's files).
+    static func llvmIR(compiler: String, flags: [String], dir: String, source: String, base: String, ext: String,
+                       timeout: Double?) -> String? {
+        let ir = "\(base).\(ext).ll"
+        let log = "\(base).\(ext).log"
+        defer { unlink(ir); unlink(log) }
+        let status = SMFile.spawn([compiler] + flags + ["-I", dir, source, "-o", ir], output: log,
+                                  timeout: timeout ?? KernelCompiler.defaultCompileTimeout)
+        if status < 0 { SMFile.removeFiles(in: dir, prefix: String(base.dropFirst(dir.count + 1))) }
+        guard status == 0 else { return nil }
+        return try? SMFile.read(ir)
     }
 
     /// A check's clang++ run on a translated text (beside the build), cached on disk beside the
