@@ -140,7 +140,9 @@ def _layer(module, top_k: int, backend: str, progress):
     return entry[1]
 
 
+# The progress setting as the op's integer argument, and back.
 _PROGRESS = {None: -1, False: 0, True: 1}
+_PROGRESS_SETTING = {code: setting for setting, code in _PROGRESS.items()}
 
 
 @torch.library.custom_op("moe_swift::experts", mutates_args=())
@@ -149,8 +151,7 @@ def _experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_we
     # `parameters` (the module's own, in its order) are inputs so that autograd and a
     # compiled graph see what the result depends on; the layer reads them through the module.
     module = _module(key)
-    shown = {v: k for k, v in _PROGRESS.items()}[progress]
-    layer = _layer(module, top_k_index.shape[-1], backend, shown)
+    layer = _layer(module, top_k_index.shape[-1], backend, _PROGRESS_SETTING[progress])
     return layer.experts(hidden_states, top_k_index, top_k_weights)
 
 
