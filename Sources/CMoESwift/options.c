@@ -84,3 +84,22 @@ const char* moe_specialisation_suffix(int32_t specialisation) {
 #undef SUFFIX_CASE_
     return NULL;
 }
+
+int32_t moe_format_of_ggml_type(int32_t ggml_type) {
+#define FORMAT_IF_(FORMAT, type, ...) if (ggml_type == type) return MOE_FORMAT_##FORMAT;
+    MOE_GGML_TYPE_ROWS(FORMAT_IF_)
+#undef FORMAT_IF_
+    return -1;
+}
+
+#define GGML_COLUMN_(column)                                                           \
+    int32_t moe_ggml_##column(int32_t format) {                                       \
+        MOE_GGML_TYPE_ROWS(GGML_COLUMN_IF_##column##_)                                \
+        return 0;                                                                      \
+    }
+#define GGML_COLUMN_IF_block_elems_(FORMAT, type, elems, bytes) if (format == MOE_FORMAT_##FORMAT) return elems;
+#define GGML_COLUMN_IF_block_bytes_(FORMAT, type, elems, bytes) if (format == MOE_FORMAT_##FORMAT) return bytes;
+#define GGML_COLUMN_IF_type_of_format_(FORMAT, type, elems, bytes) if (format == MOE_FORMAT_##FORMAT) return type;
+GGML_COLUMN_(block_elems)
+GGML_COLUMN_(block_bytes)
+GGML_COLUMN_(type_of_format)

@@ -54,6 +54,9 @@ MXFP4_GROUP_SIZE = int(_DEFINES["MOE_MXFP4_GROUP_SIZE"])
 # names its format by the FORMAT table's NAME.
 _FORMAT_BY_NAME = {row[0]: _string(row[2]) for row in _rows("FORMAT")}
 SPECIALISATIONS = tuple((row[0], _FORMAT_BY_NAME[row[1]], int(row[2])) for row in _rows("SPECIALISATION"))
+# ggml type number -> (format name, elements per block, bytes per block), for the ggml
+# tensor types the layer reads (GGUF files; the dense ones are float32/float16/bfloat16).
+GGML_TYPES = {int(row[1]): (_FORMAT_BY_NAME[row[0]], int(row[2]), int(row[3])) for row in _rows("GGML_TYPE")}
 
 
 # "MOE_SCORING_SOFTMAX" -> "softmax", for the defaults that name a row.

@@ -53,13 +53,51 @@
 /* How a weight matrix is stored (docs/formats.md). X(NAME, code, "name")
  *   F32, F16, BF16: dense
  *   AFFINE: MLX affine, value = scale * q + bias per group (bits and group sizes below)
- *   MXFP4:  OCP MX FP4 as MLX stores it, e2m1 codes with an E8M0 scale per 32 */
+ *   MXFP4:  OCP MX FP4 as MLX stores it, e2m1 codes with an E8M0 scale per 32
+ *   GGML_*: ggml's (llama.cpp's, GGUF's) block quantizations exactly as ggml stores them:
+ *           a row is cols / block_elems blocks of block_bytes bytes, scales inside the
+ *           blocks (MOE_GGML_TYPE_ROWS); the value of an element is ggml's dequantization.
+ *           Their codes are 100 + ggml's type number. */
 #define MOE_FORMAT_ROWS(X) \
     X(F32, 0, "float32") \
     X(F16, 1, "float16") \
     X(BF16, 2, "bfloat16") \
     X(AFFINE, 3, "affine") \
-    X(MXFP4, 4, "mxfp4")
+    X(MXFP4, 4, "mxfp4") \
+    X(GGML_Q4_0, 102, "q4_0") \
+    X(GGML_Q4_1, 103, "q4_1") \
+    X(GGML_Q5_0, 106, "q5_0") \
+    X(GGML_Q5_1, 107, "q5_1") \
+    X(GGML_Q8_0, 108, "q8_0") \
+    X(GGML_Q2_K, 110, "q2_K") \
+    X(GGML_Q3_K, 111, "q3_K") \
+    X(GGML_Q4_K, 112, "q4_K") \
+    X(GGML_Q5_K, 113, "q5_K") \
+    X(GGML_Q6_K, 114, "q6_K") \
+    X(GGML_IQ4_NL, 120, "iq4_nl") \
+    X(GGML_IQ4_XS, 123, "iq4_xs") \
+    X(GGML_MXFP4, 139, "mxfp4_ggml")
+
+/* ggml's tensor types that this layer reads (GGUF's tensor type field), and the format
+ * each is kept in: X(FORMAT, ggml_type, block_elems, block_bytes), FORMAT a NAME of
+ * MOE_FORMAT_ROWS. ggml's F32, F16 and BF16 are the dense formats. */
+#define MOE_GGML_TYPE_ROWS(X) \
+    X(F32, 0, 1, 4) \
+    X(F16, 1, 1, 2) \
+    X(BF16, 30, 1, 2) \
+    X(GGML_Q4_0, 2, 32, 18) \
+    X(GGML_Q4_1, 3, 32, 20) \
+    X(GGML_Q5_0, 6, 32, 22) \
+    X(GGML_Q5_1, 7, 32, 24) \
+    X(GGML_Q8_0, 8, 32, 34) \
+    X(GGML_Q2_K, 10, 256, 84) \
+    X(GGML_Q3_K, 11, 256, 110) \
+    X(GGML_Q4_K, 12, 256, 144) \
+    X(GGML_Q5_K, 13, 256, 176) \
+    X(GGML_Q6_K, 14, 256, 210) \
+    X(GGML_IQ4_NL, 20, 32, 18) \
+    X(GGML_IQ4_XS, 23, 256, 136) \
+    X(GGML_MXFP4, 39, 32, 17)
 
 /* The code widths and group sizes of affine quantization (MLX's). X(n) */
 #define MOE_AFFINE_BITS_ROWS(X) X(2) X(3) X(4) X(5) X(6) X(8)

@@ -40,5 +40,13 @@ MOE_OPTIONS_HIDDEN int32_t moe_affine_group_size_allowed(int32_t group_size);
 MOE_OPTIONS_HIDDEN int32_t moe_specialisation_of(int32_t format, int32_t bits);
 /* Its host-name suffix ("f32", "q4", ..., "any"); NULL for no row. */
 MOE_OPTIONS_HIDDEN const char* moe_specialisation_suffix(int32_t specialisation);
+/* The moe_format that keeps tensors of ggml type `ggml_type` (MOE_GGML_TYPE_ROWS); -1 if
+ * this layer reads no such type. */
+MOE_OPTIONS_HIDDEN int32_t moe_format_of_ggml_type(int32_t ggml_type);
+/* A ggml block format's elements and bytes per block, and its ggml type; 0 if `format` is
+ * not in MOE_GGML_TYPE_ROWS (dense formats are: one element of their size). */
+MOE_OPTIONS_HIDDEN int32_t moe_ggml_block_elems(int32_t format);
+MOE_OPTIONS_HIDDEN int32_t moe_ggml_block_bytes(int32_t format);
+MOE_OPTIONS_HIDDEN int32_t moe_ggml_type_of_format(int32_t format);
 
 #endif
