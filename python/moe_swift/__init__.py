@@ -17,7 +17,7 @@ Metal device (Linux): it is SoftMetal's own harness, the package `softmetal`.
 from . import formats, reference
 from .formats import Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
-from .layer import MoELayer, available_backends, cpu_instruction_set, last_stats, run_layers
+from .layer import MoELayer, aligned_buffer, available_backends, cpu_instruction_set, last_stats, run_layers
 from .checkpoint import from_pretrained
 
 __version__ = "0.1.0"
@@ -34,6 +34,7 @@ def __getattr__(name):
 
 __all__ = [
     "MoELayer",
+    "aligned_buffer",
     "from_pretrained",
     "Quantized",
     "formats",

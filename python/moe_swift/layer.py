@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import numbers
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -11,7 +13,7 @@ from . import _native
 from .arrays import as_float32 as _array
 from .arrays import as_numpy, check_shape as _check_shape, output_like as _output_like
 from .formats import Quantized
-from .options import ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, SCORINGS
+from .options import ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, MAPPED_ALIGNMENT, SCORINGS
 
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
 _SHARED_KEYS = {"gate_proj", "up_proj", "down_proj", "sigmoid_gate"}
@@ -219,8 +221,68 @@ def _memory_limit(value):
     return int(value)
 
 
+def aligned_buffer(nbytes):
+    """A zeroed uint8 NumPy array of `nbytes` bytes (rounded up to whole pages) whose
+    address and length are multiples of MAPPED_ALIGNMENT (16 KiB): memory that weights can
+    be placed in (as views of it) so that a MoELayer given `weight_memory=` the buffer reads
+    them in place instead of copying them."""
+    nbytes = _integer("nbytes", nbytes, 63)
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be positive, got {nbytes}")
+    length = -(-nbytes // MAPPED_ALIGNMENT) * MAPPED_ALIGNMENT
+    raw = np.zeros(length + MAPPED_ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % MAPPED_ALIGNMENT
+    return raw[start:start + length]
+
+
+def _weight_memory(value):
+    """(address, length) of `weight_memory`: a C-contiguous NumPy array, CPU torch tensor or
+    buffer-protocol object, aligned as moe_layer_desc's mapped_memory must be."""
+    if type(value).__module__.split(".")[0] == "torch":
+        if value.device.type != "cpu":
+            raise TypeError(f"weight_memory is a torch tensor on {value.device}; it must be in CPU memory")
+        if not value.is_contiguous():
+            raise ValueError("weight_memory must be contiguous memory (a torch tensor that is_contiguous())")
+        address, length = value.data_ptr(), value.numel() * value.element_size()
+    else:
+        try:
+            a = value if isinstance(value, np.ndarray) else np.asarray(memoryview(value))
+        except TypeError:
+            raise TypeError("weight_memory must be a NumPy array, a CPU torch tensor or a buffer-protocol "
+                            f"object, got {type(value).__name__}") from None
+        if not a.flags.c_contiguous:
+            raise ValueError("weight_memory must be C-contiguous memory")
+        address, length = a.ctypes.data, a.nbytes
+    if length == 0 or address % MAPPED_ALIGNMENT or length % MAPPED_ALIGNMENT:
+        raise ValueError(f"weight_memory must start at an address and have a length that are multiples of "
+                         f"{MAPPED_ALIGNMENT} bytes (got address 0x{address:x}, {length} bytes); "
+                         "moe_swift.aligned_buffer(nbytes) makes such memory")
+    return address, length
+
+
+# The weight_memory objects that native layers may still read, by the key their release
+# callback is given: each is dropped when the library calls that callback (after the last
+# call reading it, possibly on another thread), not when close() returns.
+_HELD = {}
+_HELD_KEYS = itertools.count(1)
+_HELD_LOCK = threading.Lock()
+_RELEASE = None
+
+
+def _release_callback(ffi):
+    global _RELEASE
+    if _RELEASE is None:
+        def release(context):
+            with _HELD_LOCK:
+                _HELD.pop(int(ffi.cast("intptr_t", context)), None)
+
+        _RELEASE = ffi.callback("void(void *)", release)
+    return _RELEASE
+
+
 class MoELayer:
-    """One MoE feed-forward layer with its weights copied into native memory.
+    """One MoE feed-forward layer with its weights copied into native memory, or read in
+    place from `weight_memory`.
 
     Weights use the Hugging Face / MLX out-by-in layout: router_weight (E, H),
     gate_proj and up_proj (E, I, H) or gate_up_proj (E, 2I, H), down_proj (E, H, I).
@@ -229,6 +291,14 @@ class MoELayer:
     memory_limit (bytes): creating a layer whose copies of the weights exceed it, or what
     the system has available (MemAvailable, the cgroup's limit), raises MemoryError naming
     the bytes needed, before anything is allocated.
+
+    weight_memory: memory that holds some or all of the weight arrays given (as views of
+    it): those are read there in place for the layer's lifetime instead of copied, wherever
+    the backend's kernels read their format as stored (metal and softmetal: every format;
+    cpu: all but 4-bit codes, which it repacks); the rest is copied. Its address and length
+    must be multiples of 16 KiB (`moe_swift.aligned_buffer` makes such memory); the layer
+    keeps a reference to it until the library no longer reads it. Weights changed in the
+    memory are seen by the layer's next call where they are read in place.
     """
 
     def __init__(
@@ -258,6 +328,7 @@ class MoELayer:
         down_bias=None,
         shared_expert=None,
         memory_limit=None,
+        weight_memory=None,
     ):
         self._handle = None
         self._closed = True
@@ -350,6 +421,15 @@ class MoELayer:
             desc.shared_sigmoid_gate = opt("shared_expert['sigmoid_gate']", shared_expert.get("sigmoid_gate"), (H,))
         desc.shared_intermediate_size = shared_size
         desc.memory_limit = _memory_limit(memory_limit)
+        if weight_memory is not None:
+            address, length = _weight_memory(weight_memory)
+            with _HELD_LOCK:
+                key = next(_HELD_KEYS)
+                _HELD[key] = weight_memory
+            # From here the library owns the reference: it calls the release once, on
+            # failure too, before moe_layer_create returns.
+            desc.mapped_memory, desc.mapped_length = ffi.cast("const void *", address), length
+            desc.mapped_release, desc.mapped_context = _release_callback(ffi), ffi.cast("void *", key)
 
         out = ffi.new("moe_layer **")
         _native.check(lib.moe_layer_create(desc, out))

@@ -50,6 +50,8 @@ HIDDEN_ACT = {alias: _string(row[2]) for row in _rows("ACTIVATION") for alias in
 AFFINE_BITS = tuple(int(row[0]) for row in _rows("AFFINE_BITS"))
 AFFINE_GROUP_SIZES = tuple(int(row[0]) for row in _rows("AFFINE_GROUP_SIZE"))
 MXFP4_GROUP_SIZE = int(_DEFINES["MOE_MXFP4_GROUP_SIZE"])
+# Address and length alignment of memory whose weights a layer reads in place.
+MAPPED_ALIGNMENT = int(_DEFINES["MOE_MAPPED_ALIGNMENT"])
 # (suffix, format name, bits or 0 for any) per kernel specialisation, in row order; a row
 # names its format by the FORMAT table's NAME.
 _FORMAT_BY_NAME = {row[0]: _string(row[2]) for row in _rows("FORMAT")}

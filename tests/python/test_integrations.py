@@ -240,3 +240,50 @@ def test_models_deep_copy_and_pickle():
             assert not any(moe_tf.layer_of(m) is not None for m in clone.modules())
             np.testing.assert_array_equal(clone(ids).logits.numpy(), before.numpy())
             assert any(moe_tf.layer_of(m) is not None for m in clone.modules())
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_the_expert_weights_are_held_once(family):
+    """After the first forward each experts module's matrices live in one page-aligned
+    buffer that its layer reads in place: the layer then needs no memory of its own for
+    them (a memory_limit far below their bytes does not stop it), while a layer built from
+    copies of them does. gpt-oss's transposed, interleaved layout is the counted exception:
+    its layer copies."""
+    name = moe_tf.register(backend="cpu")
+    model = tiny_model(family)
+    model.set_experts_implementation(name)
+    ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(ids).logits
+        model.set_experts_implementation("eager")
+        eager = model(ids).logits
+    np.testing.assert_allclose(before.numpy(), eager.numpy(), rtol=1e-4, atol=1e-4)
+    modules = [m for m in model.modules() if moe_tf.layer_of(m) is not None]
+    assert modules
+    for module in modules:
+        matrices = [p for n in moe_tf._IN_PLACE if (p := getattr(module, n, None)) is not None]
+        nbytes = sum(p.numel() * p.element_size() for p in matrices)
+        top_k = model.config.num_experts_per_tok
+        buffer = moe_tf._BUFFERS.get(module)
+        copies_needed = pytest.raises(MemoryError, match="copies of the weights")
+        if family == "gpt_oss":
+            assert buffer is None
+            with copies_needed:
+                moe_tf.layer_from_module(module, top_k=top_k, backend="cpu", memory_limit=nbytes // 4)
+            continue
+        start = buffer.data_ptr()
+        assert all(start <= p.data_ptr() < start + buffer.numel() for p in matrices)
+        moe_tf.layer_from_module(module, top_k=top_k, backend="cpu", weight_memory=buffer,
+                                 memory_limit=nbytes // 4).close()
+        with copies_needed:
+            moe_tf.layer_from_module(module, top_k=top_k, backend="cpu", memory_limit=nbytes // 4)
+    # The parameters stay the model's own: an in-place change shows in eager and in ours.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "experts" in n:
+                p.mul_(0.5)
+        eager = model(ids).logits
+        model.set_experts_implementation(name)
+        ours = model(ids).logits
+    np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(ours.numpy(), before.numpy(), atol=1e-3)

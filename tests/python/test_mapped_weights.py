@@ -154,3 +154,65 @@ def test_synthetic_4bit_checkpoint_is_what_its_quantized_weights_say(tmp_path):
     random = synthetic.write_qwen3_moe_4bit(tmp_path / "random", experts=E, hidden=H, intermediate=I, top_k=k)
     y = moe_swift.from_pretrained(random, 0, backend="cpu")(x)
     assert np.all(np.isfinite(y)) and np.abs(y).max() > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weight_memory_is_read_in_place(backend):
+    """MoELayer(weight_memory=): weights that are views of it are read there — no copies
+    (a memory_limit below their bytes does not stop the layer; the same arrays copied do),
+    a change to them shows in the next call, and the memory is let go when the library no
+    longer reads it. bfloat16 (a dense tensor) and float32 (the float field) both."""
+    from moe_swift import layer as layer_module
+
+    E, H, I, k = 8, 2048, 64, 2
+    rng = np.random.default_rng(3)
+    router = rng.standard_normal((E, H), dtype=np.float32) * 0.02
+    gate_up32 = rng.standard_normal((E, 2 * I, H), dtype=np.float32) * 0.02
+    down32 = rng.standard_normal((E, H, I), dtype=np.float32) * 0.02
+    gate_up_bf16 = (gate_up32.view(np.uint32) >> 16).astype(np.uint16)
+    memory = moe_swift.aligned_buffer(gate_up_bf16.nbytes + down32.nbytes)
+    assert memory.ctypes.data % moe_swift.options.MAPPED_ALIGNMENT == 0
+    gate_up = memory[:gate_up_bf16.nbytes].view(np.uint16).reshape(gate_up_bf16.shape)
+    down = memory[gate_up_bf16.nbytes:gate_up_bf16.nbytes + down32.nbytes].view(np.float32).reshape(down32.shape)
+    gate_up[...], down[...] = gate_up_bf16, down32
+    import ml_dtypes
+
+    as_bf16 = lambda a: a.view(ml_dtypes.bfloat16)  # noqa: E731
+    limit = (gate_up.nbytes + down.nbytes) // 4
+    held = len(layer_module._HELD)
+    layer = moe_swift.MoELayer(router, gate_up_proj=as_bf16(gate_up), down_proj=down, top_k=k, backend=backend,
+                               weight_memory=memory, memory_limit=limit)
+    assert len(layer_module._HELD) == held + 1
+    with pytest.raises(MemoryError, match="copies of the weights"):
+        moe_swift.MoELayer(router, gate_up_proj=as_bf16(gate_up.copy()), down_proj=down.copy(), top_k=k,
+                           backend=backend, memory_limit=limit)
+    copied = moe_swift.MoELayer(router, gate_up_proj=as_bf16(gate_up.copy()), down_proj=down.copy(), top_k=k,
+                                backend=backend)
+    x = rng.standard_normal((3, H), dtype=np.float32)
+    np.testing.assert_array_equal(layer(x), copied(x))
+    down *= 2
+    np.testing.assert_allclose(layer(x), 2 * copied(x), rtol=1e-5, atol=1e-6)
+    layer.close()
+    assert len(layer_module._HELD) == held
+
+
+def test_weight_memory_bad_inputs():
+    from moe_swift import layer as layer_module
+
+    E, H, I = 4, 64, 32
+    router = np.zeros((E, H), np.float32)
+    gate, down = np.zeros((E, I, H), np.float32), np.zeros((E, H, I), np.float32)
+    held = len(layer_module._HELD)
+    page = moe_swift.options.MAPPED_ALIGNMENT
+    for memory, error, match in ((moe_swift.aligned_buffer(2 * page)[1:page + 1], ValueError, "multiples of 16384"),
+                                 (moe_swift.aligned_buffer(2 * page)[:page + 8], ValueError, "multiples of 16384"),
+                                 (moe_swift.aligned_buffer(2 * page)[::2], ValueError, "contiguous"),
+                                 ("memory", TypeError, "NumPy array")):
+        with pytest.raises(error, match=match):
+            moe_swift.MoELayer(router, gate, gate, down, top_k=1, backend="cpu", weight_memory=memory)
+    # A failure inside the library releases the memory too.
+    with pytest.raises(ValueError, match="top_k"):
+        moe_swift.MoELayer(router, gate, gate, down, top_k=9, backend="cpu", weight_memory=moe_swift.aligned_buffer(1))
+    assert len(layer_module._HELD) == held
+    with pytest.raises(ValueError, match="positive"):
+        moe_swift.aligned_buffer(0)

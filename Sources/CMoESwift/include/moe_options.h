@@ -128,6 +128,9 @@
 #define MOE_DEFAULT_SWIGLU_ALPHA 1.702f
 #define MOE_DEFAULT_SWIGLU_LIMIT 7.0f
 #define MOE_MXFP4_GROUP_SIZE 32
+/* The alignment (address and length) of weights read in place (moe_layer_desc's
+ * mapped_memory): Apple silicon's page, Metal's rule for bytesNoCopy buffers. */
+#define MOE_MAPPED_ALIGNMENT 16384
 
 /* OPTIONS-END */
 

@@ -131,10 +131,11 @@ typedef struct moe_layer_desc {
      * there for the layer's lifetime, wherever the backend's kernels read its layout as it
      * is (metal and softmetal: every format, the region wrapped with bytesNoCopy and each
      * tensor bound at its offset; cpu: all but 4-bit codes, which it repacks). mapped_memory
-     * and mapped_length must be multiples of 16384 (Apple silicon's page: Metal's rule for
-     * bytesNoCopy buffers). mapped_release(mapped_context), if not NULL, is called once when
-     * the library no longer reads the memory: when the last layer reading it is destroyed,
-     * or before moe_layer_create returns if none does (a failure included). */
+     * and mapped_length must be multiples of MOE_MAPPED_ALIGNMENT (16384: Apple silicon's
+     * page, Metal's rule for bytesNoCopy buffers). mapped_release(mapped_context), if not
+     * NULL, is called once when the library no longer reads the memory: when the last layer
+     * reading it is destroyed, or before moe_layer_create returns if none does (a failure
+     * included). */
     const void* mapped_memory;
     int64_t mapped_length;
     void (*mapped_release)(void* context);

@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import CMoESwift
 
 /// Memory that weights are read from in place instead of being copied: a file mapped by the
 /// checkpoint loader, or the caller's own memory. Whoever holds this object keeps the
@@ -15,7 +16,7 @@ import Darwin
 /// once and bind each tensor at its offset.
 public final class WeightMemory: @unchecked Sendable {
     /// Apple silicon's page: the alignment bytesNoCopy buffers need there.
-    public static let pageSize = 16384
+    public static let pageSize = Int(MOE_MAPPED_ALIGNMENT)
 
     public let base: UnsafeRawPointer
     /// Bytes, a multiple of `pageSize`.

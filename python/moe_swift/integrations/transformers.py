@@ -12,6 +12,12 @@ dtype (bfloat16 stays bfloat16), and then runs `layer.experts(hidden, ids, weigh
 A module whose gating the core does not compute (a clamp or soft cap the core lacks, no
 gate, a norm after each expert) stops with NotImplementedError instead.
 
+The weights are held once: before its first layer is built, the module's expert matrices
+move into one page-aligned CPU buffer (each parameter keeps its identity, dtype and shape;
+its `.data` becomes a view of the buffer) that the layer then reads in place. Modules
+whose layout the kernels do not read as it is — transposed (`is_transposed`) or with gate
+and up interleaved (gpt-oss) — are copied into the layer instead, as are biases.
+
 The layer is rebuilt when a parameter of the module has changed since it was built (in
 place, as an optimizer step does, or replaced), so it never runs stale weights; `reset`
 drops the layers at once. Each call is the registered torch op `moe_swift::experts`,
@@ -42,6 +48,8 @@ from ..progress import Progress, setting
 NAME = "moe_swift"
 # module -> (parameter signature, MoELayer); weak so a dropped model frees its layers.
 _LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# module -> the page-aligned buffer its expert matrices live in (see _in_place_buffer).
+_BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # module -> its key in the op's calls, and back (weak both ways).
 _KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MODULES: dict = {}
@@ -121,9 +129,48 @@ def _module(key: int):
     return module
 
 
+# The matrices a layer reads in place, by the module's attribute names.
+_IN_PLACE = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
+_ALIGNMENT = 64  # of each matrix inside the buffer (a cache line; every dtype's size divides it)
+
+
+def _in_place_buffer(module):
+    """The page-aligned buffer holding `module`'s expert matrices (moved there if they are
+    not yet), or None where the layer cannot read them as stored (see the module docstring)
+    or they are not CPU tensors."""
+    from ..options import MAPPED_ALIGNMENT
+
+    if getattr(module, "is_transposed", False) or not getattr(module, "is_concatenated", True):
+        return None
+    params = [p for name in _IN_PLACE if isinstance(p := getattr(module, name, None), torch.nn.Parameter)]
+    if not params or any(p.device.type != "cpu" or not p.is_contiguous() for p in params):
+        return None
+    buffer = _BUFFERS.get(module)
+    if buffer is not None:
+        start, end = buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
+        if all(start <= p.data_ptr() and p.data_ptr() + p.numel() * p.element_size() <= end for p in params):
+            return buffer
+    offsets, total = [], 0
+    for p in params:
+        offsets.append(total)
+        total += -(-p.numel() * p.element_size() // _ALIGNMENT) * _ALIGNMENT
+    length = -(-total // MAPPED_ALIGNMENT) * MAPPED_ALIGNMENT
+    raw = torch.empty(length + MAPPED_ALIGNMENT, dtype=torch.uint8)
+    skip = -raw.data_ptr() % MAPPED_ALIGNMENT
+    buffer = raw[skip:skip + length]
+    with torch.no_grad():
+        for p, offset in zip(params, offsets):
+            view = buffer[offset:offset + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+            view.copy_(p.data)
+            p.data = view  # the parameter object stays (optimizers and hooks hold it); its old memory goes
+    _BUFFERS[module] = buffer
+    return buffer
+
+
 def _layer(module, top_k: int, backend: str, progress):
     """The module's MoELayer, built on its first call and rebuilt when a parameter changed."""
     global _building
+    buffer = _in_place_buffer(module)
     signature = (_signature(module), backend)
     entry = _LAYERS.get(module)
     if entry is None or entry[0] != signature:
@@ -131,7 +178,7 @@ def _layer(module, top_k: int, backend: str, progress):
             entry[1].close()
         if _building is None:
             _building = Progress("moe_swift: building the experts layers", progress=progress)
-        entry = (signature, layer_from_module(module, top_k=top_k, backend=backend))
+        entry = (signature, layer_from_module(module, top_k=top_k, backend=backend, weight_memory=buffer))
         _LAYERS[module] = entry
         _building.update()
     elif _building is not None:
@@ -259,9 +306,10 @@ def _activation(module, interleaved):
         + f"); it has {', '.join(ACTIVATIONS)} (swiglu_oai: gpt-oss's clamped SwiGLU)")
 
 
-def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
+def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memory=None, memory_limit=None) -> MoELayer:
     """A MoELayer holding `module`'s experts (its router is unused: `experts()` takes the
-    routing transformers computed)."""
+    routing transformers computed). Matrices inside `weight_memory` are read there in place
+    (MoELayer's argument); memory_limit bounds the layer's own copies."""
     import torch
 
     with torch.no_grad():
@@ -295,7 +343,8 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto") -> MoELayer:
             kwargs["down_bias"] = module.down_proj_bias.detach()
         E, H = down.shape[0], down.shape[1]
         router = torch.zeros((E, H), dtype=torch.float32)
-        return MoELayer(router, down_proj=down, top_k=top_k, backend=backend, **kwargs)
+        return MoELayer(router, down_proj=down, top_k=top_k, backend=backend, weight_memory=weight_memory,
+                        memory_limit=memory_limit, **kwargs)
 
 
 # Importing this module is the one line of glue: "moe_swift" is then a valid
