@@ -1,0 +1,140 @@
+import CMoESwift
+
+/// Finds one MoE layer's tensors in GGUF files by llama.cpp's names (`blk.{i}.` +
+/// `ffn_gate_inp`, `ffn_{gate,up,down}_exps` or `ffn_gate_up_exps`, `ffn_*_shexp`,
+/// `ffn_gate_inp_shexp`, `exp_probs_b`, gpt-oss's `.bias` tensors) and describes them as
+/// `MoEWeights`, borrowed from the mappings in their stored ggml type. ggml's dimensions
+/// are innermost first, so `ffn_gate_exps` (ne = [H, I, E]) is the layer's (E, I, H) as it
+/// lies, and llama.cpp's converter permutes no FFN weight: nothing is transposed here.
+final class GGUFLayerReader {
+    let checkpoint: GGUFCheckpoint
+    let c: MoEConfiguration
+    let prefix: String
+    let map: Bool
+    /// Joined bias rows; freed with the reader.
+    private var temporaries: [UnsafeMutableRawBufferPointer] = []
+
+    init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool) {
+        self.checkpoint = checkpoint
+        self.map = map
+        c = configuration
+        prefix = "blk.\(layer)."
+    }
+
+    deinit {
+        for t in temporaries { t.deallocate() }
+    }
+
+    private func tensor(_ name: String) -> GGUFTensor? { checkpoint.tensor(prefix + name) }
+
+    private func require(_ name: String) throws -> GGUFTensor {
+        guard let t = tensor(name) else {
+            throw MoEError.invalidArgument("no tensor \(prefix + name) in \(checkpoint.display)")
+        }
+        return t
+    }
+
+    private func check(_ t: GGUFTensor, _ shape: [Int]) throws {
+        guard t.shape == shape else {
+            throw MoEError.invalidArgument(
+                "\(t.name) has shape \(t.shapeDescription) (ggml ne \(t.ne)); the \(checkpoint.architecture) metadata implies ("
+                + shape.map(String.init).joined(separator: ", ") + ")")
+        }
+    }
+
+    /// The dense scalar type of ggml's F32, F16 and BF16.
+    private static func scalarType(_ t: GGUFTensor) -> ScalarType? {
+        switch t.type.number {
+        case 0: return .float32
+        case 1: return .float16
+        case 30: return .bfloat16
+        default: return nil
+        }
+    }
+
+    private static var readableTypes: String {
+        let block = GGUFTensorType.all.values.filter { moe_format_of_ggml_type(Int32($0.number)) >= 0 }
+        return block.sorted { $0.number < $1.number }.map(\.name).joined(separator: ", ")
+    }
+
+    /// `name` as a weight matrix of logical shape `shape`, in its stored type.
+    private func matrix(_ name: String, _ shape: [Int]) throws -> WeightData {
+        let t = try require(name)
+        try check(t, shape)
+        let data: WeightData
+        if let type = Self.scalarType(t) {
+            data = .dense(t.bytes, type)
+        } else {
+            data = try blocks(t)
+        }
+        try data.validate(t.name, shape: shape)
+        return map ? .mapped(data, in: t.memory) : data
+    }
+
+    /// ggml's blocks of `t` as the layer's weight format of that type.
+    private func blocks(_ t: GGUFTensor) throws -> WeightData {
+        guard moe_format_of_ggml_type(Int32(t.type.number)) >= 0 else {
+            throw MoEError.invalidArgument("\(t.name) in \(t.file) is of ggml type \(t.type.name), which this layer does "
+                                           + "not read (it reads \(Self.readableTypes))")
+        }
+        throw MoEError.invalidArgument("\(t.name) in \(t.file) is of ggml type \(t.type.name): ggml's block types are "
+                                       + "not yet read by this build")
+    }
+
+    /// A vector or small table (biases, the selection bias, a sigmoid gate), dense.
+    private func vector(_ name: String, _ shape: [Int]) throws -> WeightData? {
+        guard let t = tensor(name) else { return nil }
+        try check(t, shape)
+        guard let type = Self.scalarType(t) else {
+            throw MoEError.invalidArgument("\(t.name) must be F32, F16 or BF16, got \(t.type.name)")
+        }
+        return .dense(t.bytes, type)
+    }
+
+    func weights() throws -> MoEWeights {
+        let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        let arch = checkpoint.architectureInfo
+        let gateUp: GateUpWeights
+        if tensor("ffn_gate_up_exps.weight") != nil {
+            gateUp = .fused(try matrix("ffn_gate_up_exps.weight", [e, 2 * i, h]))
+        } else {
+            gateUp = .separate(gate: try matrix("ffn_gate_exps.weight", [e, i, h]),
+                               up: try matrix("ffn_up_exps.weight", [e, i, h]))
+        }
+        var w = MoEWeights(router: try matrix("ffn_gate_inp.weight", [e, h]), gateUp: gateUp,
+                           downProj: try matrix("ffn_down_exps.weight", [e, h, i]))
+        if arch.selectionBias {
+            w.selectionBias = try vector("exp_probs_b.bias", [e])
+            if arch.selectionBiasRequired && w.selectionBias == nil { _ = try require("exp_probs_b.bias") }
+        }
+        if arch.gptOSS {
+            w.routerBias = try vector("ffn_gate_inp.bias", [e])
+            if let gate = try vector("ffn_gate_exps.bias", [e, i]) {
+                guard let up = try vector("ffn_up_exps.bias", [e, i]),
+                      case .dense(let g, let type) = gate, case .dense(let u, type) = up else {
+                    throw MoEError.invalidArgument("\(prefix)ffn_gate_exps.bias needs \(prefix)ffn_up_exps.bias of its type")
+                }
+                let out = UnsafeMutableRawBufferPointer.allocate(byteCount: 2 * e * i * type.size, alignment: 64)
+                temporaries.append(out)
+                LayerReader.joinRows(g, u, rows: e, rowBytes: i * type.size, into: out)
+                w.gateUpBias = .dense(UnsafeRawBufferPointer(out), type)
+            }
+            w.downBias = try vector("ffn_down_exps.bias", [e, h])
+        }
+        if c.hasSharedExpert {
+            let si = c.sharedIntermediateSize
+            var s = SharedExpertWeights(gateProj: try matrix("ffn_gate_shexp.weight", [si, h]),
+                                        upProj: try matrix("ffn_up_shexp.weight", [si, h]),
+                                        downProj: try matrix("ffn_down_shexp.weight", [h, si]))
+            if arch.shared == .gatedLength {
+                guard let gate = try vector("ffn_gate_inp_shexp.weight", [h]) else {
+                    _ = try require("ffn_gate_inp_shexp.weight")
+                    throw MoEError.internalError("unreachable")
+                }
+                s.sigmoidGate = .array(gate.floats())
+            }
+            w.shared = s
+        }
+        return w
+    }
+}
