@@ -87,6 +87,30 @@ def test_every_architecture_matches_reference(files, case, T):
         check_close(layer, tensors, index, layers[index], T)
 
 
+# ggml's block types the layer reads, each as every expert matrix of a file, and the mix of
+# a Q4_K_M file (llama.cpp keeps routers in F32; attention-side and shared tensors differ).
+GGML_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+Q4_K_M = {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K", "shexp": "Q8_0"}
+
+
+@pytest.mark.parametrize("type_name", GGML_TYPES)
+def test_every_ggml_type_matches_reference(tmp_path, type_name):
+    path, layers = fixtures.make("olmoe", tmp_path, types=dict.fromkeys(("gate", "up", "down"), type_name))
+    tensors = read_tensors(path)
+    for T in (1, 6):
+        check_close(moe_swift.from_pretrained(path, 1, backend="cpu"), tensors, 1, layers[1], T)
+
+
+@pytest.mark.parametrize("case, types", [("deepseek2", Q4_K_M), ("qwen2moe", Q4_K_M), ("glm4moe", Q4_K_M),
+                                         ("gpt-oss", dict.fromkeys(("gate", "up", "down"), "MXFP4")),
+                                         ("fused_gate_up", {"gate": "Q5_K", "down": "Q8_0", "router": "F16"})])
+def test_mixed_types_match_reference(tmp_path, case, types):
+    path, layers = fixtures.make(case, tmp_path, types=types)
+    tensors = read_tensors(path)
+    for index, layer in moe_swift.from_pretrained(path, backend="cpu").items():
+        check_close(layer, tensors, index, layers[index], 4)
+
+
 def test_split_files_and_folders(files):
     path, layers = files["qwen3moe_split"]
     splits = sorted(path.parent.glob("*.gguf"))

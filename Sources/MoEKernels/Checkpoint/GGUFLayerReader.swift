@@ -42,19 +42,15 @@ final class GGUFLayerReader {
         }
     }
 
-    /// The dense scalar type of ggml's F32, F16 and BF16.
-    private static func scalarType(_ t: GGUFTensor) -> ScalarType? {
-        switch t.type.number {
-        case 0: return .float32
-        case 1: return .float16
-        case 30: return .bfloat16
-        default: return nil
+    /// The layer's format of `t`'s ggml type, or an error naming the tensor and the type.
+    private static func format(_ t: GGUFTensor) throws -> WeightFormat {
+        guard let format = WeightFormat(ggmlType: Int32(t.type.number)) else {
+            let readable = GGUFTensorType.all.values.filter { WeightFormat(ggmlType: Int32($0.number)) != nil }
+                .sorted { $0.number < $1.number }.map(\.name).joined(separator: ", ")
+            throw MoEError.invalidArgument("\(t.name) in \(t.file) is of ggml type \(t.type.name), which this layer does "
+                                           + "not read (it reads \(readable))")
         }
-    }
-
-    private static var readableTypes: String {
-        let block = GGUFTensorType.all.values.filter { moe_format_of_ggml_type(Int32($0.number)) >= 0 }
-        return block.sorted { $0.number < $1.number }.map(\.name).joined(separator: ", ")
+        return format
     }
 
     /// `name` as a weight matrix of logical shape `shape`, in its stored type.
@@ -62,30 +58,20 @@ final class GGUFLayerReader {
         let t = try require(name)
         try check(t, shape)
         let data: WeightData
-        if let type = Self.scalarType(t) {
-            data = .dense(t.bytes, type)
-        } else {
-            data = try blocks(t)
+        switch try Self.format(t) {
+        case .dense(let type): data = .dense(t.bytes, type)
+        case .quantized(.ggml(let type), _): data = .quantized(QuantizedWeightData(ggml: type, blocks: t.bytes))
+        case .quantized: throw MoEError.internalError("a ggml type mapped to a format that is not ggml's")
         }
         try data.validate(t.name, shape: shape)
         return map ? .mapped(data, in: t.memory) : data
-    }
-
-    /// ggml's blocks of `t` as the layer's weight format of that type.
-    private func blocks(_ t: GGUFTensor) throws -> WeightData {
-        guard moe_format_of_ggml_type(Int32(t.type.number)) >= 0 else {
-            throw MoEError.invalidArgument("\(t.name) in \(t.file) is of ggml type \(t.type.name), which this layer does "
-                                           + "not read (it reads \(Self.readableTypes))")
-        }
-        throw MoEError.invalidArgument("\(t.name) in \(t.file) is of ggml type \(t.type.name): ggml's block types are "
-                                       + "not yet read by this build")
     }
 
     /// A vector or small table (biases, the selection bias, a sigmoid gate), dense.
     private func vector(_ name: String, _ shape: [Int]) throws -> WeightData? {
         guard let t = tensor(name) else { return nil }
         try check(t, shape)
-        guard let type = Self.scalarType(t) else {
+        guard case .dense(let type) = try Self.format(t) else {
             throw MoEError.invalidArgument("\(t.name) must be F32, F16 or BF16, got \(t.type.name)")
         }
         return .dense(t.bytes, type)
