@@ -47,9 +47,12 @@ def read_tensors(path):
 def reference_layer(tensors, index, opts):
     """The arguments of reference.moe_forward for MoE layer `index`, as llama.cpp runs it."""
     t, p, I = tensors, f"blk.{index}.", fixtures.I
+    down = t.get(p + "ffn_down_exps.weight")
     if opts.get("fused"):
         gu = t[p + "ffn_gate_up_exps.weight"]
         gate, up = gu[:, :I], gu[:, I:]
+    elif opts.get("per_expert"):
+        gate, up, down = (np.stack([t[p + f"ffn_{n}.{x}.weight"] for x in range(fixtures.E)]) for n in ("gate", "up", "down"))
     else:
         gate, up = t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"]
     kw = {k: v for k, v in opts.items() if k in ("top_k", "scoring", "norm_topk_prob", "routed_scaling_factor",
@@ -63,7 +66,7 @@ def reference_layer(tensors, index, opts):
     if opts.get("biases"):
         kw.update(router_bias=t[p + "ffn_gate_inp.bias"], gate_bias=t[p + "ffn_gate_exps.bias"],
                   up_bias=t[p + "ffn_up_exps.bias"], down_bias=t[p + "ffn_down_exps.bias"])
-    return (t[p + "ffn_gate_inp.weight"], gate, up, t[p + "ffn_down_exps.weight"]), kw
+    return (t[p + "ffn_gate_inp.weight"], gate, up, down), kw
 
 
 def check_close(layer, tensors, index, opts, T):
@@ -103,7 +106,8 @@ def test_every_ggml_type_matches_reference(tmp_path, type_name):
 
 @pytest.mark.parametrize("case, types", [("deepseek2", Q4_K_M), ("qwen2moe", Q4_K_M), ("glm4moe", Q4_K_M),
                                          ("gpt-oss", dict.fromkeys(("gate", "up", "down"), "MXFP4")),
-                                         ("fused_gate_up", {"gate": "Q5_K", "down": "Q8_0", "router": "F16"})])
+                                         ("fused_gate_up", {"gate": "Q5_K", "down": "Q8_0", "router": "F16"}),
+                                         ("mixtral_per_expert", {"gate": "Q4_0", "up": "Q4_0", "down": "Q8_0"})])
 def test_mixed_types_match_reference(tmp_path, case, types):
     path, layers = fixtures.make(case, tmp_path, types=types)
     tensors = read_tensors(path)
@@ -301,3 +305,21 @@ def test_split_with_a_tensor_twice(tmp_path):
     (tmp_path / "m-00002-of-00002.gguf").write_bytes(raw)
     with pytest.raises(ValueError, match="is in both"):
         moe_swift.from_pretrained(tmp_path / "m-00001-of-00002.gguf", backend="cpu")
+
+
+def test_random_corruptions_of_the_header(tmp_path):
+    """Bytes of the header overwritten at random: the file loads or is a ValueError, never
+    a crash (a crash ends this process and fails the run)."""
+    raw = bytearray(hostile())
+    header_end = raw.index(b"\0" * 8, 200)
+    rng = np.random.default_rng(26)
+    errors = 0
+    for _ in range(300):
+        bad = bytearray(raw)
+        for at in rng.integers(4, header_end, rng.integers(1, 4)):
+            bad[at] = int(rng.choice([0, 0xFF, 0x7F, 0x80, rng.integers(0, 256)]))
+        try:
+            _load(tmp_path, bytes(bad))
+        except ValueError:
+            errors += 1
+    assert errors > 200  # most corruptions are errors, not silent loads

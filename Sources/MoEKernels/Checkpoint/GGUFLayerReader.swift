@@ -11,7 +11,7 @@ final class GGUFLayerReader {
     let c: MoEConfiguration
     let prefix: String
     let map: Bool
-    /// Joined bias rows; freed with the reader.
+    /// Stacked experts and joined bias rows; freed with the reader.
     private var temporaries: [UnsafeMutableRawBufferPointer] = []
 
     init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool) {
@@ -53,18 +53,51 @@ final class GGUFLayerReader {
         return format
     }
 
+    /// `bytes` in `t`'s type, checked against `shape`.
+    private static func weight(_ bytes: UnsafeRawBufferPointer, of t: GGUFTensor, name: String, shape: [Int]) throws -> WeightData {
+        let data: WeightData
+        switch try format(t) {
+        case .dense(let type): data = .dense(bytes, type)
+        case .quantized(.ggml(let type), _): data = .quantized(QuantizedWeightData(ggml: type, blocks: bytes))
+        case .quantized: throw MoEError.internalError("a ggml type mapped to a format that is not ggml's")
+        }
+        try data.validate(name, shape: shape)
+        return data
+    }
+
     /// `name` as a weight matrix of logical shape `shape`, in its stored type.
     private func matrix(_ name: String, _ shape: [Int]) throws -> WeightData {
         let t = try require(name)
         try check(t, shape)
-        let data: WeightData
-        switch try Self.format(t) {
-        case .dense(let type): data = .dense(t.bytes, type)
-        case .quantized(.ggml(let type), _): data = .quantized(QuantizedWeightData(ggml: type, blocks: t.bytes))
-        case .quantized: throw MoEError.internalError("a ggml type mapped to a format that is not ggml's")
-        }
-        try data.validate(t.name, shape: shape)
+        let data = try Self.weight(t.bytes, of: t, name: t.name, shape: shape)
         return map ? .mapped(data, in: t.memory) : data
+    }
+
+    /// The experts' `ffn_<projection>.<e>.weight` of shape `shape` (older Mixtral files,
+    /// which llama.cpp still reads) stacked into one (E, ...) tensor in their common type.
+    private func stacked(_ projection: String, _ shape: [Int]) throws -> WeightData {
+        let parts = try (0..<c.numExperts).map { try require("ffn_\(projection).\($0).weight") }
+        for t in parts {
+            try check(t, shape)
+            guard t.type == parts[0].type else {
+                throw MoEError.invalidArgument("\(t.name) is \(t.type.name), \(parts[0].name) \(parts[0].type.name): "
+                                               + "the experts of one projection must share a type")
+            }
+        }
+        let out = temporary(parts.reduce(0) { $0 + $1.bytes.count })
+        var at = 0
+        for t in parts {
+            UnsafeMutableRawBufferPointer(rebasing: out[at..<at + t.bytes.count]).copyMemory(from: t.bytes)
+            at += t.bytes.count
+        }
+        return try Self.weight(UnsafeRawBufferPointer(out), of: parts[0], name: "\(prefix)ffn_\(projection).*.weight",
+                               shape: [c.numExperts] + shape)
+    }
+
+    private func temporary(_ bytes: Int) -> UnsafeMutableRawBufferPointer {
+        let t = UnsafeMutableRawBufferPointer.allocate(byteCount: Swift.max(bytes, 1), alignment: 64)
+        temporaries.append(t)
+        return t
     }
 
     /// A vector or small table (biases, the selection bias, a sigmoid gate), dense.
@@ -81,14 +114,19 @@ final class GGUFLayerReader {
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
         let arch = checkpoint.architectureInfo
         let gateUp: GateUpWeights
+        let down: WeightData
         if tensor("ffn_gate_up_exps.weight") != nil {
             gateUp = .fused(try matrix("ffn_gate_up_exps.weight", [e, 2 * i, h]))
+            down = try matrix("ffn_down_exps.weight", [e, h, i])
+        } else if tensor("ffn_gate_exps.weight") == nil && tensor("ffn_gate.0.weight") != nil {
+            gateUp = .separate(gate: try stacked("gate", [i, h]), up: try stacked("up", [i, h]))
+            down = try stacked("down", [h, i])
         } else {
             gateUp = .separate(gate: try matrix("ffn_gate_exps.weight", [e, i, h]),
                                up: try matrix("ffn_up_exps.weight", [e, i, h]))
+            down = try matrix("ffn_down_exps.weight", [e, h, i])
         }
-        var w = MoEWeights(router: try matrix("ffn_gate_inp.weight", [e, h]), gateUp: gateUp,
-                           downProj: try matrix("ffn_down_exps.weight", [e, h, i]))
+        var w = MoEWeights(router: try matrix("ffn_gate_inp.weight", [e, h]), gateUp: gateUp, downProj: down)
         if arch.selectionBias {
             w.selectionBias = try vector("exp_probs_b.bias", [e])
             if arch.selectionBiasRequired && w.selectionBias == nil { _ = try require("exp_probs_b.bias") }
@@ -100,8 +138,7 @@ final class GGUFLayerReader {
                       case .dense(let g, let type) = gate, case .dense(let u, type) = up else {
                     throw MoEError.invalidArgument("\(prefix)ffn_gate_exps.bias needs \(prefix)ffn_up_exps.bias of its type")
                 }
-                let out = UnsafeMutableRawBufferPointer.allocate(byteCount: 2 * e * i * type.size, alignment: 64)
-                temporaries.append(out)
+                let out = temporary(2 * e * i * type.size)
                 LayerReader.joinRows(g, u, rows: e, rowBytes: i * type.size, into: out)
                 w.gateUpBias = .dense(UnsafeRawBufferPointer(out), type)
             }
