@@ -367,12 +367,16 @@ moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
  * store of a Hugging Face cache whose snapshot the folder is); shard names are relative
  * paths without "..". Everything config.json and the headers say is checked (types,
  * ranges, products, shapes against each other and the format) before a byte of tensor
- * data is read or a buffer is sized from it. */
+ * data is read or a buffer is sized from it.
+ * Or llama.cpp's GGUF files (v2/v3): a .gguf file, one split of a split model (all its
+ * splits are read), or a folder without config.json holding one GGUF model; architectures
+ * qwen3moe, qwen2moe, llama with experts, olmoe, deepseek2, glm4moe, gpt-oss, tensors in
+ * their ggml type (docs/checkpoints.md, "GGUF"), checked as strictly. */
 
 typedef struct moe_checkpoint moe_checkpoint;   /* opaque */
 
-/* Reads config.json and the safetensors headers of the folder at path (a file-system
- * path: its bytes are used as they are). */
+/* Reads config.json and the safetensors headers of the folder at path, or the GGUF
+ * file(s) path names (a file-system path: its bytes are used as they are). */
 moe_status moe_checkpoint_open(const char* path, moe_checkpoint** out);
 
 /* The indices of the checkpoint's MoE layers, ascending (the layers below

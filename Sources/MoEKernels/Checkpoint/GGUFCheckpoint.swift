@@ -59,22 +59,17 @@ struct GGUFArchitecture {
             a.normalize = true
         case "olmoe":
             a.width = .feedForward
-        case "deepseek2":
+        case "deepseek2", "glm4moe":
             a.gatingKey = true
             a.normalizeKey = true
             a.scaleKey = true
             a.leadingDense = true
             a.shared = .count
             a.selectionBias = true
-        case "glm4moe":
-            a.gating = 2
-            a.gatingKey = true
-            a.normalizeKey = true
-            a.scaleKey = true
-            a.leadingDense = true
-            a.shared = .count
-            a.selectionBias = true
-            a.selectionBiasRequired = true
+            if arch == "glm4moe" {
+                a.gating = 2  // sigmoid where the key is absent; DeepSeek-V2's softmax otherwise
+                a.selectionBiasRequired = true
+            }
         case "gpt-oss":
             a.gating = 3
             a.gptOSS = true
