@@ -161,12 +161,14 @@ def test_missing_split_and_ambiguous_folder(files, tmp_path):
         moe_swift.from_pretrained(tmp_path / "absent.gguf", backend="cpu")
 
 
-@pytest.mark.parametrize("case", ["qwen2moe", "gpt-oss"])
-def test_softmetal(files, case):
+@pytest.mark.parametrize("case, types", [("qwen2moe", None), ("gpt-oss", None), ("deepseek2", Q4_K_M),
+                                         ("gpt-oss", dict.fromkeys(("gate", "up", "down"), "MXFP4")),
+                                         ("olmoe", {"gate": "Q5_1", "up": "IQ4_NL", "down": "Q3_K"})])
+def test_softmetal(tmp_path, case, types):
     if "softmetal" not in moe_swift.available_backends():
         pytest.skip("softmetal is not available here")
-    path, layers = files[case]
-    index = min(layers)
+    path, layers = fixtures.make(case, tmp_path, types=types)
+    index = max(layers)
     layer = moe_swift.from_pretrained(path, index, backend="softmetal")
     assert layer.backend == "softmetal"
     check_close(layer, read_tensors(path), index, layers[index], 3)
