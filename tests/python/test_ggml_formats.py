@@ -128,6 +128,18 @@ def _check(args, x, backend):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_type_on_the_cpu_backend(name):
+    """Small layers of each type, decode (1 and 4 rows: every activation-row count of the
+    vector products) and prefill; test_cpu_isa.py runs this on each instruction set."""
+    if "cpu" not in BACKENDS:
+        pytest.skip("the cpu backend is not selected")
+    rng = np.random.default_rng(GGML_FORMATS[name][0] + 1)
+    args = _layer_args(name, rng, 6, 512, 256, 2)
+    for T in (1, 2, 3, 4, 9):
+        _check(args, rng.standard_normal((T, 512)).astype(np.float32), "cpu")
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_a_layer_at_model_width_matches_the_reference_on_cpu(name):
     """H = 2048, I = 768 (a down projection's row is three K-quant super-blocks): decode
     (the product from the blocks) and prefill (dequantized tiles) rows."""
