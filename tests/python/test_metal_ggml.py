@@ -105,3 +105,61 @@ def test_loader_matches_ggml_dequantization(lib, fmt, loader):
         except AssertionError as e:
             raise AssertionError(f"{kernel} on {fmt}") from e
 
+
+
+# --- whole layers on the softmetal backend ---------------------------------------------
+
+
+def _layer(names, rng, E=4, H=2048, I=768, K=2):
+    """A layer at model width (a down row of I = 768 is three K-quant super-blocks) whose
+    gate, up and down are ggml blocks of names[0], [1], [2] (random codes, scales set for
+    values of about the usual magnitude) and whose router is float32, as llama.cpp keeps
+    it."""
+    from moe_swift import GGMLQuantized
+    from moe_swift.ggml_blocks import random_blocks
+
+    def matrix(name, *shape):
+        return GGMLQuantized(random_blocks(rng, name, shape, 3 * shape[-1] ** -0.5), type=name)
+    return dict(router_weight=rng.standard_normal((E, H)).astype(np.float32), gate_proj=matrix(names[0], E, I, H),
+                up_proj=matrix(names[1], E, I, H), down_proj=matrix(names[2], E, H, I), top_k=K)
+
+
+def _check_layer(args, x):
+    import moe_swift
+    from moe_swift import reference
+    from families import spec_tolerance
+    with moe_swift.MoELayer(**args, backend="softmetal") as layer:
+        y = layer(x)
+        ids, _ = layer.route(x)
+    ref = reference.moe_forward(x, **args, ids=ids)
+    err = float(np.abs(y - ref).max())
+    assert err <= spec_tolerance(ref), (err, spec_tolerance(ref))
+
+
+def _softmetal_backend():
+    import moe_swift
+    if "softmetal" not in moe_swift.available_backends():
+        pytest.skip("the softmetal backend is not available")
+
+
+@pytest.mark.parametrize("fmt", GGML_FORMATS)
+def test_a_layer_at_model_width_on_softmetal(fmt):
+    """Every block format through the layer's decode path (T = 1: decode router and GEMVs)
+    and prefill path (T = 64: bucketing and the GEMMs' interior and edge tiles), against
+    the float64 reference of ggml's dequantization."""
+    _softmetal_backend()
+    rng = np.random.default_rng(options.FORMATS[fmt])
+    args = _layer((fmt, fmt, fmt), rng)
+    for T in (1, 64):
+        _check_layer(args, rng.standard_normal((T, 2048)).astype(np.float32))
+
+
+def test_a_q4_k_m_mix_on_softmetal():
+    """What a Q4_K_M file holds: gate and up in q4_K, down in q6_K (each its own instance),
+    then gate in q4_K with up in q5_K (one loader for both: the `any` instance)."""
+    _softmetal_backend()
+    rng = np.random.default_rng(7)
+    for names in (("q4_K", "q4_K", "q6_K"), ("q4_K", "q5_K", "q6_K")):
+        args = _layer(names, rng)
+        for T in (1, 64):
+            _check_layer(args, rng.standard_normal((T, 2048)).astype(np.float32))
