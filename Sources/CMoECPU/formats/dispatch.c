@@ -22,6 +22,9 @@ void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
                               int64_t row0, float* c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
     if (is_ggml(w->format)) {
+#ifdef MOE_CPU_FORMATS_X86
+        if (moe_cpu_isa_level() >= MOE_CPU_ISA_AVX2 && moe_cpu_ggml_matmul_avx2(m, n, a, lda, w, row0, c, ldc)) return;
+#endif
         moe_cpu_ggml_matmul_portable(m, n, a, lda, w, row0, c, ldc);
         return;
     }

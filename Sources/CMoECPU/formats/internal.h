@@ -9,6 +9,8 @@
 //   avx512.c        AVX-512 (F, BW, VL), float arithmetic
 //   ggml.c          ggml's block formats: block decoders (ggml's dequantization) and the
 //                   portable products
+//   ggml_avx2.c     ggml's common block types' decode products with AVX2 (on AVX-512
+//                   machines too)
 //   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
 //                   with VNNI and GFNI where the CPU has them (called by avx512.c)
 //   drivers.h       the loops over rows and activation rows of avx2.c and avx512.c,
@@ -267,6 +269,11 @@ HIDDEN void moe_cpu_dequantize_rows_portable(const moe_cpu_matrix* w, int64_t ro
 #include <immintrin.h>
 
 HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx2;
+
+// ggml_avx2.c: the decode product of ggml's common block types; 0 (nothing done) for the
+// others, which ggml.c's portable product then serves.
+HIDDEN int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                                    int64_t row0, float* c, int64_t ldc);
 HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx512;
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
