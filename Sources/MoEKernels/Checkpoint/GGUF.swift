@@ -331,33 +331,40 @@ struct GGUFCursor {
         return try value(of: type, what, depth: depth)
     }
 
-    mutating func value(of type: GGUFValueType, _ what: String, depth: Int) throws -> GGUFValue {
+    /// `what` is only formatted for an error: a tokenizer's arrays have 150k elements.
+    mutating func value(of type: GGUFValueType, _ what: @autoclosure () -> String, depth: Int) throws -> GGUFValue {
         if let size = type.size {
-            return GGUFValue(type: type, bytes: try take(size, what), elementType: nil, count: 1)
+            return GGUFValue(type: type, bytes: try take(size, what()), elementType: nil, count: 1)
         }
         if type == .string {
-            return GGUFValue(type: type, bytes: try string(what, limit: Int.max), elementType: nil, count: 1)
+            return GGUFValue(type: type, bytes: try string(what(), limit: Int.max), elementType: nil, count: 1)
         }
         guard depth < GGUFFile.maxArrayDepth else {
-            throw MoEError.invalidArgument("\(path): \(what) nests arrays more than \(GGUFFile.maxArrayDepth) deep")
+            throw MoEError.invalidArgument("\(path): \(what()) nests arrays more than \(GGUFFile.maxArrayDepth) deep")
         }
-        let rawElement = try u32("the element type of \(what)")
+        let rawElement = try u32("the element type of \(what())")
         guard let element = GGUFValueType(rawValue: rawElement) else {
-            throw MoEError.invalidArgument("\(path): \(what) is an array of unknown value type \(rawElement)")
+            throw MoEError.invalidArgument("\(path): \(what()) is an array of unknown value type \(rawElement)")
         }
         // The smallest an element can be: strings and arrays are at least their length
         // (and element type) fields, so a count beyond what is left fails before any loop.
         let least = element.size ?? (element == .string ? 8 : 12)
-        let n = try u64("the length of \(what)")
+        let n = try u64("the length of \(what())")
         guard n <= UInt64(remaining / least) else {
-            throw truncated("\(what) (an array of \(n) \(element.name))")
+            throw truncated("\(what()) (an array of \(n) \(element.name))")
         }
         let count = Int(n)
         let start = at
         if let size = element.size {
-            _ = try take(count * size, what)
+            _ = try take(count * size, what())
+        } else if element == .string {
+            for i in 0..<count {
+                let length = try u64("the length of element \(i) of \(what())")
+                guard length <= UInt64(remaining) else { throw truncated("element \(i) of \(what()) (\(length) bytes long)") }
+                at += Int(length)
+            }
         } else {
-            for i in 0..<count { _ = try value(of: element, "element \(i) of \(what)", depth: depth + 1) }
+            for i in 0..<count { _ = try value(of: element, "element \(i) of \(what())", depth: depth + 1) }
         }
         return GGUFValue(type: .array, bytes: UnsafeRawBufferPointer(rebasing: data[start..<at]),
                          elementType: element, count: count)
