@@ -147,8 +147,8 @@ final class GGUFFile {
     let tensors: [GGUFTensor]
     let memory: WeightMemory
 
-    /// Bounds far above any real file (DeepSeek-V3 has about 1,100 tensors and 50 keys, a
-    /// tokenizer array about 130k strings) that keep a hostile count from sizing anything.
+    /// Bounds far above any real file (DeepSeek-V3 has about a thousand tensors and fifty keys, a
+    /// tokenizer array about 150k strings) that keep a hostile count from sizing anything.
     static let maxTensors = 1 << 20
     static let maxKeys = 1 << 20
     /// ggml's GGML_MAX_NAME (64, with its NUL) and GGML_MAX_DIMS.
