@@ -57,6 +57,8 @@ def resolve(path, revision=None, cache_dir=None):
     """The local folder of `path`: itself when it is a folder, else, for a Hugging Face
     Hub id ("org/name"), its snapshot in the Hub cache, downloaded if needed (only the
     files of HUB_FILES; HF_HUB_OFFLINE=1 and the cache work as for transformers)."""
+    if isinstance(path, str) and path.lower().endswith(".gguf") and revision is None:
+        return path  # a GGUF file's path, never a Hub id
     if isinstance(path, os.PathLike) or os.path.isdir(path) or revision is None and not (
             isinstance(path, str) and _REPO_ID.match(path) and not os.path.exists(path)):
         return path
@@ -76,8 +78,14 @@ def resolve(path, revision=None, cache_dir=None):
 
 def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,
                     copy_weights=False, memory_limit=None, **overrides):
-    """The MoE layer `layer` (index into model.layers) of the checkpoint folder `path`, or a
-    dict {index: MoELayer} of all its MoE layers when `layer` is None.
+    """The MoE layer `layer` (index into model.layers, or GGUF's blk.N) of the checkpoint
+    `path`, or a dict {index: MoELayer} of all its MoE layers when `layer` is None.
+
+    `path` may be a GGUF file ("model.gguf"), one split of a split model
+    ("model-00001-of-00003.gguf": every split is read), or a folder holding one GGUF model;
+    llama.cpp's architectures qwen3moe, qwen2moe, llama (with experts: Mixtral), olmoe,
+    deepseek2, glm4moe and gpt-oss, their options read from the file's metadata
+    (docs/checkpoints.md, "GGUF").
 
     `path` holds config.json and model.safetensors (or shards listed in
     model.safetensors.index.json), or is a Hugging Face Hub id ("Qwen/Qwen3-30B-A3B",

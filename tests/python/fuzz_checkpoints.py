@@ -2,7 +2,9 @@
 of tests/fixtures/make_checkpoints.py, then a few mutations that keep most of it valid so
 that each one reaches deep into the loader: config.json values of every type and size,
 per-module quantization settings, tensors removed, retyped, reshaped, truncated or moved,
-safetensors headers with lengths and offsets that lie, index files that name other files.
+safetensors headers with lengths and offsets that lie, index files that name other files;
+and GGUF files of every architecture (tests/fixtures/make_gguf.py, ggml's block types
+mixed) whose metadata values, tensor infos and header bytes lie.
 Every case must load and run, or raise ValueError / TypeError / MemoryError: a signal, a
 sanitizer report or a hang fails it.
 
@@ -30,6 +32,7 @@ import moe_swift
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import make_checkpoints as fixtures  # noqa: E402
+import make_gguf  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MOE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -223,8 +226,14 @@ def write(files):
 def test_checkpoint_folders(case):
     files, layer = case
     folder = write(files)
+    load_and_run(folder, layer)
+
+
+def load_and_run(path, layer):
+    """Loads `path` (all its MoE layers when `layer` is None) and runs each layer once, or
+    returns on an expected error."""
     try:
-        loaded = moe_swift.from_pretrained(folder, layer, backend="cpu")
+        loaded = moe_swift.from_pretrained(path, layer, backend="cpu")
     except EXPECTED:
         return
     layers = loaded if layer is None else {layer: loaded}
@@ -232,3 +241,63 @@ def test_checkpoint_folders(case):
         x = np.linspace(-1, 1, 3 * made.hidden_size, dtype=np.float32).reshape(3, made.hidden_size)
         assert made(x).shape == x.shape
         made.close()
+
+
+# GGUF files: each base's metadata values (where they lie in the file, from the gguf
+# package's reader) and the header around them, overwritten.
+# Block types keep the files small (each example writes one); F32 routers and vectors stay.
+GGUF_BASES = {case: make_gguf.make(case, ROOT / "gguf" / case, types=types)[0] for case, types in [
+    ("qwen2moe", {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K", "shexp": "Q8_0"}),
+    ("deepseek2", {"gate": "Q5_K", "up": "IQ4_XS", "down": "Q3_K", "shexp": "Q2_K"}),
+    ("glm4moe", {"gate": "Q4_0", "up": "Q4_1", "down": "Q5_0", "shexp": "Q4_K"}),
+    ("gpt-oss", {"gate": "MXFP4", "up": "MXFP4", "down": "MXFP4"}),
+    ("mixtral_per_expert", {"gate": "Q4_0", "up": "Q5_1", "down": "IQ4_NL"}),
+    ("fused_gate_up", {"gate": "Q8_0", "down": "Q6_K"})]}
+# A third of the examples: a GGUF example writes and maps a file of about a megabyte.
+GGUF_FUZZ = settings(FUZZ, max_examples=max(1, EXAMPLES // 3))
+
+
+def gguf_layout(path):
+    """(file bytes, data offset, [(offset, size) of each scalar metadata value])."""
+    from gguf import GGUFReader
+    reader = GGUFReader(path)
+    values = []
+    for field in reader.fields.values():
+        if len(field.types) == 1 and field.types[0].value not in (8, 9):  # scalars: not strings, not arrays
+            at = field.offset + 8 + len(field.name.encode()) + 4
+            values.append((at, field.parts[-1].nbytes))
+    return bytearray(Path(path).read_bytes()), reader.data_offset, values
+
+
+GGUF_LAYOUTS = {case: gguf_layout(path) for case, path in GGUF_BASES.items()}
+
+
+@st.composite
+def gguf_cases(draw):
+    raw, data_offset, values = GGUF_LAYOUTS[draw(st.sampled_from(sorted(GGUF_LAYOUTS)))]
+    raw = bytearray(raw)
+    for _ in range(draw(st.integers(0, 3))):  # a metadata value replaced by another number
+        at, size = draw(st.sampled_from(values))
+        n = draw(st.sampled_from([v for v in NUMBERS if isinstance(v, int)]))
+        raw[at:at + size] = (n % 2 ** (8 * size)).to_bytes(size, "little")
+    for _ in range(draw(st.integers(0, 3))):  # header bytes: lengths, counts, types, dimensions, offsets
+        at = draw(st.integers(4, data_offset - 1))
+        width = draw(st.sampled_from([1, 4, 8]))
+        value = draw(st.sampled_from([0, 1, 2, 5, 31, 255, 2**31, 2**32 - 1, 2**63, 2**64 - 1]))
+        raw[at:at + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")[:len(raw[at:at + width])]
+    if draw(st.integers(0, 6)) == 0:
+        raw = raw[:draw(st.integers(0, len(raw)))]
+    layer = draw(st.sampled_from([None, None, 0, 1, 2, 3, -1]))
+    return bytes(raw), layer
+
+
+@GGUF_FUZZ
+@given(gguf_cases())
+def test_gguf_files(case):
+    raw, layer = case
+    folder = ROOT / "case"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir()
+    (folder / "model.gguf").write_bytes(raw)
+    load_and_run(folder / "model.gguf", layer)

@@ -115,6 +115,12 @@
     X(q4, AFFINE, 4) \
     X(q8, AFFINE, 8) \
     X(mxfp4, MXFP4, 0) \
+    X(q4_0, GGML_Q4_0, 0) \
+    X(q8_0, GGML_Q8_0, 0) \
+    X(q4_K, GGML_Q4_K, 0) \
+    X(q5_K, GGML_Q5_K, 0) \
+    X(q6_K, GGML_Q6_K, 0) \
+    X(mxfp4_ggml, GGML_MXFP4, 0) \
     X(any, AFFINE, 0)
 
 /* The defaults of moe_layer_desc_init, one per line. */

@@ -55,7 +55,11 @@ typedef enum moe_status {
  *           cross word boundaries); mxfp4: 4-bit e2m1 codes;
  *   scales: (..., rows, cols / group_size), of scale_dtype for affine, uint8 E8M0 for mxfp4;
  *   biases: affine only, like scales.
- * Meaning: affine value = scale * q + bias; mxfp4 value = e2m1(code) * 2^(scale - 127). */
+ * Meaning: affine value = scale * q + bias; mxfp4 value = e2m1(code) * 2^(scale - 127).
+ * ggml's block formats (MOE_FORMAT_GGML_*, MOE_GGML_TYPE_ROWS) read `data` only: each row
+ * is cols / block_elems blocks exactly as ggml stores them (a GGUF tensor's bytes), the
+ * scales inside the blocks; bits, group_size, scale_dtype, scales and biases are ignored.
+ * Meaning: ggml's dequantization of each block (docs/formats.md, "ggml blocks"). */
 typedef struct moe_tensor {
     int32_t format;          /* moe_format */
     int32_t bits;            /* affine: one of MOE_AFFINE_BITS_ROWS */
@@ -364,12 +368,16 @@ moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
  * store of a Hugging Face cache whose snapshot the folder is); shard names are relative
  * paths without "..". Everything config.json and the headers say is checked (types,
  * ranges, products, shapes against each other and the format) before a byte of tensor
- * data is read or a buffer is sized from it. */
+ * data is read or a buffer is sized from it.
+ * Or llama.cpp's GGUF files (v2/v3): a .gguf file, one split of a split model (all its
+ * splits are read), or a folder without config.json holding one GGUF model; architectures
+ * qwen3moe, qwen2moe, llama with experts, olmoe, deepseek2, glm4moe, gpt-oss, tensors in
+ * their ggml type (docs/checkpoints.md, "GGUF"), checked as strictly. */
 
 typedef struct moe_checkpoint moe_checkpoint;   /* opaque */
 
-/* Reads config.json and the safetensors headers of the folder at path (a file-system
- * path: its bytes are used as they are). */
+/* Reads config.json and the safetensors headers of the folder at path, or the GGUF
+ * file(s) path names (a file-system path: its bytes are used as they are). */
 moe_status moe_checkpoint_open(const char* path, moe_checkpoint** out);
 
 /* The indices of the checkpoint's MoE layers, ascending (the layers below

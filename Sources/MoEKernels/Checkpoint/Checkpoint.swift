@@ -1,5 +1,6 @@
-/// A Hugging Face / mlx-lm checkpoint folder (`config.json` and `*.safetensors`, sharded
-/// through `model.safetensors.index.json` or one `model.safetensors`), its files
+/// A checkpoint to build MoE layers from: a Hugging Face / mlx-lm folder (config.json and
+/// safetensors files) or llama.cpp's GGUF files (one `.gguf`, the splits
+/// `-0000k-of-0000n.gguf` of one model, or a folder that holds them), its files
 /// memory-mapped while this object (or a layer that reads them in place) lives.
 /// `MoELayer(checkpoint:layer:backend:)` builds a layer from it: tensors are handed over
 /// mapped, in their stored format, and the layer reads them in place where its backend's
@@ -8,14 +9,111 @@
 /// rows split) go through a temporary in their own format, copied by the layer and freed
 /// right after.
 public final class Checkpoint {
+    /// The folder or file as given (GGUF splits: the first, and how many more).
     public let path: String
+    /// config.json's `model_type`, or GGUF's `general.architecture` (llama.cpp's name).
     public let modelType: String
-    /// `num_hidden_layers` of config.json.
+    /// The decoder layers: `num_hidden_layers`, or GGUF's `block_count` less the
+    /// next-token-prediction layers llama.cpp does not run.
     public let numLayers: Int
-    /// The indices of the layers that have an MoE block, ascending: those of the layers
-    /// whose block has tensors in the files and that config.json makes MoE layers (found
-    /// among the tensors, so a config's layer count costs nothing).
+    /// The indices of the layers that have an MoE block, ascending (those with tensors in
+    /// the files that the configuration makes MoE layers).
     public let moeLayers: [Int]
+
+    enum Source {
+        case folder(SafeTensorsCheckpoint)
+        case gguf(GGUFCheckpoint)
+    }
+    let source: Source
+
+    public convenience init(path: String) throws {
+        try self.init(pathBytes: Array(path.utf8))
+    }
+
+    /// The checkpoint named by `pathBytes` (a file-system path in any encoding).
+    init(pathBytes: [UInt8]) throws {
+        if let gguf = try GGUFCheckpoint.open(pathBytes) {
+            source = .gguf(gguf)
+            (path, modelType, numLayers, moeLayers) = (gguf.display, gguf.architecture, gguf.numLayers, gguf.moeLayers)
+        } else {
+            let folder = try SafeTensorsCheckpoint(pathBytes: pathBytes)
+            source = .folder(folder)
+            (path, modelType, numLayers, moeLayers) = (folder.path, folder.modelType, folder.numLayers, folder.moeLayers)
+        }
+    }
+
+    /// The configuration of MoE layer `layer` with `overrides` applied, or an error saying
+    /// why it is not an MoE layer.
+    func configuration(layer: Int, overrides: [String: Double]) throws -> MoEConfiguration {
+        switch source {
+        case .folder(let folder): return try folder.configuration(layer: layer, overrides: overrides)
+        case .gguf(let gguf):
+            var c = try gguf.configuration(layer: layer)
+            try Self.apply(overrides, to: &c)
+            try c.validate()
+            return c
+        }
+    }
+
+    /// The weights of layer `layer`, and what holds their temporaries until the layer has
+    /// copied them.
+    func weights(layer: Int, configuration: MoEConfiguration, map: Bool) throws -> (MoEWeights, AnyObject) {
+        switch source {
+        case .folder(let folder):
+            let reader = LayerReader(folder, layer: layer, configuration: configuration, map: map)
+            return (try reader.weights(), reader)
+        case .gguf(let gguf):
+            let reader = GGUFLayerReader(gguf, layer: layer, configuration: configuration, map: map)
+            return (try reader.weights(), reader)
+        }
+    }
+
+    /// The options a caller may override after config.json, by their Python names.
+    public static let overridableOptions = ["top_k", "norm_topk_prob", "routed_scaling_factor", "scoring",
+                                            "n_group", "topk_group", "activation", "swiglu_alpha", "swiglu_limit"]
+
+    /// Sets options by name (numbers; booleans 0/1; scoring and activation as their enum codes).
+    static func apply(_ overrides: [String: Double], to c: inout MoEConfiguration) throws {
+        for (name, value) in overrides.sorted(by: { $0.key < $1.key }) {
+            func integer() throws -> Int {
+                guard value.rounded() == value, abs(value) < 1e9 else {
+                    throw MoEError.invalidArgument("override \(name) must be an integer, got \(value)")
+                }
+                return Int(value)
+            }
+            switch name {
+            case "top_k": c.topK = try integer()
+            case "norm_topk_prob": c.normTopKProb = value != 0
+            case "routed_scaling_factor": c.routedScalingFactor = Float(value)
+            case "n_group": c.nGroup = try integer()
+            case "topk_group": c.topKGroup = try integer()
+            case "swiglu_alpha": c.swigluAlpha = Float(value)
+            case "swiglu_limit": c.swigluLimit = Float(value)
+            case "scoring":
+                guard let s = MoEScoring(rawValue: Int32(clamping: try integer())) else {
+                    throw MoEError.invalidArgument("override scoring \(value) is not a moe_scoring value")
+                }
+                c.scoring = s
+            case "activation":
+                guard let a = MoEActivation(rawValue: Int32(clamping: try integer())) else {
+                    throw MoEError.invalidArgument("override activation \(value) is not a moe_activation value")
+                }
+                c.activation = a
+            default:
+                throw MoEError.invalidArgument(
+                    "unknown override \"\(name)\"; overridable: \(overridableOptions.joined(separator: ", "))")
+            }
+        }
+    }
+}
+
+/// A Hugging Face / mlx-lm checkpoint folder: config.json and `*.safetensors`, sharded
+/// through `model.safetensors.index.json` or one `model.safetensors`.
+final class SafeTensorsCheckpoint {
+    let path: String
+    let modelType: String
+    let numLayers: Int
+    let moeLayers: [Int]
 
     let config: ConfigReader
     let family: ModelFamily
@@ -23,10 +121,6 @@ public final class Checkpoint {
     private let denseReason: (Int) -> String?
     private let files: [SafeTensorsFile]
     private let fileOfTensor: [String: Int]
-
-    public convenience init(path: String) throws {
-        try self.init(pathBytes: Array(path.utf8))
-    }
 
     /// The folder named by `pathBytes` (a file-system path in any encoding).
     init(pathBytes: [UInt8]) throws {
@@ -76,7 +170,7 @@ public final class Checkpoint {
             names = ["model.safetensors"]
         } else {
             throw MoEError.invalidArgument(
-                "\(path) has neither model.safetensors.index.json nor model.safetensors")
+                "\(path) has neither model.safetensors.index.json nor model.safetensors (nor GGUF files)")
         }
         files = try names.map { try SafeTensorsFile($0, in: folder) }
         // The headers, not the index, say where each tensor is.
@@ -133,47 +227,9 @@ public final class Checkpoint {
                                            + "the MoE layers in the files are \(moeLayers)")
         }
         var c = configuration
-        try Self.apply(overrides, to: &c)
+        try Checkpoint.apply(overrides, to: &c)
         try c.validate()
         return c
-    }
-
-    /// The options a caller may override after config.json, by their Python names.
-    public static let overridableOptions = ["top_k", "norm_topk_prob", "routed_scaling_factor", "scoring",
-                                            "n_group", "topk_group", "activation", "swiglu_alpha", "swiglu_limit"]
-
-    /// Sets options by name (numbers; booleans 0/1; scoring and activation as their enum codes).
-    static func apply(_ overrides: [String: Double], to c: inout MoEConfiguration) throws {
-        for (name, value) in overrides.sorted(by: { $0.key < $1.key }) {
-            func integer() throws -> Int {
-                guard value.rounded() == value, abs(value) < 1e9 else {
-                    throw MoEError.invalidArgument("override \(name) must be an integer, got \(value)")
-                }
-                return Int(value)
-            }
-            switch name {
-            case "top_k": c.topK = try integer()
-            case "norm_topk_prob": c.normTopKProb = value != 0
-            case "routed_scaling_factor": c.routedScalingFactor = Float(value)
-            case "n_group": c.nGroup = try integer()
-            case "topk_group": c.topKGroup = try integer()
-            case "swiglu_alpha": c.swigluAlpha = Float(value)
-            case "swiglu_limit": c.swigluLimit = Float(value)
-            case "scoring":
-                guard let s = MoEScoring(rawValue: Int32(clamping: try integer())) else {
-                    throw MoEError.invalidArgument("override scoring \(value) is not a moe_scoring value")
-                }
-                c.scoring = s
-            case "activation":
-                guard let a = MoEActivation(rawValue: Int32(clamping: try integer())) else {
-                    throw MoEError.invalidArgument("override activation \(value) is not a moe_activation value")
-                }
-                c.activation = a
-            default:
-                throw MoEError.invalidArgument(
-                    "unknown override \"\(name)\"; overridable: \(overridableOptions.joined(separator: ", "))")
-            }
-        }
     }
 }
 
@@ -194,8 +250,7 @@ extension MoELayer {
                             overrides: [String: Double] = [:], copyWeights: Bool = false,
                             memoryLimit: Int? = nil) throws {
         let configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
-        let reader = LayerReader(checkpoint, layer: layer, configuration: configuration, map: !copyWeights)
-        let weights = try reader.weights()
+        let (weights, reader) = try checkpoint.weights(layer: layer, configuration: configuration, map: !copyWeights)
         try self.init(configuration: configuration, weights: weights, backend: backend, memoryLimit: memoryLimit)
         withExtendedLifetime(reader) {}  // its temporaries until the backend has copied them
     }

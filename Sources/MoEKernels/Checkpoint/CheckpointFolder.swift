@@ -24,17 +24,17 @@ struct CheckpointFolder {
     static let configLimit = 16 << 20
     static let indexLimit = 256 << 20
 
-    init(path: [UInt8]) throws {
+    /// `what` names the folder in errors.
+    init(path: [UInt8], what: String = "the checkpoint folder") throws {
         display = String(decoding: path, as: UTF8.self)
         guard !path.isEmpty else { throw MoEError.invalidArgument("the checkpoint path is empty") }
         guard !path.contains(0) else { throw MoEError.invalidArgument("the checkpoint path contains a NUL byte") }
         guard let resolved = Self.realPath(path) else {
-            throw MoEError.invalidArgument("cannot open the checkpoint folder \(display): \(Self.lastError())")
+            throw MoEError.invalidArgument("cannot open \(what) \(display): \(Self.lastError())")
         }
-        var info = stat()
-        guard Self.withCString(resolved, { stat($0, &info) }) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
+        guard Self.isFolder(resolved) else {
             throw MoEError.invalidArgument("\(display) is not a folder: from_pretrained takes the folder that holds "
-                                           + "config.json and the safetensors files")
+                                           + "config.json and the safetensors files, a .gguf file, or a folder of GGUF files")
         }
         root = resolved
         let parts = resolved.split(separator: UInt8(ascii: "/"))
@@ -54,6 +54,29 @@ struct CheckpointFolder {
             throw MoEError.invalidArgument("\(what) names \(Self.quoted(name)): a file must be named by a relative "
                                            + "path inside the checkpoint folder")
         }
+    }
+
+    /// Whether `path` is a folder (after symlinks).
+    static func isFolder(_ path: [UInt8]) -> Bool {
+        var info = stat()
+        return !path.contains(0) && withCString(path, { stat($0, &info) }) == 0 && (info.st_mode & S_IFMT) == S_IFDIR
+    }
+
+    /// The names of the folder's entries that end in `suffix`, sorted (what they are is
+    /// checked when one is opened).
+    func names(withSuffix suffix: String) throws -> [String] {
+        guard let dir = Self.withCString(root, { opendir($0) }) else {
+            throw MoEError.invalidArgument("cannot list \(display): \(Self.lastError())")
+        }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name.hasSuffix(suffix) && !name.hasPrefix(".") { names.append(name) }
+        }
+        return names.sorted()
     }
 
     func contains(_ name: String) -> Bool {

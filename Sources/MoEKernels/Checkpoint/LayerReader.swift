@@ -10,7 +10,7 @@ import CMoECPU
 ///   fused 3-D   `experts.gate_up_proj` (E, 2I, H), `experts.down_proj` (E, H, I) (transformers 5)
 ///   per expert  `experts.{e}.{gate,up,down}_proj.weight` or Mixtral's `w1`/`w3`/`w2`
 final class LayerReader {
-    let checkpoint: Checkpoint
+    let checkpoint: SafeTensorsCheckpoint
     let c: MoEConfiguration
     let prefix: String
     /// Where the block may be (`prefix` is the first of these that has a router).
@@ -20,7 +20,7 @@ final class LayerReader {
     /// Whether tensors borrowed from the files are handed over as mapped (read in place).
     let map: Bool
 
-    init(_ checkpoint: Checkpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true) {
+    init(_ checkpoint: SafeTensorsCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true) {
         self.checkpoint = checkpoint
         self.map = map
         c = configuration
@@ -231,13 +231,18 @@ final class LayerReader {
         guard let type = gate.scalarType, up.dtype == gate.dtype else {
             throw MoEError.invalidArgument("\(gate.name) and \(up.name) must be F32, F16 or BF16 alike")
         }
-        let row = i * type.size
-        let out = temporary(2 * e * row)
-        for x in 0..<e {
-            out.baseAddress!.advanced(by: 2 * x * row).copyMemory(from: gate.bytes.baseAddress! + x * row, byteCount: row)
-            out.baseAddress!.advanced(by: (2 * x + 1) * row).copyMemory(from: up.bytes.baseAddress! + x * row, byteCount: row)
-        }
+        let out = temporary(2 * e * i * type.size)
+        Self.joinRows(gate.bytes, up.bytes, rows: e, rowBytes: i * type.size, into: out)
         return .dense(UnsafeRawBufferPointer(out), type)
+    }
+
+    /// Row x of `gate` then row x of `up`, for each of `rows` rows of `rowBytes`, into `out`.
+    static func joinRows(_ gate: UnsafeRawBufferPointer, _ up: UnsafeRawBufferPointer, rows: Int, rowBytes row: Int,
+                         into out: UnsafeMutableRawBufferPointer) {
+        for x in 0..<rows {
+            out.baseAddress!.advanced(by: 2 * x * row).copyMemory(from: gate.baseAddress! + x * row, byteCount: row)
+            out.baseAddress!.advanced(by: (2 * x + 1) * row).copyMemory(from: up.baseAddress! + x * row, byteCount: row)
+        }
     }
 
     // MARK: gpt-oss

@@ -82,8 +82,9 @@ typedef int32_t moe_i32;
  * three buffers - codes (or the dense values), scales, biases - and where the matrix's
  * rows are. Row r of expert e is row e * rows_per_expert + row_offset + r of the tensor;
  * a row of `cols` elements takes cols * bits / 8 bytes of codes and cols >> group_shift
- * scales (and biases). Gate and up of a fused (E, 2I, H) tensor are the same buffers with
- * row_offset 0 and I. */
+ * scales (and biases), except in ggml's block formats, whose rows are row_bytes bytes of
+ * blocks that hold their own scales (no scale or bias buffer). Gate and up of a fused
+ * (E, 2I, H) tensor are the same buffers with row_offset 0 and I. */
 typedef struct moe_weight_desc {
     moe_u32 format;               /* moe_format */
     moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4) */
@@ -91,7 +92,7 @@ typedef struct moe_weight_desc {
     moe_u32 scale_type;           /* moe_dtype of affine scales and biases */
     moe_u32 rows_per_expert;
     moe_u32 row_offset;
-    moe_u32 _pad0;
+    moe_u32 row_bytes;            /* ggml blocks: cols / block_elems * block_bytes; 0 otherwise */
     moe_u32 _pad1;
 } moe_weight_desc;
 

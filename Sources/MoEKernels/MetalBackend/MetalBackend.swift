@@ -67,8 +67,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         let (e, i) = (c.numExperts, c.intermediateSize)
 
         let mappings = MetalMappings()
-        func matrix(_ data: WeightData, rows: Int, what: String) throws -> MetalWeight {
-            try MetalWeight(data, rowsPerExpert: rows, context: context, mappings: mappings, what: what)
+        func matrix(_ data: WeightData, rows: Int, cols: Int, what: String) throws -> MetalWeight {
+            try MetalWeight(data, rowsPerExpert: rows, cols: cols, context: context, mappings: mappings, what: what)
         }
         // Vectors (biases, scales, the shared gate) are small: read as float32.
         func vector(_ data: WeightData?, what: String) throws -> (any MTLBuffer)? {
@@ -81,26 +81,26 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
             }
         }
 
-        router = try matrix(w.router, rows: e, what: "router_weight")
+        router = try matrix(w.router, rows: e, cols: c.hiddenSize, what: "router_weight")
         routerBias = try vector(w.routerBias, what: "router_bias")
         selectionBias = try vector(w.selectionBias, what: "selection_bias")
         perExpertScale = try vector(w.perExpertScale, what: "per_expert_scale")
         switch w.gateUp {
         case .fused(let fused):
-            gate = try matrix(fused, rows: 2 * i, what: "gate_up_proj")
+            gate = try matrix(fused, rows: 2 * i, cols: c.hiddenSize, what: "gate_up_proj")
             up = gate.offset(by: i)
         case .separate(let g, let u):
-            gate = try matrix(g, rows: i, what: "gate_proj")
-            up = try matrix(u, rows: i, what: "up_proj")
+            gate = try matrix(g, rows: i, cols: c.hiddenSize, what: "gate_proj")
+            up = try matrix(u, rows: i, cols: c.hiddenSize, what: "up_proj")
         }
         gateUpBias = try vector(w.gateUpBias, what: "gate_up_bias")
-        down = try matrix(w.downProj, rows: c.hiddenSize, what: "down_proj")
+        down = try matrix(w.downProj, rows: c.hiddenSize, cols: i, what: "down_proj")
         downBias = try vector(w.downBias, what: "down_bias")
         if let s = w.shared {
             let si = c.sharedIntermediateSize
-            shared = (try matrix(s.gateProj, rows: si, what: "shared_expert gate_proj"),
-                      try matrix(s.upProj, rows: si, what: "shared_expert up_proj"),
-                      try matrix(s.downProj, rows: c.hiddenSize, what: "shared_expert down_proj"))
+            shared = (try matrix(s.gateProj, rows: si, cols: c.hiddenSize, what: "shared_expert gate_proj"),
+                      try matrix(s.upProj, rows: si, cols: c.hiddenSize, what: "shared_expert up_proj"),
+                      try matrix(s.downProj, rows: c.hiddenSize, cols: si, what: "shared_expert down_proj"))
             sharedGate = try vector(s.sigmoidGate, what: "shared_expert sigmoid_gate")
         } else {
             shared = nil

@@ -45,10 +45,11 @@ struct MetalWeight {
         return zip(data.parts, inPlace(data)).reduce(0) { $0 + ($1.1 ? 0 : MetalContext.bufferLength($1.0.count)) }
     }
 
-    /// Uploads `data`, a tensor of experts of `rowsPerExpert` rows each (any value for a
-    /// single matrix), or binds it in place where it is mapped (`mappings` wraps each
-    /// memory once per layer).
-    init(_ data: WeightData, rowsPerExpert: Int, context: MetalContext, mappings: MetalMappings, what: String) throws {
+    /// Uploads `data`, a tensor of experts of `rowsPerExpert` rows of `cols` elements each
+    /// (any value for a single matrix), or binds it in place where it is mapped (`mappings`
+    /// wraps each memory once per layer).
+    init(_ data: WeightData, rowsPerExpert: Int, cols: Int, context: MetalContext, mappings: MetalMappings,
+         what: String) throws {
         let names = ["", " (scales)", " (biases)"]
         let quantized: Bool
         if case .quantized = data.format { quantized = true } else { quantized = false }
@@ -80,6 +81,9 @@ struct MetalWeight {
         switch format {
         case .dense(let t):
             desc.bits = UInt32(8 * t.size)
+        case .quantized(.ggml, _):
+            // The loader knows its blocks' layout; the row length in bytes is all it needs.
+            desc.row_bytes = UInt32(format.rowBytes(cols: cols))
         case .quantized(let q, let scaleType):
             desc.bits = UInt32(q.bits)
             desc.group_shift = UInt32(q.groupSize.trailingZeroBitCount)

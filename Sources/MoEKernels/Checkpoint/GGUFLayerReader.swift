@@ -1,0 +1,163 @@
+import CMoESwift
+
+/// Finds one MoE layer's tensors in GGUF files by llama.cpp's names (`blk.{i}.` +
+/// `ffn_gate_inp`, `ffn_{gate,up,down}_exps` or `ffn_gate_up_exps`, `ffn_*_shexp`,
+/// `ffn_gate_inp_shexp`, `exp_probs_b`, gpt-oss's `.bias` tensors) and describes them as
+/// `MoEWeights`, borrowed from the mappings in their stored ggml type. ggml's dimensions
+/// are innermost first, so `ffn_gate_exps` (ne = [H, I, E]) is the layer's (E, I, H) as it
+/// lies, and llama.cpp's converter permutes no FFN weight: nothing is transposed here.
+final class GGUFLayerReader {
+    let checkpoint: GGUFCheckpoint
+    let c: MoEConfiguration
+    let prefix: String
+    let map: Bool
+    /// Stacked experts and joined bias rows; freed with the reader.
+    private var temporaries: [UnsafeMutableRawBufferPointer] = []
+
+    init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool) {
+        self.checkpoint = checkpoint
+        self.map = map
+        c = configuration
+        prefix = "blk.\(layer)."
+    }
+
+    deinit {
+        for t in temporaries { t.deallocate() }
+    }
+
+    private func tensor(_ name: String) -> GGUFTensor? { checkpoint.tensor(prefix + name) }
+
+    private func require(_ name: String) throws -> GGUFTensor {
+        guard let t = tensor(name) else {
+            throw MoEError.invalidArgument("no tensor \(prefix + name) in \(checkpoint.display)")
+        }
+        return t
+    }
+
+    private func check(_ t: GGUFTensor, _ shape: [Int]) throws {
+        guard t.shape == shape else {
+            throw MoEError.invalidArgument(
+                "\(t.name) has shape \(t.shapeDescription) (ggml ne \(t.ne)); the \(checkpoint.architecture) metadata implies ("
+                + shape.map(String.init).joined(separator: ", ") + ")")
+        }
+    }
+
+    /// The layer's format of `t`'s ggml type, or an error naming the tensor and the type.
+    private static func format(_ t: GGUFTensor) throws -> WeightFormat {
+        guard let format = WeightFormat(ggmlType: Int32(t.type.number)) else {
+            let readable = GGUFTensorType.all.values.filter { WeightFormat(ggmlType: Int32($0.number)) != nil }
+                .sorted { $0.number < $1.number }.map(\.name).joined(separator: ", ")
+            throw MoEError.invalidArgument("\(t.name) in \(t.file) is of ggml type \(t.type.name), which this layer does "
+                                           + "not read (it reads \(readable))")
+        }
+        return format
+    }
+
+    /// `bytes` in `t`'s type, checked against `shape`.
+    private static func weight(_ bytes: UnsafeRawBufferPointer, of t: GGUFTensor, name: String, shape: [Int]) throws -> WeightData {
+        let data: WeightData
+        switch try format(t) {
+        case .dense(let type): data = .dense(bytes, type)
+        case .quantized(.ggml(let type), _): data = .quantized(QuantizedWeightData(ggml: type, blocks: bytes))
+        case .quantized: throw MoEError.internalError("a ggml type mapped to a format that is not ggml's")
+        }
+        try data.validate(name, shape: shape)
+        return data
+    }
+
+    /// `name` as a weight matrix of logical shape `shape`, in its stored type.
+    private func matrix(_ name: String, _ shape: [Int]) throws -> WeightData {
+        let t = try require(name)
+        try check(t, shape)
+        let data = try Self.weight(t.bytes, of: t, name: t.name, shape: shape)
+        return map ? .mapped(data, in: t.memory) : data
+    }
+
+    /// The experts' `ffn_<projection>.<e>.weight` of shape `shape` (older Mixtral files,
+    /// which llama.cpp still reads) stacked into one (E, ...) tensor in their common type.
+    private func stacked(_ projection: String, _ shape: [Int]) throws -> WeightData {
+        let parts = try (0..<c.numExperts).map { try require("ffn_\(projection).\($0).weight") }
+        for t in parts {
+            try check(t, shape)
+            guard t.type == parts[0].type else {
+                throw MoEError.invalidArgument("\(t.name) is \(t.type.name), \(parts[0].name) \(parts[0].type.name): "
+                                               + "the experts of one projection must share a type")
+            }
+        }
+        let out = temporary(parts.reduce(0) { $0 + $1.bytes.count })
+        var at = 0
+        for t in parts {
+            UnsafeMutableRawBufferPointer(rebasing: out[at..<at + t.bytes.count]).copyMemory(from: t.bytes)
+            at += t.bytes.count
+        }
+        return try Self.weight(UnsafeRawBufferPointer(out), of: parts[0], name: "\(prefix)ffn_\(projection).*.weight",
+                               shape: [c.numExperts] + shape)
+    }
+
+    private func temporary(_ bytes: Int) -> UnsafeMutableRawBufferPointer {
+        let t = UnsafeMutableRawBufferPointer.allocate(byteCount: Swift.max(bytes, 1), alignment: 64)
+        temporaries.append(t)
+        return t
+    }
+
+    /// A vector or small table (biases, the selection bias, a sigmoid gate), dense.
+    private func vector(_ name: String, _ shape: [Int]) throws -> WeightData? {
+        guard let t = tensor(name) else { return nil }
+        try check(t, shape)
+        guard case .dense(let type) = try Self.format(t) else {
+            throw MoEError.invalidArgument("\(t.name) must be F32, F16 or BF16, got \(t.type.name)")
+        }
+        return .dense(t.bytes, type)
+    }
+
+    func weights() throws -> MoEWeights {
+        let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        let arch = checkpoint.architectureInfo
+        let gateUp: GateUpWeights
+        let down: WeightData
+        if tensor("ffn_gate_up_exps.weight") != nil {
+            gateUp = .fused(try matrix("ffn_gate_up_exps.weight", [e, 2 * i, h]))
+            down = try matrix("ffn_down_exps.weight", [e, h, i])
+        } else if tensor("ffn_gate_exps.weight") == nil && tensor("ffn_gate.0.weight") != nil {
+            gateUp = .separate(gate: try stacked("gate", [i, h]), up: try stacked("up", [i, h]))
+            down = try stacked("down", [h, i])
+        } else {
+            gateUp = .separate(gate: try matrix("ffn_gate_exps.weight", [e, i, h]),
+                               up: try matrix("ffn_up_exps.weight", [e, i, h]))
+            down = try matrix("ffn_down_exps.weight", [e, h, i])
+        }
+        var w = MoEWeights(router: try matrix("ffn_gate_inp.weight", [e, h]), gateUp: gateUp, downProj: down)
+        if arch.selectionBias {
+            w.selectionBias = try vector("exp_probs_b.bias", [e])
+            if arch.selectionBiasRequired && w.selectionBias == nil { _ = try require("exp_probs_b.bias") }
+        }
+        if arch.gptOSS {
+            w.routerBias = try vector("ffn_gate_inp.bias", [e])
+            if let gate = try vector("ffn_gate_exps.bias", [e, i]) {
+                guard let up = try vector("ffn_up_exps.bias", [e, i]),
+                      case .dense(let g, let type) = gate, case .dense(let u, type) = up else {
+                    throw MoEError.invalidArgument("\(prefix)ffn_gate_exps.bias needs \(prefix)ffn_up_exps.bias of its type")
+                }
+                let out = temporary(2 * e * i * type.size)
+                LayerReader.joinRows(g, u, rows: e, rowBytes: i * type.size, into: out)
+                w.gateUpBias = .dense(UnsafeRawBufferPointer(out), type)
+            }
+            w.downBias = try vector("ffn_down_exps.bias", [e, h])
+        }
+        if c.hasSharedExpert {
+            let si = c.sharedIntermediateSize
+            var s = SharedExpertWeights(gateProj: try matrix("ffn_gate_shexp.weight", [si, h]),
+                                        upProj: try matrix("ffn_up_shexp.weight", [si, h]),
+                                        downProj: try matrix("ffn_down_shexp.weight", [h, si]))
+            if arch.shared == .gatedLength {
+                guard let gate = try vector("ffn_gate_inp_shexp.weight", [h]) else {
+                    _ = try require("ffn_gate_inp_shexp.weight")
+                    throw MoEError.internalError("unreachable")
+                }
+                s.sigmoidGate = .array(gate.floats())
+            }
+            w.shared = s
+        }
+        return w
+    }
+}
