@@ -104,6 +104,27 @@ final class GGMLFormatTests: XCTestCase {
         }
     }
 
+    /// Mapped blocks at an odd offset are read in place by the CPU (nothing copied), with
+    /// the copied layer's output bit for bit.
+    func testMappedBlocksAreReadInPlace() throws {
+        let c = makeConfig(h: 64, i: 64, e: 8, k: 2)
+        let data = LayerData.random(c, seed: 75)
+        let file = TensorFile(pages: 16)
+        let down = WeightData.quantized(QuantizedWeightData(
+            ggml: GGMLType(name: "q8_0")!, blocks: file.put(PackedGGML(data.down, q8: true, log2Scale: -8).bytes, misalign: 1)))
+        let memory = try file.memory()
+        XCTAssertEqual(WeightMatrix.copiedBytes(.mapped(down, in: memory)), 0)
+        var mappedWeights = data.weights(), copiedWeights = data.weights()
+        mappedWeights.downProj = .mapped(down, in: memory)
+        copiedWeights.downProj = down
+        let mapped = try MoELayer(configuration: c, weights: mappedWeights, backend: .cpu)
+        let copied = try MoELayer(configuration: c, weights: copiedWeights, backend: .cpu)
+        for tokens in [1, 37] {
+            let x = seededFloats(tokens * c.hiddenSize, seed: UInt64(tokens))
+            assertBitwiseEqual(try mapped.forward(x), try copied.forward(x), "\(tokens) tokens")
+        }
+    }
+
     func testBadBlocksAreNamed() throws {
         let d = LayerData.random(config, seed: 74)
         let bytes = [UInt8](repeating: 0, count: 1 << 16)
