@@ -1,9 +1,10 @@
-// Decode products of ggml's common block types with AVX2 + FMA + F16C: Q8_0, Q4_0,
-// IQ4_NL, MXFP4 (ggml's), Q4_K and Q6_K. Activations stay float32: a block's codes become
-// 32 signed bytes, then floats, multiplied with the activations, and the block's (or
-// sub-block's) float32 scale is applied to that sum, with K-quants' minimum terms taken
-// from each activation row's sums over 32 elements. The other types (and rows too long
-// for the stack's sums) go through ggml.c's portable product.
+// Decode products and prefill tiles of ggml's common block types with AVX2 + FMA + F16C:
+// Q8_0, Q4_0, IQ4_NL, MXFP4 (ggml's), Q4_K and Q6_K. Activations stay float32: a block's
+// codes become 32 signed bytes, then floats, multiplied with the activations, and the
+// block's (or sub-block's) float32 scale is applied to that sum, with K-quants' minimum
+// terms taken from each activation row's sums over 32 elements. The tiles are ggml's
+// values bit for bit (the same float32 operations as ggml.c's decoders). The other types
+// (and rows too long for the stack's sums) go through ggml.c's portable code.
 #include "internal.h"
 
 #ifdef MOE_CPU_FORMATS_X86
@@ -211,6 +212,93 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
             default: ROW_(4) break;
             }
 #undef ROW_
+        }
+    }
+    return 1;
+}
+
+// 32 signed byte codes as floats times scale, minus `sub` (ggml's order: the product is
+// exact, so one rounding, whether fused or not).
+INLINE T256 void store32(__m256i codes, float scale, float sub, float* y) {
+    const __m128i c0 = _mm256_castsi256_si128(codes), c1 = _mm256_extracti128_si256(codes, 1);
+    const __m256 d = _mm256_set1_ps(scale), m = _mm256_set1_ps(sub);
+    const __m128i parts[4] = {c0, _mm_srli_si128(c0, 8), c1, _mm_srli_si128(c1, 8)};
+    for (int q = 0; q < 4; q++)
+        _mm256_storeu_ps(y + 8 * q, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[q])), d), m));
+}
+
+// Q6_K's products round (d * sc) * q once, like ggml's; two scales per 32 codes.
+INLINE T256 void store32_q6(__m256i codes, float s0, float s1, float* y) {
+    const __m128i c0 = _mm256_castsi256_si128(codes), c1 = _mm256_extracti128_si256(codes, 1);
+    const __m128i parts[4] = {c0, _mm_srli_si128(c0, 8), c1, _mm_srli_si128(c1, 8)};
+    for (int q = 0; q < 4; q++)
+        _mm256_storeu_ps(y + 8 * q, _mm256_mul_ps(_mm256_set1_ps(q < 2 ? s0 : s1),
+                                                  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[q]))));
+}
+
+INLINE T256 void dequantize_row(const int F, const uint8_t* b, int64_t cols, float* y) {
+    const int bytes = ggml_block_shape_of(F).bytes;
+    if (F == MOE_FORMAT_GGML_Q4_K) {
+        const __m256i mask = _mm256_set1_epi8(0x0f);
+        for (int64_t k = 0; k < cols; k += 256, b += bytes) {
+            const float d = half_to_float(b), dmin = half_to_float(b + 2);
+            for (int sub = 0; sub < 8; sub++) {
+                int sc, m;
+                if (sub < 4) {
+                    sc = b[4 + sub] & 63;
+                    m = b[8 + sub] & 63;
+                } else {
+                    sc = (b[8 + sub] & 0x0f) | ((b[sub] >> 6) << 4);
+                    m = (b[8 + sub] >> 4) | ((b[4 + sub] >> 6) << 4);
+                }
+                const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 16 + 32 * (sub / 2)));
+                const __m256i codes = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
+                store32(codes, d * sc, dmin * m, y + k + 32 * sub);
+            }
+        }
+        return;
+    }
+    if (F == MOE_FORMAT_GGML_Q6_K) {
+        const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+        for (int64_t k = 0; k < cols; k += 256, b += bytes) {
+            const float d = half_to_float(b + 208);
+            const int8_t* sc = (const int8_t*)(b + 192);
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i*)ql), l1 = _mm256_loadu_si256((const __m256i*)(ql + 32));
+                const __m256i h = _mm256_loadu_si256((const __m256i*)qh);
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, top2));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
+                for (int p = 0; p < 4; p++)
+                    store32_q6(_mm256_sub_epi8(q[p], bias), d * sc[8 * half + 2 * p], d * sc[8 * half + 2 * p + 1],
+                               y + k + 128 * half + 32 * p);
+            }
+        }
+        return;
+    }
+    for (int64_t k = 0; k < cols; k += 32, b += bytes) {
+        float d;
+        const __m256i codes = block32(F, b, &d);
+        store32(codes, d, 0.0f, y + k);
+    }
+}
+
+T256 int moe_cpu_ggml_dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t* b = row_data(w, row0 + r);
+        float* y = out + r * w->cols;
+        switch (w->format) {
+        case MOE_FORMAT_GGML_Q8_0: dequantize_row(MOE_FORMAT_GGML_Q8_0, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q4_0: dequantize_row(MOE_FORMAT_GGML_Q4_0, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_IQ4_NL: dequantize_row(MOE_FORMAT_GGML_IQ4_NL, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_MXFP4: dequantize_row(MOE_FORMAT_GGML_MXFP4, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q4_K: dequantize_row(MOE_FORMAT_GGML_Q4_K, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q6_K: dequantize_row(MOE_FORMAT_GGML_Q6_K, b, w->cols, y); break;
+        default: return 0;
         }
     }
     return 1;

@@ -66,6 +66,11 @@ final class GGMLFormatTests: XCTestCase {
         let h = config.hiddenSize, x = seededFloats(20 * h, seed: 71)
         try gate.bytes.withUnsafeBytes { g in
             try down.bytes.withUnsafeBytes { dn in
+                // The dequantized values (prefill's tiles) are the blocks' values exactly.
+                XCTAssertEqual(WeightData.quantized(QuantizedWeightData(ggml: GGMLType(name: "q8_0")!, blocks: g)).floats(),
+                               gate.values)
+                XCTAssertEqual(WeightData.quantized(QuantizedWeightData(ggml: GGMLType(name: "q4_0")!, blocks: dn)).floats(),
+                               down.values)
                 var w = d.weights()
                 w.gateUp = .separate(gate: .quantized(QuantizedWeightData(ggml: GGMLType(name: "q8_0")!, blocks: g)),
                                      up: WeightData(d.up))
