@@ -108,13 +108,7 @@ INLINE T256 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
             for (int half = 0; half < 2; half++) {
                 const int sub = 2 * j + half;
                 int sc, m;
-                if (sub < 4) {
-                    sc = b[4 + sub] & 63;
-                    m = b[8 + sub] & 63;
-                } else {
-                    sc = (b[8 + sub] & 0x0f) | ((b[sub] >> 6) << 4);
-                    m = (b[8 + sub] >> 4) | ((b[4 + sub] >> 6) << 4);
-                }
+                k_scale_min(sub, b + 4, &sc, &m);
                 const __m256i codes = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
                 const int64_t e = k + 32 * sub;
                 dot32(MM, codes, a + e, lda, lo, hi);
@@ -130,6 +124,19 @@ INLINE T256 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]) - mins[i];
 }
 
+// The unsigned 6-bit codes of half `half` (128 elements) of a Q6_K block, 32 per vector
+// in element order: low nibbles from 64 bytes, high bit pairs from 32.
+INLINE T256 void q6_k_codes(const uint8_t* b, int half, __m256i q[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+    const __m256i l0 = _mm256_loadu_si256((const __m256i*)ql), l1 = _mm256_loadu_si256((const __m256i*)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i*)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, top2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
+}
+
 // Q6_K: per 128 elements, 64 bytes of low nibbles, 32 bytes of 2-bit high parts; 16
 // signed 8-bit scales per super-block, one per 16 elements: value = d * sc * (q - 32).
 INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda,
@@ -137,21 +144,14 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
     const uint8_t* b = row_data(w, r);
     __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+    const __m256i bias = _mm256_set1_epi8(32);
     for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
         _mm_prefetch((const char*)b + 1024, _MM_HINT_T0);
         const float d = half_to_float(b + 208);
         const int8_t* sc = (const int8_t*)(b + 192);
         for (int half = 0; half < 2; half++) {
-            const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i*)ql), l1 = _mm256_loadu_si256((const __m256i*)(ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i*)qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, top2));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
+            q6_k_codes(b, half, q);
             for (int p = 0; p < 4; p++) {
                 const int64_t e = k + 128 * half + 32 * p;
                 dot32(MM, _mm256_sub_epi8(q[p], bias), a + e, lda, lo, hi);
@@ -244,13 +244,7 @@ INLINE T256 void dequantize_row(const int F, const uint8_t* b, int64_t cols, flo
             const float d = half_to_float(b), dmin = half_to_float(b + 2);
             for (int sub = 0; sub < 8; sub++) {
                 int sc, m;
-                if (sub < 4) {
-                    sc = b[4 + sub] & 63;
-                    m = b[8 + sub] & 63;
-                } else {
-                    sc = (b[8 + sub] & 0x0f) | ((b[sub] >> 6) << 4);
-                    m = (b[8 + sub] >> 4) | ((b[4 + sub] >> 6) << 4);
-                }
+                k_scale_min(sub, b + 4, &sc, &m);
                 const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 16 + 32 * (sub / 2)));
                 const __m256i codes = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
                 store32(codes, d * sc, dmin * m, y + k + 32 * sub);
@@ -259,20 +253,13 @@ INLINE T256 void dequantize_row(const int F, const uint8_t* b, int64_t cols, flo
         return;
     }
     if (F == MOE_FORMAT_GGML_Q6_K) {
-        const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+        const __m256i bias = _mm256_set1_epi8(32);
         for (int64_t k = 0; k < cols; k += 256, b += bytes) {
             const float d = half_to_float(b + 208);
             const int8_t* sc = (const int8_t*)(b + 192);
             for (int half = 0; half < 2; half++) {
-                const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
-                const __m256i l0 = _mm256_loadu_si256((const __m256i*)ql), l1 = _mm256_loadu_si256((const __m256i*)(ql + 32));
-                const __m256i h = _mm256_loadu_si256((const __m256i*)qh);
                 __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, top2));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
+                q6_k_codes(b, half, q);
                 for (int p = 0; p < 4; p++)
                     store32_q6(_mm256_sub_epi8(q[p], bias), d * sc[8 * half + 2 * p], d * sc[8 * half + 2 * p + 1],
                                y + k + 128 * half + 32 * p);

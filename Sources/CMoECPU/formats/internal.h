@@ -241,6 +241,19 @@ INLINE ggml_block_shape ggml_block_shape_of(int format) {
 
 INLINE int is_ggml(int format) { return ggml_block_shape_of(format).elems > 0; }
 
+// The (scale, min) pair j of a Q4_K / Q5_K block's 12 scale bytes q: pairs 0-3 are 6-bit
+// fields of bytes 0-7; pairs 4-7 take 4 low bits from bytes 8-11 and 2 high bits from the
+// tops of bytes 0-7.
+INLINE void k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 // One block of `format` at b as its block_elems floats, ggml's values bit for bit.
 HIDDEN void moe_cpu_ggml_decode_block(int format, const uint8_t* b, float* y);
 HIDDEN void moe_cpu_ggml_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
