@@ -1,5 +1,5 @@
 // Decode products and prefill tiles of ggml's common block types with AVX2 + FMA + F16C:
-// Q8_0, Q4_0, IQ4_NL, MXFP4 (ggml's), Q4_K and Q6_K. Activations stay float32: a block's
+// Q8_0, Q4_0, IQ4_NL, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K. Activations stay float32: a block's
 // codes become 32 signed bytes, then floats, multiplied with the activations, and the
 // block's (or sub-block's) float32 scale is applied to that sum, with K-quants' minimum
 // terms taken from each activation row's sums over 32 elements. The tiles are ggml's
@@ -90,34 +90,44 @@ INLINE T256 void row_block32(const int F, const int MM, const moe_cpu_matrix* w,
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]);
 }
 
-// Q4_K: per 32-element sub-block j, value = (d * sc_j) * q - (dmin * m_j), so the row's
-// product is sum_j (d * sc_j) * (q . x)_j - (dmin * m_j) * (sum of x)_j; xs[i * chunks + c]
-// is activation row i's sum over elements [32c, 32c + 32).
-INLINE T256 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda,
-                          const float* xs, int64_t chunks, float* c, int64_t ldc) {
+// The 32 codes of sub-block `sub` of a Q4_K or Q5_K block: nibbles of 32 bytes (low ones
+// for even sub-blocks), and for Q5_K bit `sub` of each of the 32 high-bit bytes above them.
+INLINE T256 __m256i k_codes(const int F, const uint8_t* b, int sub) {
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    const uint8_t* qs = b + (F == MOE_FORMAT_GGML_Q5_K ? 48 : 16) + 32 * (sub / 2);
+    const __m256i q = _mm256_loadu_si256((const __m256i*)qs);
+    __m256i codes = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
+    if (F == MOE_FORMAT_GGML_Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sub)), _mm256_set1_epi8(1));
+        codes = _mm256_or_si256(codes, _mm256_slli_epi16(bit, 4));
+    }
+    return codes;
+}
+
+// Q4_K / Q5_K: per 32-element sub-block j, value = (d * sc_j) * q - (dmin * m_j), so the
+// row's product is sum_j (d * sc_j) * (q . x)_j - (dmin * m_j) * (sum of x)_j;
+// xs[i * chunks + c] is activation row i's sum over elements [32c, 32c + 32).
+INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda,
+                           const float* xs, int64_t chunks, float* c, int64_t ldc) {
+    const int bytes = ggml_block_shape_of(F).bytes;
     const uint8_t* b = row_data(w, r);
     __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
     float mins[MAX_ROWS];
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.0f;
-    const __m256i mask = _mm256_set1_epi8(0x0f);
-    for (int64_t k = 0; k < w->cols; k += 256, b += 144) {
+    for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
         _mm_prefetch((const char*)b + 1024, _MM_HINT_T0);
         const float d = half_to_float(b), dmin = half_to_float(b + 2);
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 16 + 32 * j));
-            for (int half = 0; half < 2; half++) {
-                const int sub = 2 * j + half;
-                int sc, m;
-                k_scale_min(sub, b + 4, &sc, &m);
-                const __m256i codes = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
-                const int64_t e = k + 32 * sub;
-                dot32(MM, codes, a + e, lda, lo, hi);
-                const __m256 vd = _mm256_set1_ps(d * sc);
-                const float dm = dmin * m;
-                for (int i = 0; i < MM; i++) {
-                    acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
-                    mins[i] = fmaf(dm, xs[i * chunks + e / 32], mins[i]);
-                }
+        for (int sub = 0; sub < 8; sub++) {
+            int sc, m;
+            k_scale_min(sub, b + 4, &sc, &m);
+            const int64_t e = k + 32 * sub;
+            dot32(MM, k_codes(F, b, sub), a + e, lda, lo, hi);
+            const __m256 vd = _mm256_set1_ps(d * sc);
+            const float dm = dmin * m;
+            for (int i = 0; i < MM; i++) {
+                acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
+                mins[i] = fmaf(dm, xs[i * chunks + e / 32], mins[i]);
             }
         }
     }
@@ -184,17 +194,19 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
     case MOE_FORMAT_GGML_IQ4_NL:
     case MOE_FORMAT_GGML_MXFP4:
     case MOE_FORMAT_GGML_Q4_K:
+    case MOE_FORMAT_GGML_Q5_K:
     case MOE_FORMAT_GGML_Q6_K: break;
     default: return 0;
     }
     const int64_t chunks = w->cols / 32;
-    if (F == MOE_FORMAT_GGML_Q4_K && chunks * MAX_ROWS > CHUNK_SUMS) return 0;
+    const int mins = F == MOE_FORMAT_GGML_Q4_K || F == MOE_FORMAT_GGML_Q5_K;
+    if (mins && chunks * MAX_ROWS > CHUNK_SUMS) return 0;
     float xs[CHUNK_SUMS];
     for (int64_t i0 = 0; i0 < m; i0 += MAX_ROWS) {
         const int mm = (int)MIN(MAX_ROWS, m - i0);
         const float* ai = a + i0 * lda;
         float* ci = c + i0 * ldc;
-        if (F == MOE_FORMAT_GGML_Q4_K) chunk_sums(ai, lda, mm, w->cols, xs);
+        if (mins) chunk_sums(ai, lda, mm, w->cols, xs);
         for (int64_t j = 0; j < n; j++) {
 #define ROW_(MM)                                                                                         \
     switch (F) {                                                                                         \
@@ -202,7 +214,8 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
     case MOE_FORMAT_GGML_Q4_0: row_block32(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
     case MOE_FORMAT_GGML_IQ4_NL: row_block32(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
     case MOE_FORMAT_GGML_MXFP4: row_block32(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
-    case MOE_FORMAT_GGML_Q4_K: row_q4_k(MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break;                 \
+    case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break; \
+    case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break; \
     default: row_q6_k(MM, w, row0 + j, ai, lda, ci + j, ldc); break;                                                \
     }
             switch (mm) {
@@ -238,16 +251,13 @@ INLINE T256 void store32_q6(__m256i codes, float s0, float s1, float* y) {
 
 INLINE T256 void dequantize_row(const int F, const uint8_t* b, int64_t cols, float* y) {
     const int bytes = ggml_block_shape_of(F).bytes;
-    if (F == MOE_FORMAT_GGML_Q4_K) {
-        const __m256i mask = _mm256_set1_epi8(0x0f);
+    if (F == MOE_FORMAT_GGML_Q4_K || F == MOE_FORMAT_GGML_Q5_K) {
         for (int64_t k = 0; k < cols; k += 256, b += bytes) {
             const float d = half_to_float(b), dmin = half_to_float(b + 2);
             for (int sub = 0; sub < 8; sub++) {
                 int sc, m;
                 k_scale_min(sub, b + 4, &sc, &m);
-                const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 16 + 32 * (sub / 2)));
-                const __m256i codes = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
-                store32(codes, d * sc, dmin * m, y + k + 32 * sub);
+                store32(k_codes(F, b, sub), d * sc, dmin * m, y + k + 32 * sub);
             }
         }
         return;
@@ -284,6 +294,7 @@ T256 int moe_cpu_ggml_dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int
         case MOE_FORMAT_GGML_IQ4_NL: dequantize_row(MOE_FORMAT_GGML_IQ4_NL, b, w->cols, y); break;
         case MOE_FORMAT_GGML_MXFP4: dequantize_row(MOE_FORMAT_GGML_MXFP4, b, w->cols, y); break;
         case MOE_FORMAT_GGML_Q4_K: dequantize_row(MOE_FORMAT_GGML_Q4_K, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q5_K: dequantize_row(MOE_FORMAT_GGML_Q5_K, b, w->cols, y); break;
         case MOE_FORMAT_GGML_Q6_K: dequantize_row(MOE_FORMAT_GGML_Q6_K, b, w->cols, y); break;
         default: return 0;
         }

@@ -9,8 +9,8 @@
 //   avx512.c        AVX-512 (F, BW, VL), float arithmetic
 //   ggml.c          ggml's block formats: block decoders (ggml's dequantization) and the
 //                   portable products
-//   ggml_avx2.c     ggml's common block types' decode products with AVX2 (on AVX-512
-//                   machines too)
+//   ggml_avx2.c     ggml's common block types' decode products and tiles with AVX2 (on
+//                   AVX-512 machines too)
 //   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
 //                   with VNNI and GFNI where the CPU has them (called by avx512.c)
 //   drivers.h       the loops over rows and activation rows of avx2.c and avx512.c,
