@@ -1,7 +1,7 @@
 // Decode products and prefill tiles of ggml's common block types with AVX2 + FMA + F16C:
-// Q8_0, Q4_0, IQ4_NL, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K. Activations stay float32: a block's
-// codes become 32 signed bytes, then floats, multiplied with the activations, and the
-// block's (or sub-block's) float32 scale is applied to that sum, with K-quants' minimum
+// Q8_0, Q4_0, IQ4_NL, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K. Activations stay float32: a
+// block's codes become floats, multiplied with the activations, and the block's (or
+// sub-block's) float32 scale is applied to that sum, with K-quants' minimum
 // terms taken from each activation row's sums over 32 elements. The tiles are ggml's
 // values bit for bit (the same float32 operations as ggml.c's decoders). The other types
 // (and rows too long for the stack's sums) go through ggml.c's portable code.
@@ -23,19 +23,32 @@ INLINE T256 float hsum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// 32 signed byte codes times elements [0, 32) of each of MM activation rows (row i at
-// x + i * lda): lo[i] sums elements 0-15, hi[i] elements 16-31, 8 lanes each.
-INLINE T256 void dot32(const int MM, __m256i codes, const float* x, int64_t lda, __m256* lo, __m256* hi) {
-    const __m128i c0 = _mm256_castsi256_si128(codes), c1 = _mm256_extracti128_si256(codes, 1);
-    const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0));
-    const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
-    const __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
-    const __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
+// 32 codes as floats (f[q]: elements 8q to 8q + 7) times elements [0, 32) of each of MM
+// activation rows (row i at x + i * lda): lo[i] sums elements 0-15, hi[i] 16-31.
+INLINE T256 void dot32(const int MM, const __m256 f[4], const float* x, int64_t lda, __m256* lo, __m256* hi) {
     for (int i = 0; i < MM; i++) {
         const float* xi = x + i * lda;
-        lo[i] = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xi + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(xi)));
-        hi[i] = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xi + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(xi + 16)));
+        lo[i] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xi + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(xi)));
+        hi[i] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xi + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(xi + 16)));
     }
+}
+
+// Codes reach float lanes by widening loads from memory: one shuffle-port instruction per
+// 8 codes (a register's bytes would need extracts and shifts on that port first).
+INLINE T256 void codes_i8(const int8_t* p, __m256 f[4]) {
+    for (int q = 0; q < 4; q++) f[q] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8 * q))));
+}
+
+// Split nibbles (low nibbles of 16 bytes are elements 0-15, high ones 16-31) plus
+// `offset`: two widening loads, the nibbles then taken apart in 32-bit lanes.
+INLINE T256 void codes_nibbles(const uint8_t* p, int offset, __m256 f[4]) {
+    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+    const __m256i mask = _mm256_set1_epi32(15), off = _mm256_set1_epi32(offset);
+    f[0] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_and_si256(b0, mask), off));
+    f[1] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_and_si256(b1, mask), off));
+    f[2] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(b0, 4), off));
+    f[3] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(b1, 4), off));
 }
 
 // 16 bytes of split nibbles (low: elements 0-15, high: 16-31) as 32 unsigned codes.
@@ -72,20 +85,55 @@ INLINE T256 __m256i block32(const int F, const uint8_t* b, float* d) {
     }
 }
 
+// Block b of a 32-element type as float codes (its scale is block_scale's).
+INLINE T256 void block32_floats(const int F, const uint8_t* b, __m256 f[4]) {
+    switch (F) {
+    case MOE_FORMAT_GGML_Q8_0: codes_i8((const int8_t*)(b + 2), f); return;
+    case MOE_FORMAT_GGML_Q4_0: codes_nibbles(b + 2, -8, f); return;
+    default: {  // the looked-up types: their bytes go through memory to be widened
+        float d;
+        int8_t codes[32] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i*)codes, block32(F, b, &d));
+        codes_i8(codes, f);
+        return;
+    }
+    }
+}
+
+// The scales of blocks [0, n) (n <= 8) from b on, into d: float16 ones converted 8 at a
+// time, so that each block then broadcasts its scale from memory (a load, where a
+// conversion and broadcast per block would take three shuffle-port instructions).
+INLINE T256 void block_scales(const int F, const uint8_t* b, int bytes, int n, float* d) {
+    if (F == MOE_FORMAT_GGML_MXFP4) {
+        for (int q = 0; q < n; q++) {
+            const uint8_t e = b[q * bytes];
+            d[q] = from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+        }
+        return;
+    }
+    uint16_t h[8] = {0};
+    for (int q = 0; q < n; q++) h[q] = load_u16(b + q * bytes, 0);
+    _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h)));
+}
+
 // Row r of w against MM activation rows, for 32-element block types.
 INLINE T256 void row_block32(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const float* a,
                              int64_t lda, float* c, int64_t ldc) {
     const int bytes = ggml_block_shape_of(F).bytes;
     const uint8_t* row = row_data(w, r);
-    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS], f[4];
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < w->cols; k += 32, row += bytes) {
-        _mm_prefetch((const char*)row + 1024, _MM_HINT_T0);
-        float d;
-        const __m256i codes = block32(F, row, &d);
-        dot32(MM, codes, a + k, lda, lo, hi);
-        const __m256 vd = _mm256_set1_ps(d);
-        for (int i = 0; i < MM; i++) acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
+    float d[8];
+    for (int64_t k0 = 0; k0 < w->cols; k0 += 256) {
+        const int n = (int)MIN(8, (w->cols - k0) / 32);
+        block_scales(F, row, bytes, n, d);
+        for (int q = 0; q < n; q++, row += bytes) {
+            _mm_prefetch((const char*)row + 1024, _MM_HINT_T0);
+            block32_floats(F, row, f);
+            dot32(MM, f, a + k0 + 32 * q, lda, lo, hi);
+            const __m256 vd = _mm256_broadcast_ss(d + q);
+            for (int i = 0; i < MM; i++) acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
+        }
     }
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]);
 }
@@ -112,22 +160,40 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
                            const float* xs, int64_t chunks, float* c, int64_t ldc) {
     const int bytes = ggml_block_shape_of(F).bytes;
     const uint8_t* b = row_data(w, r);
-    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS], f[4];
     float mins[MAX_ROWS];
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.0f;
+    const __m256i mask = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
     for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
         _mm_prefetch((const char*)b + 1024, _MM_HINT_T0);
         const float d = half_to_float(b), dmin = half_to_float(b + 2);
-        for (int sub = 0; sub < 8; sub++) {
-            int sc, m;
-            k_scale_min(sub, b + 4, &sc, &m);
-            const int64_t e = k + 32 * sub;
-            dot32(MM, k_codes(F, b, sub), a + e, lda, lo, hi);
-            const __m256 vd = _mm256_set1_ps(d * sc);
-            const float dm = dmin * m;
-            for (int i = 0; i < MM; i++) {
-                acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
-                mins[i] = fmaf(dm, xs[i * chunks + e / 32], mins[i]);
+        // Q5_K's fifth bits: byte l of 32 holds bit `sub` of element 32 * sub + l.
+        __m256i high[4];
+        if (F == MOE_FORMAT_GGML_Q5_K)
+            for (int q = 0; q < 4; q++) high[q] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 16 + 8 * q)));
+        const uint8_t* qs = b + (F == MOE_FORMAT_GGML_Q5_K ? 48 : 16);
+        for (int j = 0; j < 4; j++) {
+            __m256i bytes32[4];
+            for (int q = 0; q < 4; q++) bytes32[q] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 32 * j + 8 * q)));
+            for (int half = 0; half < 2; half++) {
+                const int sub = 2 * j + half;
+                for (int q = 0; q < 4; q++) {
+                    __m256i code = half ? _mm256_srli_epi32(bytes32[q], 4) : _mm256_and_si256(bytes32[q], mask);
+                    if (F == MOE_FORMAT_GGML_Q5_K)
+                        code = _mm256_or_si256(code, _mm256_slli_epi32(
+                            _mm256_and_si256(_mm256_srl_epi32(high[q], _mm_cvtsi32_si128(sub)), one), 4));
+                    f[q] = _mm256_cvtepi32_ps(code);
+                }
+                int sc, m;
+                k_scale_min(sub, b + 4, &sc, &m);
+                const int64_t e = k + 32 * sub;
+                dot32(MM, f, a + e, lda, lo, hi);
+                const __m256 vd = _mm256_set1_ps(d * sc);
+                const float dm = dmin * m;
+                for (int i = 0; i < MM; i++) {
+                    acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
+                    mins[i] = fmaf(dm, xs[i * chunks + e / 32], mins[i]);
+                }
             }
         }
     }
@@ -152,7 +218,7 @@ INLINE T256 void q6_k_codes(const uint8_t* b, int half, __m256i q[4]) {
 INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda,
                           float* c, int64_t ldc) {
     const uint8_t* b = row_data(w, r);
-    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS];
+    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS], f[4];
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
     const __m256i bias = _mm256_set1_epi8(32);
     for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
@@ -162,9 +228,12 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
         for (int half = 0; half < 2; half++) {
             __m256i q[4];
             q6_k_codes(b, half, q);
+            int8_t codes[128] __attribute__((aligned(32)));
+            for (int p = 0; p < 4; p++) _mm256_store_si256((__m256i*)(codes + 32 * p), _mm256_sub_epi8(q[p], bias));
             for (int p = 0; p < 4; p++) {
                 const int64_t e = k + 128 * half + 32 * p;
-                dot32(MM, _mm256_sub_epi8(q[p], bias), a + e, lda, lo, hi);
+                codes_i8(codes + 32 * p, f);
+                dot32(MM, f, a + e, lda, lo, hi);
                 const __m256 d0 = _mm256_set1_ps(d * sc[8 * half + 2 * p]), d1 = _mm256_set1_ps(d * sc[8 * half + 2 * p + 1]);
                 for (int i = 0; i < MM; i++) acc[i] = _mm256_fmadd_ps(d1, hi[i], _mm256_fmadd_ps(d0, lo[i], acc[i]));
             }
