@@ -46,7 +46,20 @@ DTYPES = tuple(options.DTYPES)
 # --- Quantized -------------------------------------------------------------------------
 
 
-class Quantized:
+class _Frozen:
+    """Immutable once checked: the layer sizes its reads from these attributes, so another
+    array or other bits set afterwards would make it read past the arrays."""
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"{type(self).__name__} is immutable: make a new one instead of setting {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable: {name!r} cannot be deleted")
+
+
+class Quantized(_Frozen):
     """A quantized weight in MLX's layout: what ``mx.quantize(w, group_size, bits, mode)``
     returns, or an MLX checkpoint's ``weight`` / ``scales`` / ``biases`` tensors.
 
@@ -113,16 +126,6 @@ class Quantized:
             self.biases = np.ascontiguousarray(b)
         self._frozen = True
 
-    # Immutable once checked: the layer sizes its reads from these attributes, so another
-    # array or other bits set afterwards would make it read past the arrays.
-    def __setattr__(self, name, value):
-        if getattr(self, "_frozen", False):
-            raise AttributeError(f"Quantized is immutable: make a new one instead of setting {name!r}")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name):
-        raise AttributeError(f"Quantized is immutable: {name!r} cannot be deleted")
-
     @property
     def nbytes(self):
         return self.weight.nbytes + self.scales.nbytes + (0 if self.biases is None else self.biases.nbytes)
@@ -132,7 +135,7 @@ class Quantized:
         return f"Quantized({what}, shape={self.shape})"
 
 
-class GGMLQuantized:
+class GGMLQuantized(_Frozen):
     """A weight in one of ggml's block quantizations, kept as stored: each row of ``cols``
     elements is ``cols / block_elems`` blocks of ``block_bytes`` bytes (options.GGML_TYPES).
 
@@ -170,15 +173,6 @@ class GGMLQuantized:
         self.blocks = b.reshape(shape[:-1] + (row_bytes,))
         self.shape = shape
         self._frozen = True
-
-    # Immutable for the reason Quantized is: the layer sizes its reads from these.
-    def __setattr__(self, name, value):
-        if getattr(self, "_frozen", False):
-            raise AttributeError(f"GGMLQuantized is immutable: make a new one instead of setting {name!r}")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name):
-        raise AttributeError(f"GGMLQuantized is immutable: {name!r} cannot be deleted")
 
     @property
     def nbytes(self):

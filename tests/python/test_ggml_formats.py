@@ -129,13 +129,14 @@ def _check(args, x, backend):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_type_on_the_cpu_backend(name):
-    """Small layers of each type, decode (1 and 4 rows: every activation-row count of the
-    vector products) and prefill; test_cpu_isa.py runs this on each instruction set."""
+    """Small layers of each type, decode (1 to 4 rows: every activation-row count of the
+    vector products) and prefill (64 tokens on 6 experts: dequantized tiles);
+    test_cpu_isa.py runs this on each instruction set."""
     if "cpu" not in BACKENDS:
         pytest.skip("the cpu backend is not selected")
     rng = np.random.default_rng(GGML_FORMATS[name][0] + 1)
     args = _layer_args(name, rng, 6, 512, 256, 2)
-    for T in (1, 2, 3, 4, 9):
+    for T in (1, 2, 3, 4, 9, 64):
         _check(args, rng.standard_normal((T, 512)).astype(np.float32), "cpu")
 
 

@@ -36,6 +36,9 @@ void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
 void moe_cpu_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out) {
     if (rows <= 0) return;
     if (is_ggml(w->format)) {
+#ifdef MOE_CPU_FORMATS_X86
+        if (moe_cpu_isa_level() >= MOE_CPU_ISA_AVX2 && moe_cpu_ggml_dequantize_avx2(w, row0, rows, out)) return;
+#endif
         moe_cpu_ggml_dequantize_rows(w, row0, rows, out);
         return;
     }

@@ -16,19 +16,6 @@ INLINE float half_at(const uint8_t* b) { return f16_to_float(load_u16(b, 0)); }
 // 2^(e - 128); e < 2 are float32 subnormals, and 255 is 2^127 (ggml has no NaN scale).
 INLINE float e8m0_half(uint8_t e) { return from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23); }
 
-// The (scale, min) pair j of a Q4_K / Q5_K block's 12 scale bytes: pairs 0-3 are 6-bit
-// fields of bytes 0-7; pairs 4-7 take 4 low bits from bytes 8-11 and 2 high bits from the
-// tops of bytes 0-7.
-INLINE void k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 // Q3_K's sixteen 6-bit scales (before the - 32): low nibbles of bytes 0-7 then their high
 // nibbles, each with a bit pair of bytes 8-11 on top.
 INLINE void q3k_scales(const uint8_t* s, int out[16]) {

@@ -9,8 +9,8 @@
 //   avx512.c        AVX-512 (F, BW, VL), float arithmetic
 //   ggml.c          ggml's block formats: block decoders (ggml's dequantization) and the
 //                   portable products
-//   ggml_avx2.c     ggml's common block types' decode products with AVX2 (on AVX-512
-//                   machines too)
+//   ggml_avx2.c     ggml's common block types' decode products and tiles with AVX2 (on
+//                   AVX-512 machines too)
 //   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
 //                   with VNNI and GFNI where the CPU has them (called by avx512.c)
 //   drivers.h       the loops over rows and activation rows of avx2.c and avx512.c,
@@ -241,11 +241,26 @@ INLINE ggml_block_shape ggml_block_shape_of(int format) {
 
 INLINE int is_ggml(int format) { return ggml_block_shape_of(format).elems > 0; }
 
+// The (scale, min) pair j of a Q4_K / Q5_K block's 12 scale bytes q: pairs 0-3 are 6-bit
+// fields of bytes 0-7; pairs 4-7 take 4 low bits from bytes 8-11 and 2 high bits from the
+// tops of bytes 0-7.
+INLINE void k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 // One block of `format` at b as its block_elems floats, ggml's values bit for bit.
 HIDDEN void moe_cpu_ggml_decode_block(int format, const uint8_t* b, float* y);
 HIDDEN void moe_cpu_ggml_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
 HIDDEN void moe_cpu_ggml_matmul_portable(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                          int64_t row0, float* c, int64_t ldc);
+// ggml_avx2.c: rows of the same types as floats (ggml's values); 0 for the others.
+HIDDEN int moe_cpu_ggml_dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
 
 // ---- what each instruction set's file provides --------------------------------------
 

@@ -66,6 +66,11 @@ final class GGMLFormatTests: XCTestCase {
         let h = config.hiddenSize, x = seededFloats(20 * h, seed: 71)
         try gate.bytes.withUnsafeBytes { g in
             try down.bytes.withUnsafeBytes { dn in
+                // The dequantized values (prefill's tiles) are the blocks' values exactly.
+                XCTAssertEqual(WeightData.quantized(QuantizedWeightData(ggml: GGMLType(name: "q8_0")!, blocks: g)).floats(),
+                               gate.values)
+                XCTAssertEqual(WeightData.quantized(QuantizedWeightData(ggml: GGMLType(name: "q4_0")!, blocks: dn)).floats(),
+                               down.values)
                 var w = d.weights()
                 w.gateUp = .separate(gate: .quantized(QuantizedWeightData(ggml: GGMLType(name: "q8_0")!, blocks: g)),
                                      up: WeightData(d.up))
@@ -101,6 +106,27 @@ final class GGMLFormatTests: XCTestCase {
             let (_, ids, _) = cRoute(layer, x, tokens: 5, k: config.topK)
             let ref = NaiveReference(d).forward(x, tokens: 5, forcedIds: ids)
             assertClose(cForward(layer, x, tokens: 5, h: h).1, ref, "q8_0 down through moe_tensor")
+        }
+    }
+
+    /// Mapped blocks at an odd offset are read in place by the CPU (nothing copied), with
+    /// the copied layer's output bit for bit.
+    func testMappedBlocksAreReadInPlace() throws {
+        let c = makeConfig(h: 64, i: 64, e: 8, k: 2)
+        let data = LayerData.random(c, seed: 75)
+        let file = TensorFile(pages: 16)
+        let down = WeightData.quantized(QuantizedWeightData(
+            ggml: GGMLType(name: "q8_0")!, blocks: file.put(PackedGGML(data.down, q8: true, log2Scale: -8).bytes, misalign: 1)))
+        let memory = try file.memory()
+        XCTAssertEqual(WeightMatrix.copiedBytes(.mapped(down, in: memory)), 0)
+        var mappedWeights = data.weights(), copiedWeights = data.weights()
+        mappedWeights.downProj = .mapped(down, in: memory)
+        copiedWeights.downProj = down
+        let mapped = try MoELayer(configuration: c, weights: mappedWeights, backend: .cpu)
+        let copied = try MoELayer(configuration: c, weights: copiedWeights, backend: .cpu)
+        for tokens in [1, 37] {
+            let x = seededFloats(tokens * c.hiddenSize, seed: UInt64(tokens))
+            assertBitwiseEqual(try mapped.forward(x), try copied.forward(x), "\(tokens) tokens")
         }
     }
 
