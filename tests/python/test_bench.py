@@ -454,3 +454,32 @@ def test_the_old_entry_point_says_where_the_suite_went():
                             timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0 and "python benchmarks/run.py" in result.stderr
+
+
+def test_make_gguf_model_writes_qwen3moe_q4_k_m(tmp_path):
+    """benchmarks/make_gguf_model.py on a tiny config: llama.cpp's qwen3moe names, keys and
+    the Q4_K_M mix (Q6_K ffn_down_exps / attn_v in use_more_bits layers), readable by the
+    gguf package, the experts' values near the normal(0, 0.02) they were drawn from."""
+    need_ggml()
+    gguf = pytest.importorskip("gguf")
+    import make_gguf_model as mk
+    c = dict(mk.QWEN3_30B_A3B, layers=2, hidden=256, expert_inter=256, experts=4, experts_used=2, heads=8,
+             heads_kv=2, head_dim=32, vocab=64, dense_inter=512)
+    path = tmp_path / "tiny.gguf"
+    info = mk.write(path, c, log=lambda m: None)
+    r = gguf.GGUFReader(path)
+    assert r.fields["general.architecture"].contents() == "qwen3moe"
+    assert r.fields["qwen3moe.expert_count"].contents() == 4
+    assert r.fields["qwen3moe.expert_used_count"].contents() == 2
+    assert r.fields["general.file_type"].contents() == mk.FTYPE_MOSTLY_Q4_K_M
+    got = {t.name: (t.tensor_type.name, [int(n) for n in t.shape]) for t in r.tensors}
+    assert {n: t for n, (t, _) in got.items()} == info["types"]
+    assert [mk.use_more_bits(i, 2) for i in range(2)] == [False, True]
+    assert got["blk.0.ffn_down_exps.weight"] == ("Q4_K", [256, 256, 4])
+    assert got["blk.1.ffn_down_exps.weight"][0] == "Q6_K" and got["blk.1.attn_v.weight"][0] == "Q6_K"
+    assert got["blk.0.ffn_gate_inp.weight"] == ("F32", [256, 4]) and got["output.weight"][0] == "Q6_K"
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_up_exps.weight")
+    d = gguf.quants.dequantize(t.data, t.tensor_type)
+    assert d.shape == (4, 256, 256) and 0.015 < float(d.std()) < 0.025
+    assert [mk.use_more_bits(i, 48) for i in (0, 5, 6, 7, 8, 9, 40, 41, 42, 47)] == \
+        [True, True, False, False, True, False, False, True, True, True]
