@@ -7,15 +7,16 @@
     layer = moe_swift.from_pretrained("Qwen3-30B-A3B/", layer=3)   # a checkpoint folder's MoE layer
     moe_swift.last_stats()           # dispatches, command buffers, waits, allocations
 
-Weight matrices may be float16 / bfloat16 arrays or `moe_swift.Quantized` (MLX's affine
-and mxfp4 layouts; `moe_swift.formats.quantize` makes one), kept in that format.
+Weight matrices may be float16 / bfloat16 arrays, `moe_swift.Quantized` (MLX's affine
+and mxfp4 layouts; `moe_swift.formats.quantize` makes one) or `moe_swift.GGMLQuantized`
+(ggml's blocks, as a GGUF file holds them), kept in that format.
 `moe_swift.reference.moe_forward` is the NumPy float64 oracle of the same computation.
 `moe_swift.softmetal` compiles and launches single MSL kernels on SoftMetal, the software
 Metal device (Linux): it is SoftMetal's own harness, the package `softmetal`.
 """
 
 from . import formats, reference
-from .formats import Quantized
+from .formats import GGMLQuantized, Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
 from .layer import MoELayer, available_backends, cpu_instruction_set, last_stats, run_layers
 from .checkpoint import from_pretrained
@@ -36,6 +37,7 @@ __all__ = [
     "MoELayer",
     "from_pretrained",
     "Quantized",
+    "GGMLQuantized",
     "formats",
     "available_backends",
     "cpu_instruction_set",

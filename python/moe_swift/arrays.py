@@ -77,9 +77,9 @@ def as_float32(name, value, shape=None):
     """`value` (NumPy, torch, mx, DLPack...) as a C-contiguous float32 array; TypeError for
     non-real data, ValueError naming `name` and the expected shape (None entries: any
     size) for a wrong shape."""
-    from .formats import Quantized
+    from .formats import GGMLQuantized, Quantized
 
-    if isinstance(value, Quantized):
+    if isinstance(value, (Quantized, GGMLQuantized)):
         raise TypeError(f"{name} must be a dense array; only weight matrices may be Quantized")
     a, dtype = as_numpy(value, name)
     if dtype == "bfloat16":

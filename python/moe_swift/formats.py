@@ -12,6 +12,10 @@ reference:
 * mxfp4: 4-bit E2M1 codes (lowest nibble first), uint8 E8M0 scales ``(..., out, in / 32)``,
   no biases; ``value = e2m1(code) * 2 ** (scale - 127)``.
 
+`GGMLQuantized` holds ggml's block quantizations (q4_0 ... q6_K, iq4_nl, iq4_xs,
+mxfp4_ggml: options.GGML_TYPES) as ggml stores them, e.g. the tensor data that the `gguf`
+package's `GGUFReader` gives; its meaning is ggml's dequantization (ggml_blocks.py).
+
 Arrays may be NumPy (``ml_dtypes.bfloat16`` included), torch CPU tensors (bf16 and
 parameters with ``requires_grad`` too), ``mx.array`` or anything with DLPack or the buffer
 protocol; they are read without a copy where the layout allows.
@@ -21,15 +25,18 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Quantized", "quantize", "dequantize", "AFFINE_BITS", "GROUP_SIZES"]
+__all__ = ["Quantized", "GGMLQuantized", "quantize", "dequantize", "AFFINE_BITS", "GROUP_SIZES"]
 
-from . import options
+from . import ggml_blocks, options
 from .arrays import as_numpy, bf16_to_float32, float32_to_bf16, to_float64  # noqa: F401 (re-exported)
 
 AFFINE_BITS = options.AFFINE_BITS
 GROUP_SIZES = options.AFFINE_GROUP_SIZES
-# The quantized formats (the others are the dense dtypes).
-MODES = tuple(name for name in options.FORMATS if name not in options.DTYPES)
+# ggml's block formats by name: (ggml type number, elements per block, bytes per block).
+GGML_FORMATS = {name: (t, elems, size) for t, (name, elems, size) in options.GGML_TYPES.items()
+                if name not in options.DTYPES}
+# MLX's quantized formats (the others are the dense dtypes and ggml's blocks).
+MODES = tuple(name for name in options.FORMATS if name not in options.DTYPES and name not in GGML_FORMATS)
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
 # Dtypes of dense weights and of affine scales / biases.
@@ -125,6 +132,89 @@ class Quantized:
         return f"Quantized({what}, shape={self.shape})"
 
 
+class GGMLQuantized:
+    """A weight in one of ggml's block quantizations, kept as stored: each row of ``cols``
+    elements is ``cols / block_elems`` blocks of ``block_bytes`` bytes (options.GGML_TYPES).
+
+    ``GGMLQuantized(blocks, type="q4_K")``: ``type`` is a format name of ours ("q4_K",
+    "mxfp4_ggml"), ggml's type number, or the `gguf` package's ``GGMLQuantizationType``;
+    ``blocks`` a uint8 array ``(..., rows, cols / block_elems * block_bytes)`` as
+    ``GGUFReader`` gives a tensor's data, or any uint8 array of those bytes with the
+    logical ``shape=(..., rows, cols)``. Immutable after construction.
+    """
+
+    def __init__(self, blocks, type, *, shape=None, name="weight"):
+        self.format = _ggml_format(type, name)
+        self.ggml_type, self.block_elems, self.block_bytes = GGML_FORMATS[self.format]
+        b, dtype = as_numpy(blocks, f"{name}.blocks")
+        if dtype not in ("uint8", "int8"):
+            raise TypeError(f"{name}: ggml blocks must be a uint8 array of bytes, got dtype {dtype}")
+        b = np.ascontiguousarray(b).view(np.uint8)
+        if shape is None:
+            if b.ndim < 1 or b.shape[-1] % self.block_bytes:
+                raise ValueError(f"{name}: rows of {self.format} blocks must be a multiple of {self.block_bytes} bytes, "
+                                 f"got shape {tuple(b.shape)}")
+            shape = b.shape[:-1] + (b.shape[-1] // self.block_bytes * self.block_elems,)
+        else:
+            shape = tuple(_dimension(name, d) for d in shape)
+            if not shape:
+                raise ValueError(f"{name}: shape must have at least one dimension")
+        if shape[-1] % self.block_elems:
+            raise ValueError(f"{name}: the last dimension ({shape[-1]}) must be a multiple of {self.format}'s block "
+                             f"of {self.block_elems} elements")
+        row_bytes = shape[-1] // self.block_elems * self.block_bytes
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        if b.size != rows * row_bytes:
+            raise ValueError(f"{name}: a {shape} tensor in {self.format} has {rows * row_bytes} bytes "
+                             f"({row_bytes} per row), got {b.size}")
+        self.blocks = b.reshape(shape[:-1] + (row_bytes,))
+        self.shape = shape
+        self._frozen = True
+
+    # Immutable for the reason Quantized is: the layer sizes its reads from these.
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"GGMLQuantized is immutable: make a new one instead of setting {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        raise AttributeError(f"GGMLQuantized is immutable: {name!r} cannot be deleted")
+
+    @property
+    def nbytes(self):
+        return self.blocks.nbytes
+
+    def __repr__(self):
+        return f"GGMLQuantized({self.format}, shape={self.shape})"
+
+
+def _dimension(name, d):
+    import numbers
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Integral) or d < 1:
+        raise ValueError(f"{name}: shape must hold positive integers, got {d!r}")
+    return int(d)
+
+
+def _ggml_format(type, name):
+    """Our format name of a ggml type given by name, number or GGMLQuantizationType."""
+    import numbers
+    if isinstance(type, str):
+        if type in GGML_FORMATS:
+            return type
+        raise ValueError(f"{name}: type must be one of {sorted(GGML_FORMATS)} or a ggml type number, got {type!r}")
+    if isinstance(type, numbers.Integral) and not isinstance(type, (bool, np.bool_)):
+        found = options.GGML_TYPES.get(int(type))
+        if found is not None and found[0] in GGML_FORMATS:
+            return found[0]
+        what = getattr(type, "name", str(int(type)))
+        if found is not None:
+            raise ValueError(f"{name}: ggml type {what} is dense; give its array itself, not blocks")
+        raise ValueError(f"{name}: ggml type {what} is not one the layer reads "
+                         f"({', '.join(sorted(GGML_FORMATS))})")
+    raise TypeError(f"{name}: type must be a format name, a ggml type number or a GGMLQuantizationType, "
+                    f"got {type.__class__.__name__}")
+
+
 def _codes(words, bits, cols):
     """Unsigned codes (..., cols) of packed little-endian bit-stream rows."""
     raw = np.ascontiguousarray(words, dtype="<u4").view(np.uint8)
@@ -146,8 +236,12 @@ def _pack(codes, bits):
     return np.ascontiguousarray(packed).view("<u4").astype(np.uint32)
 
 
-def dequantize(q: Quantized):
-    """The exact values of `q` in float64 (scale * q + bias, or e2m1 * 2^(scale - 127))."""
+def dequantize(q):
+    """The exact values of `q` in float64 (scale * q + bias, or e2m1 * 2^(scale - 127); a
+    GGMLQuantized's are ggml's dequantization)."""
+    if isinstance(q, GGMLQuantized):
+        flat = q.blocks.reshape(-1, q.block_bytes)
+        return ggml_blocks.dequantize(flat, q.format).reshape(q.shape)
     cols = q.shape[-1]
     codes = _codes(q.weight, q.bits, cols)
     grouped = codes.reshape(q.shape[:-1] + (cols // q.group_size, q.group_size))

@@ -10,7 +10,7 @@ import numpy as np
 from . import _native
 from .arrays import as_float32 as _array
 from .arrays import as_numpy, check_shape as _check_shape, output_like as _output_like
-from .formats import Quantized
+from .formats import GGMLQuantized, Quantized
 from .options import ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, SCORINGS
 
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
@@ -102,14 +102,14 @@ def run_layers(layers, x, input_norms=None, input_norm_offset=0.0):
 
 class _Matrix:
     """A weight matrix for the descriptor: float32 (the float field), float16 / bfloat16
-    (a dense moe_tensor, kept in that dtype) or Quantized."""
+    (a dense moe_tensor, kept in that dtype), Quantized or GGMLQuantized."""
 
     def __init__(self, name, value, shape):
         self.name = name
-        self.quantized = value if isinstance(value, Quantized) else None
+        self.quantized = value if isinstance(value, (Quantized, GGMLQuantized)) else None
         if self.quantized is not None:
             self.shape = self.quantized.shape
-            self.dtype = self.quantized.mode
+            self.dtype = self.quantized.format if isinstance(value, GGMLQuantized) else self.quantized.mode
         else:
             a, dtype = as_numpy(value, name)
             if dtype in ("float16", "bfloat16"):
@@ -133,6 +133,10 @@ class _Matrix:
             return
         q = self.quantized
         keep.append(q)
+        if isinstance(q, GGMLQuantized):
+            t.format = FORMATS[q.format]
+            t.data = ffi.cast("const void *", q.blocks.ctypes.data)
+            return
         t.format = FORMATS[q.mode]
         t.bits, t.group_size = q.bits, q.group_size
         if q.mode == "affine":

@@ -21,7 +21,7 @@ def _f64(a):
     meaning, formats.dequantize) or of float16 / bfloat16 arrays of any framework."""
     if a is None:
         return None
-    if isinstance(a, formats.Quantized):
+    if isinstance(a, (formats.Quantized, formats.GGMLQuantized)):
         return formats.dequantize(a)
     array, dtype = formats.as_numpy(a, "array")
     return formats.to_float64(array, dtype)

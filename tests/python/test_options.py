@@ -11,7 +11,8 @@ import pytest
 
 import moe_swift
 from moe_swift import options, reference
-from moe_swift.formats import quantize
+from moe_swift.formats import GGML_FORMATS, GGMLQuantized, quantize
+from moe_swift.ggml_blocks import random_blocks
 from families import selected_backends, spec_tolerance
 
 BACKENDS = selected_backends()
@@ -76,6 +77,10 @@ def _formats():
                 yield (f"affine/{bits}/{group}/{scale_dtype}",
                        lambda w, b=bits, g=group, s=scale_dtype: quantize(w, bits=b, group_size=g, scale_dtype=s))
     yield "mxfp4", lambda w: quantize(w, mode="mxfp4")
+    for name in GGML_FORMATS:
+        # Random blocks of the weight's magnitude: the reference reads the same blocks.
+        yield name, lambda w, n=name: GGMLQuantized(
+            random_blocks(np.random.default_rng(w.size), n, w.shape, float(np.abs(w).max())), type=n)
 
 
 def test_the_formats_cover_every_row():
@@ -85,13 +90,14 @@ def test_the_formats_cover_every_row():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_format(backend):
-    H2, I2 = 128, 128  # a multiple of every group size
     rng = np.random.default_rng(3)
     w = lambda *s: (rng.standard_normal(s) * s[-1] ** -0.5).astype(np.float32)
-    base = dict(router_weight=w(E, H2) * 4, gate_proj=w(E, I2, H2), up_proj=w(E, I2, H2), down_proj=w(E, H2, I2),
-                top_k=K)
-    x = rng.standard_normal((T, H2)).astype(np.float32)
+    shapes = {}
+    for H2, I2 in ((128, 128), (256, 256)):  # a multiple of every group size; of ggml's blocks
+        shapes[H2] = (dict(router_weight=w(E, H2) * 4, gate_proj=w(E, I2, H2), up_proj=w(E, I2, H2),
+                           down_proj=w(E, H2, I2), top_k=K), rng.standard_normal((T, H2)).astype(np.float32))
     for name, convert in _formats():
+        base, x = shapes[256 if name in GGML_FORMATS else 128]
         args = {k: (convert(v) if k.endswith("_proj") or k == "router_weight" else v) for k, v in base.items()}
         try:
             _check(args, x, backend)

@@ -7,6 +7,10 @@
 //                   vector files use it for the formats without a vector unpacker)
 //   avx2.c          AVX2 + FMA + F16C
 //   avx512.c        AVX-512 (F, BW, VL), float arithmetic
+//   ggml.c          ggml's block formats: block decoders (ggml's dequantization) and the
+//                   portable products
+//   ggml_avx2.c     ggml's common block types' decode products with AVX2 (on AVX-512
+//                   machines too)
 //   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
 //                   with VNNI and GFNI where the CPU has them (called by avx512.c)
 //   drivers.h       the loops over rows and activation rows of avx2.c and avx512.c,
@@ -218,6 +222,31 @@ static __attribute__((unused)) void unpack_chunk_portable(const moe_cpu_matrix* 
 
 INLINE int is_dense(int kind) { return kind == K_F32 || kind == K_F16 || kind == K_BF16; }
 
+// ---- ggml's blocks (ggml.c) -----------------------------------------------------------
+
+// Elements and bytes of one block of a ggml format (MOE_GGML_TYPE_ROWS); {0, 0} for the
+// other formats (ggml's dense types are our dense formats, which have no blocks).
+typedef struct {
+    int elems;
+    int bytes;
+} ggml_block_shape;
+
+INLINE ggml_block_shape ggml_block_shape_of(int format) {
+#define GGML_SHAPE_IF_(FORMAT, type, elems, bytes) \
+    if (format == MOE_FORMAT_##FORMAT && (elems) > 1) return (ggml_block_shape){(elems), (bytes)};
+    MOE_GGML_TYPE_ROWS(GGML_SHAPE_IF_)
+#undef GGML_SHAPE_IF_
+    return (ggml_block_shape){0, 0};
+}
+
+INLINE int is_ggml(int format) { return ggml_block_shape_of(format).elems > 0; }
+
+// One block of `format` at b as its block_elems floats, ggml's values bit for bit.
+HIDDEN void moe_cpu_ggml_decode_block(int format, const uint8_t* b, float* y);
+HIDDEN void moe_cpu_ggml_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
+HIDDEN void moe_cpu_ggml_matmul_portable(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                                         int64_t row0, float* c, int64_t ldc);
+
 // ---- what each instruction set's file provides --------------------------------------
 
 // c[i * ldc + j] = row row0 + j of w . row i of a (moe_cpu_matmul_formatted).
@@ -240,6 +269,11 @@ HIDDEN void moe_cpu_dequantize_rows_portable(const moe_cpu_matrix* w, int64_t ro
 #include <immintrin.h>
 
 HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx2;
+
+// ggml_avx2.c: the decode product of ggml's common block types; 0 (nothing done) for the
+// others, which ggml.c's portable product then serves.
+HIDDEN int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                                    int64_t row0, float* c, int64_t ldc);
 HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx512;
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))

@@ -55,7 +55,11 @@ typedef enum moe_status {
  *           cross word boundaries); mxfp4: 4-bit e2m1 codes;
  *   scales: (..., rows, cols / group_size), of scale_dtype for affine, uint8 E8M0 for mxfp4;
  *   biases: affine only, like scales.
- * Meaning: affine value = scale * q + bias; mxfp4 value = e2m1(code) * 2^(scale - 127). */
+ * Meaning: affine value = scale * q + bias; mxfp4 value = e2m1(code) * 2^(scale - 127).
+ * ggml's block formats (MOE_FORMAT_GGML_*, MOE_GGML_TYPE_ROWS) read `data` only: each row
+ * is cols / block_elems blocks exactly as ggml stores them (a GGUF tensor's bytes), the
+ * scales inside the blocks; bits, group_size, scale_dtype, scales and biases are ignored.
+ * Meaning: ggml's dequantization of each block (docs/formats.md, "ggml blocks"). */
 typedef struct moe_tensor {
     int32_t format;          /* moe_format */
     int32_t bits;            /* affine: one of MOE_AFFINE_BITS_ROWS */

@@ -206,7 +206,19 @@ struct LayerDescriptor {
             quantization = .mxfp4
             scaleType = .float32
         default:
-            throw MoEError.invalidArgument("\(name).format \(t.format) is not a moe_format value")
+            guard let type = GGMLType(format: t.format) else {
+                throw MoEError.invalidArgument("\(name).format \(t.format) is not a moe_format value")
+            }
+            let q = Quantization.ggml(type)
+            // Checked before the byte count is computed from cols (moe_swift.h: scales
+            // and biases are ignored, as the scales are inside the blocks).
+            guard cols % type.blockElements == 0 else {
+                throw MoEError.invalidArgument(
+                    "\(name): its last dimension (\(cols)) must be a multiple of \(type)'s block of \(type.blockElements) elements")
+            }
+            let format = WeightFormat.quantized(q, scaleType: .float32)
+            return .quantized(QuantizedWeightData(
+                ggml: type, blocks: UnsafeRawBufferPointer(start: t.data, count: elements / cols * format.rowBytes(cols: cols))))
         }
         try quantization.validate(name)
         guard cols % quantization.groupSize == 0 else {

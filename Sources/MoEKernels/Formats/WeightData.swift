@@ -1,9 +1,11 @@
 import CMoECPU
 
-/// A quantized weight tensor in MLX's layout, in memory the caller keeps alive until the
-/// layer's initializer returns. For a logical (rows, cols) tensor: `weight` holds
+/// A quantized weight tensor, in memory the caller keeps alive until the layer's
+/// initializer returns. For a logical (rows, cols) tensor in MLX's layout: `weight` holds
 /// rows x cols x bits / 8 bytes of packed codes (uint32 words), `scales` one entry per
-/// group of `groupSize` elements of a row, `biases` (affine only) likewise.
+/// group of `groupSize` elements of a row, `biases` (affine only) likewise. In ggml's
+/// blocks: `weight` holds rows x cols / blockElements blocks as ggml stores them, and
+/// `scales` is empty (the scales are in the blocks).
 public struct QuantizedWeightData: @unchecked Sendable {
     public var quantization: Quantization
     public var weight: UnsafeRawBufferPointer
@@ -19,6 +21,11 @@ public struct QuantizedWeightData: @unchecked Sendable {
         self.scales = scales
         self.biases = biases
         self.scaleType = scaleType
+    }
+
+    /// ggml's blocks of `type` (e.g. a GGUF tensor's bytes), rows one after another.
+    public init(ggml type: GGMLType, blocks: UnsafeRawBufferPointer) {
+        self.init(.ggml(type), weight: blocks, scales: UnsafeRawBufferPointer(start: nil, count: 0))
     }
 }
 
@@ -57,7 +64,8 @@ public enum WeightData: @unchecked Sendable {
         case .array: return []
         case .borrowed(let b): return [UnsafeRawBufferPointer(b)]
         case .dense(let raw, _): return [raw]
-        case .quantized(let q): return [q.weight, q.scales] + (q.biases.map { [$0] } ?? [])
+        case .quantized(let q):
+            return [q.weight] + (q.quantization.hasSeparateScales ? [q.scales] : []) + (q.biases.map { [$0] } ?? [])
         case .mapped(let inner, _): return inner.parts
         }
     }
@@ -79,7 +87,9 @@ public enum WeightData: @unchecked Sendable {
         case .array(let a): return a.count
         case .borrowed(let b): return b.count
         case .dense(let raw, let t): return raw.count / t.size
-        case .quantized(let q): return q.weight.count * 8 / q.quantization.bits
+        case .quantized(let q):
+            if case .ggml(let t) = q.quantization { return q.weight.count / t.blockBytes * t.blockElements }
+            return q.weight.count * 8 / q.quantization.bits
         case .mapped(let inner, _): return inner.count
         }
     }
@@ -109,6 +119,10 @@ public enum WeightData: @unchecked Sendable {
             }
         case .quantized(let q):
             let quantization = q.quantization
+            if case .ggml(let t) = quantization {
+                try Self.validateBlocks(q, t, name, shape: shape)
+                return
+            }
             try quantization.validate(name)
             let cols = shape.last ?? 1, rows = elements / Swift.max(cols, 1)
             guard cols % quantization.groupSize == 0 else {
@@ -138,6 +152,25 @@ public enum WeightData: @unchecked Sendable {
             default:
                 break
             }
+        }
+    }
+
+    /// The checks of `validate` for ggml's blocks.
+    private static func validateBlocks(_ q: QuantizedWeightData, _ t: GGMLType, _ name: String, shape: [Int]) throws {
+        let dims = "(" + shape.map(String.init).joined(separator: ", ") + ")"
+        let cols = shape.last ?? 1, rows = shape.dropLast().reduce(1, *)
+        guard cols % t.blockElements == 0 else {
+            throw MoEError.invalidArgument(
+                "\(name): its last dimension (\(cols)) must be a multiple of \(t)'s block of \(t.blockElements) elements")
+        }
+        let rowBytes = cols / t.blockElements * t.blockBytes
+        guard q.weight.count == rows * rowBytes else {
+            throw MoEError.invalidArgument(
+                "\(name): a \(dims) tensor in \(t) must have \(rows * rowBytes) bytes (\(cols / t.blockElements) blocks "
+                + "of \(t.blockBytes) bytes per row), got \(q.weight.count)")
+        }
+        guard q.scales.count == 0, q.biases == nil else {
+            throw MoEError.invalidArgument("\(name): \(t) keeps its scales in its blocks; give no scales or biases")
         }
     }
 

@@ -21,37 +21,91 @@ public enum ScalarType: MoEOptionRow, CustomStringConvertible {
     public var description: String { optionName(MOE_OPTION_TABLE_DTYPE, rawValue) }
 }
 
-/// MLX's quantizations, in MLX's layout: a row of `cols` values is a little-endian bit
-/// stream of packed codes (element 0 in the lowest bits) stored as uint32 words, with one
-/// scale (and bias) per group of consecutive elements.
+/// One of ggml's block quantizations (llama.cpp's, GGUF's): a row of `cols` elements is
+/// `cols / blockElements` blocks of `blockBytes` bytes each, scales inside the blocks, the
+/// value of an element ggml's dequantization of its block (docs/formats.md, "ggml
+/// blocks"). The types are the block rows of moe_options.h's MOE_GGML_TYPE_ROWS, read
+/// through options.c, so a row added there is a type here.
+public struct GGMLType: Sendable, Hashable, CustomStringConvertible {
+    /// Its moe_format (100 + ggml's type number).
+    public let format: Int32
+
+    /// The type whose moe_format is `format`; nil unless `format` is a block row of
+    /// MOE_GGML_TYPE_ROWS (ggml's F32, F16 and BF16 are dense formats, not block types).
+    public init?(format: Int32) {
+        guard moe_ggml_block_elems(format) > 0, ScalarType(rawValue: format) == nil else { return nil }
+        self.format = format
+    }
+
+    /// The type of ggml's type number (GGUF's tensor type field); nil for types the layer
+    /// does not read and for the dense ones (`WeightFormat(ggmlType:)` gives those).
+    public init?(ggmlType: Int32) {
+        self.init(format: moe_format_of_ggml_type(ggmlType))
+    }
+
+    /// The type of a format name ("q4_K", "mxfp4_ggml": moe_options.h's names).
+    public init?(name: String) {
+        self.init(format: moe_option_code(MOE_OPTION_TABLE_FORMAT, name))
+    }
+
+    /// Every block type, in code order.
+    public static let allCases: [GGMLType] = (0..<256).compactMap { GGMLType(format: Int32($0)) }
+
+    /// ggml's type number.
+    public var ggmlType: Int32 { moe_ggml_type_of_format(format) }
+    public var blockElements: Int { Int(moe_ggml_block_elems(format)) }
+    public var blockBytes: Int { Int(moe_ggml_block_bytes(format)) }
+    /// moe_options.h's name of the format ("q4_K").
+    public var description: String { optionName(MOE_OPTION_TABLE_FORMAT, format) }
+}
+
+/// The quantizations: MLX's, in MLX's layout (a row of `cols` values is a little-endian bit
+/// stream of packed codes, element 0 in the lowest bits, stored as uint32 words, with one
+/// scale (and bias) per group of consecutive elements), and ggml's blocks as ggml stores them.
 public enum Quantization: Sendable, Equatable, CustomStringConvertible {
     /// `value = scale * q + bias`, q the unsigned `bits`-bit code of the element.
     case affine(bits: Int, groupSize: Int)
     /// OCP MX FP4: `value = e2m1(code) * 2^(scale - 127)`, E8M0 byte scales, groups of 32.
     case mxfp4
+    /// ggml's blocks of `type`: codes and scales interleaved in the blocks, no separate
+    /// scales or biases.
+    case ggml(GGMLType)
 
     /// moe_options.h's MOE_AFFINE_BITS_ROWS and MOE_AFFINE_GROUP_SIZE_ROWS.
     public static let affineBits = Set((1...32).filter { moe_affine_bits_allowed(Int32($0)) != 0 })
     public static let affineGroupSizes = Set((0...16).map { 1 << $0 }.filter { moe_affine_group_size_allowed(Int32($0)) != 0 })
 
+    /// Bits per code; 0 for ggml's blocks, whose codes are not one width (a Q4_K block's
+    /// 4-bit codes come with 6-bit scales: `GGMLType.blockBytes` is what a block takes).
     public var bits: Int {
         switch self {
         case .affine(let bits, _): return bits
         case .mxfp4: return 4
+        case .ggml: return 0
         }
     }
 
+    /// Elements per scale group; for ggml, per block (a row is a whole number of them).
     public var groupSize: Int {
         switch self {
         case .affine(_, let groupSize): return groupSize
         case .mxfp4: return Int(MOE_MXFP4_GROUP_SIZE)
+        case .ggml(let t): return t.blockElements
         }
+    }
+
+    /// Whether scales come as a tensor of their own (MLX's formats) rather than inside the
+    /// codes' blocks (ggml's).
+    public var hasSeparateScales: Bool {
+        if case .ggml = self { return false }
+        return true
     }
 
     public var description: String {
         switch self {
         case .affine(let bits, let groupSize): return "affine \(bits)-bit (group size \(groupSize))"
         case .mxfp4: return "mxfp4"
+        case .ggml(let t): return "ggml \(t)"
         }
     }
 
@@ -77,12 +131,26 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
 
     public static let float32 = WeightFormat.dense(.float32)
 
+    /// The format that keeps tensors of ggml's type number `ggmlType` (GGUF's tensor type
+    /// field): dense for F32, F16 and BF16, else the block type; nil if the layer does not
+    /// read that type.
+    public init?(ggmlType: Int32) {
+        let code = moe_format_of_ggml_type(ggmlType)
+        if let t = ScalarType(rawValue: code) {
+            self = .dense(t)
+        } else if let t = GGMLType(format: code) {
+            self = .quantized(.ggml(t), scaleType: .float32)
+        } else {
+            return nil
+        }
+    }
+
     public var description: String {
         switch self {
         case .dense(let t): return t.description
         case .quantized(let q, let s):
-            if case .mxfp4 = q { return q.description }
-            return "\(q) with \(s) scales"
+            if case .affine = q { return "\(q) with \(s) scales" }
+            return q.description
         }
     }
 
@@ -90,6 +158,7 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
     func rowBytes(cols: Int) -> Int {
         switch self {
         case .dense(let t): return cols * t.size
+        case .quantized(.ggml(let t), _): return cols / t.blockElements * t.blockBytes
         case .quantized(let q, _): return cols * q.bits / 8
         }
     }
@@ -97,7 +166,7 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
     /// Bytes of one row's scales (and, for affine, of its biases).
     func scaleRowBytes(cols: Int) -> Int {
         switch self {
-        case .dense: return 0
+        case .dense, .quantized(.ggml, _): return 0
         case .quantized(.mxfp4, _): return cols / 32
         case .quantized(let q, let s): return cols / q.groupSize * s.size
         }
@@ -111,6 +180,7 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
         case .dense(.bfloat16): return MOE_FORMAT_BF16
         case .quantized(.affine, _): return MOE_FORMAT_AFFINE
         case .quantized(.mxfp4, _): return MOE_FORMAT_MXFP4
+        case .quantized(.ggml(let t), _): return moe_format(rawValue: UInt32(bitPattern: t.format))
         }
     }
 
@@ -131,7 +201,10 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
         m.cols = Int64(cols)
         m.row_bytes = Int64(rowBytes(cols: cols))
         m.format = Int32(bitPattern: code.rawValue)
-        if case .quantized(let q, let s) = self {
+        if case .quantized(.ggml, _) = self {
+            // The kernels find a block's size from the format; a group size would send
+            // the row through the group-parameter paths of MLX's formats.
+        } else if case .quantized(let q, let s) = self {
             m.bits = Int32(q.bits)
             m.group_size = Int32(q.groupSize)
             m.scale_type = s.rawValue

@@ -18,6 +18,12 @@ final class OptionTableTests: XCTestCase {
         XCTAssertEqual(rows(MOE_OPTION_TABLE_SCORING), Dictionary(uniqueKeysWithValues: MoEScoring.allCases.map { ($0.rawValue, $0.description) }))
         XCTAssertEqual(rows(MOE_OPTION_TABLE_ACTIVATION), Dictionary(uniqueKeysWithValues: MoEActivation.allCases.map { ($0.rawValue, $0.description) }))
         XCTAssertEqual(rows(MOE_OPTION_TABLE_DTYPE), Dictionary(uniqueKeysWithValues: ScalarType.allCases.map { ($0.rawValue, $0.description) }))
+        // Every format row is a dense dtype, one of MLX's quantizations or a ggml block type.
+        let mlx: [Int32: String] = [Int32(MOE_FORMAT_AFFINE.rawValue): "affine", Int32(MOE_FORMAT_MXFP4.rawValue): "mxfp4"]
+        let dense = Dictionary(uniqueKeysWithValues: ScalarType.allCases.map { ($0.rawValue, $0.description) })
+        let ggml = Dictionary(uniqueKeysWithValues: GGMLType.allCases.map { ($0.format, $0.description) })
+        XCTAssertEqual(rows(MOE_OPTION_TABLE_FORMAT), dense.merging(mlx) { a, _ in a }.merging(ggml) { a, _ in a })
+        XCTAssertEqual(dense.count + mlx.count + ggml.count, rows(MOE_OPTION_TABLE_FORMAT).count)
         for (code, name) in rows(MOE_OPTION_TABLE_BACKEND) {
             XCTAssertEqual(moe_option_code(MOE_OPTION_TABLE_BACKEND, name), code)
         }
