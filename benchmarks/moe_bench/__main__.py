@@ -218,6 +218,11 @@ def main(argv=None) -> int:
         out(report.tables(rows, args.selected, roof))
         out("")
         out(report.LEGEND)
+    if args.formats:
+        ran = {(r["shape"], r.get("format")) for r in rows}
+        missing = [f"{s} {f}" for s in args.shapes for f in args.formats if (s, f) not in ran]
+        if missing:
+            out("Not run (the format's blocks do not divide the shape's rows): " + ", ".join(missing))
     out(f"Roofline measured with NumPy on {peers.cores()} cores (best of the start and end of the run): "
         f"read probe ({roof_start.get('stream_method', '?')}) {roof_start.get('stream_GBps_best', 0):.1f} / "
         f"{roof_end.get('stream_GBps_best', 0):.1f} GB/s, "

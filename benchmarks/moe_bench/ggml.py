@@ -243,6 +243,8 @@ def quantize_experts(m, gtype: str, threads: int = 2):
     L = lib()
     t = TYPES[gtype]
     E, rows, cols = m.shape
+    if cols % BLOCK_ELEMS[gtype]:  # ggml_quantize_chunk would abort the process
+        raise ValueError(f"{gtype} needs rows that are multiples of {BLOCK_ELEMS[gtype]} elements, got {cols}")
     if gtype == "F32":
         return np.ascontiguousarray(m, dtype=np.float32)
     rs = L.row_size(t, cols)

@@ -250,9 +250,9 @@ def build(w, fw, selected, args, log):
             state[n] = why
             continue
         try:
-            t, impls[n] = timed(ggml.GGMLLayer, w, gtype, impls["ours"].route,
-                                getattr(args, "ggml_threads", None) or peers.cores(), blocks=blocks,
-                                repack=not getattr(args, "ggml_no_repack", False))
+            t, impls[n] = timed(lambda: ggml.GGMLLayer(
+                w, gtype, impls["ours"].route, getattr(args, "ggml_threads", None) or peers.cores(), blocks=blocks,
+                repack=not getattr(args, "ggml_no_repack", False)))
             source = ("the blocks ours reads" if blocks is not None else "a copy" if gtype == "F32"
                       else "ggml_quantize_chunk of the float32 weights")
             log(f"{tag}: ggml built in {t:.1f} s from {source}: {impls[n].describe()}")
@@ -288,7 +288,11 @@ def bench_shape(shape, E, tokens, selected, args, log, failures, formats=None):
             impls = {}
             try:
                 if fmt is not None:
-                    t, fw = timed(FormatWeights, w, fmt)
+                    try:
+                        t, fw = timed(FormatWeights, w, fmt)
+                    except ValueError as exc:  # a ggml block longer than this shape's rows
+                        log(f"{shape.name}: format {fmt} not run: {exc}")
+                        continue
                     log(f"{shape.name}: experts converted to {fmt} in {t:.1f} s "
                         f"({fw.expert_bytes() / 1e6:.2f} MB per expert)")
                 impls, state = build(w, fw, selected, args, log)
