@@ -56,6 +56,10 @@ def parse_args(argv):
                    help="MiB read (one thread per core) before every timed call of every implementation, so that "
                         "no call finds the previous call's experts cached (default: twice the last-level cache; "
                         "0: no flush)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="time calls in wall time (default) or in the process's CPU time: for single-threaded "
+                        "runs on a loaded machine (taskset -c N ... --ggml-threads 1), where wall time is mostly "
+                        "the wait for the core")
     p.add_argument("--experts", action="append", default=[], metavar="SHAPE=N",
                    help="benchmark N experts of SHAPE (repeatable), or N for every shape")
     p.add_argument("--quick", action="store_true",
@@ -183,6 +187,8 @@ def main(argv=None) -> int:
     out("  caches: " + (f"{fb / 2**20:.0f} MiB read ({peers.cores()} threads) before every timed call of every "
                         "implementation" if fb else "not flushed (--flush-mb 0)")
         + "; ratios peer / ours paired per round (median over the rounds of the round medians' ratio)")
+    if args.clock == "cpu":
+        out("  clock: the process's CPU time per call (all threads), not wall time")
     out("  checks before timing: every implementation vs ours, |y - ours| <= 1e-4 max|ours| + 1e-5; ours vs "
         "the float64 reference on a few tokens (spec tolerance)")
 
@@ -246,7 +252,7 @@ def main(argv=None) -> int:
                       settle_s=args.settle, warmup_s=args.warmup, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
                       seed=args.seed, decode_max_T=roofline.DECODE_MAX_T, formats=args.formats,
                       ggml_threads=args.ggml_threads or peers.cores(), ggml_repack=not args.ggml_no_repack,
-                      flush_bytes=fb),
+                      flush_bytes=fb, clock=args.clock),
         formats=None if not args.formats else {f: dict(describe=weightformats.FORMATS[f].describe,
                                                        bits_per_weight=weightformats.FORMATS[f].bits_per_weight,
                                                        ggml=[t for t in weightformats.FORMATS[f].ggml if t])

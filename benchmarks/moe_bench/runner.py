@@ -179,6 +179,13 @@ class CacheFlush:
             self.parts = None
 
 
+# What a timed call is measured in. "cpu": the process's CPU time (all its threads), for
+# single-threaded runs on a machine other jobs load (`taskset -c N` and --ggml-threads 1),
+# where wall time is mostly the wait for the core; with several threads it also counts
+# their spinning.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def flush_bytes(args) -> int:
     mb = getattr(args, "flush_mb", 0)
     return (2 * l3_bytes() if mb is None else mb << 20) if mb != 0 else 0
@@ -439,6 +446,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
     rounds = max(1, min(want, max((r.get("runs_planned", 0) for r in res.values()), default=1)))
     times = {n: ([res[n]["t_check"]] if res[n]["runs_planned"] == 0 else []) for n in calls}
     flush = flush or CacheFlush(0)
+    clock = CLOCKS[getattr(args, "clock", "wall")]
     probes = []  # the native read probe in every round of a decode point: the roof at that moment
     round_of = {n: [] for n in calls}  # the round of each timed run
     for rnd in range(rounds):
@@ -458,7 +466,9 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                     n_warm += 1
             for j in js:
                 flush()
-                times[name].append(timed(fn, xs[2 + j])[0])
+                t0 = clock()
+                fn(xs[2 + j])
+                times[name].append(clock() - t0)
                 round_of[name].append(rnd)
         if rounds > 1:
             log(f"{tag}: timing round {rnd + 1}/{rounds} done")

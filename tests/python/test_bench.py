@@ -483,3 +483,17 @@ def test_make_gguf_model_writes_qwen3moe_q4_k_m(tmp_path):
     assert d.shape == (4, 256, 256) and 0.015 < float(d.std()) < 0.025
     assert [mk.use_more_bits(i, 48) for i in (0, 5, 6, 7, 8, 9, 40, 41, 42, 47)] == \
         [True, True, False, False, True, False, False, True, True, True]
+
+
+def test_cpu_clock():
+    """--clock cpu times calls in the process's CPU time (a sleep costs none of it)."""
+    import time
+    from moe_bench.runner import CLOCKS
+    t0 = CLOCKS["cpu"]()
+    time.sleep(0.05)
+    assert CLOCKS["cpu"]() - t0 < 0.04
+    assert parse_args(["--clock", "cpu"]).clock == "cpu" and parse_args([]).clock == "wall"
+    with pytest.raises(SystemExit):
+        parse_args(["--clock", "gpu"])
+    rows = bench_shape(tiny_formats(), 8, [1], ["ours", "numpy"], args(clock="cpu"), lambda m: None, [])
+    assert rows[0]["impl"]["ours"]["ms"] > 0 and rows[0]["impl"]["numpy"]["paired_ratio"] > 0
