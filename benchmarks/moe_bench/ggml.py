@@ -176,8 +176,6 @@ class _Lib:
         self.cpu_init = fn(cpu, "ggml_cpu_init", None)
         self.threadpool_new = fn(cpu, "ggml_threadpool_new", vp, C.POINTER(ThreadpoolParams))
         self.threadpool_free = fn(cpu, "ggml_threadpool_free", None, vp)
-        self.threadpool_pause = fn(cpu, "ggml_threadpool_pause", None, vp)
-        self.threadpool_resume = fn(cpu, "ggml_threadpool_resume", None, vp)
         self.graph_plan = fn(cpu, "ggml_graph_plan", CPlan, vp, i32, vp)
         self.graph_compute = fn(cpu, "ggml_graph_compute", i32, vp, C.POINTER(CPlan))
         self.cpu_init()
