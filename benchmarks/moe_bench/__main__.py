@@ -51,7 +51,7 @@ def parse_args(argv):
                    help="threads of the ggml peer (default: all cores, as llama.cpp's -t)")
     p.add_argument("--ggml-no-repack", action="store_true",
                    help="keep ggml's weights in host memory instead of the CPU extra buffer types (CPU_REPACK) "
-                        "llama.cpp uses by default: the peer as it was before llama.cpp repacked")
+                        "llama.cpp uses by default: as llama.cpp with --no-repack")
     p.add_argument("--flush-mb", type=int, default=None,
                    help="MiB read (one thread per core) before every timed call of every implementation, so that "
                         "no call finds the previous call's experts cached (default: twice the last-level cache; "
