@@ -6,6 +6,7 @@
     python benchmarks/run.py --shapes qwen3-30b-a3b --tokens 1,512 --peers ours,numpy,torch-grouped
     python benchmarks/run.py --experts mixtral-8x7b=8 --json /tmp/b.json --plot /tmp/b.png
     python benchmarks/run.py --formats f32,bf16,q8,q4,mxfp4 --shapes qwen3-30b-a3b --tokens 1,8,512
+    python benchmarks/run.py --formats q4_K,q6_K,q8_0,mxfp4_ggml --peers ours,ggml --tokens 1,8,512
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def parse_args(argv):
                                      + ",".join(QUICK_FORMAT_SHAPES) + " only)")
     p.add_argument("--ggml-threads", type=int, default=None,
                    help="threads of the ggml peer (default: all cores, as llama.cpp's -t)")
+    p.add_argument("--ggml-no-repack", action="store_true",
+                   help="keep ggml's weights in host memory instead of the CPU extra buffer types (CPU_REPACK) "
+                        "llama.cpp uses by default: as llama.cpp with --no-repack")
+    p.add_argument("--flush-mb", type=int, default=None,
+                   help="MiB read (one thread per core) before every timed call of every implementation, so that "
+                        "no call finds the previous call's experts cached (default: twice the last-level cache; "
+                        "0: no flush)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="time calls in wall time (default) or in the process's CPU time: for single-threaded "
+                        "runs on a loaded machine (taskset -c N ... --ggml-threads 1), where wall time is mostly "
+                        "the wait for the core")
     p.add_argument("--experts", action="append", default=[], metavar="SHAPE=N",
                    help="benchmark N experts of SHAPE (repeatable), or N for every shape")
     p.add_argument("--quick", action="store_true",
@@ -90,6 +102,8 @@ def parse_args(argv):
     args.rounds = args.rounds or (2 if q else 3)
     args.settle = args.settle if args.settle is not None else (0.1 if q else 0.3)
     args.ref_tokens = args.ref_tokens or (2 if q else 8)
+    if args.flush_mb is not None and args.flush_mb < 0:
+        p.error(f"--flush-mb must be 0 (off) or positive, got {args.flush_mb}")
     if args.point_probe_mb and args.point_probe_mb < 64:
         p.error(f"--point-probe-mb must be 0 (off) or at least 64 (beyond the caches), got {args.point_probe_mb}")
     formats = None
@@ -168,6 +182,13 @@ def main(argv=None) -> int:
         f"{args.budget:g} s of calls each at most (>= 3 runs unless one call takes longer), in {args.rounds} rounds "
         f"of alternating blocks (pause {args.settle:g} s + {args.warmup * 1e3:g} ms of warm-up calls, at least one, "
         f"then back-to-back calls on fresh inputs)")
+    from .runner import flush_bytes
+    fb = flush_bytes(args)
+    out("  caches: " + (f"{fb / 2**20:.0f} MiB read ({peers.cores()} threads) before every timed call of every "
+                        "implementation" if fb else "not flushed (--flush-mb 0)")
+        + "; ratios peer / ours paired per round (median over the rounds of the round medians' ratio)")
+    if args.clock == "cpu":
+        out("  clock: the process's CPU time per call (all threads), not wall time")
     out("  checks before timing: every implementation vs ours, |y - ours| <= 1e-4 max|ours| + 1e-5; ours vs "
         "the float64 reference on a few tokens (spec tolerance)")
 
@@ -203,6 +224,11 @@ def main(argv=None) -> int:
         out(report.tables(rows, args.selected, roof))
         out("")
         out(report.LEGEND)
+    if args.formats:
+        ran = {(r["shape"], r.get("format")) for r in rows}
+        missing = [f"{s} {f}" for s in args.shapes for f in args.formats if (s, f) not in ran]
+        if missing:
+            out("Not run (the format's blocks do not divide the shape's rows): " + ", ".join(missing))
     out(f"Roofline measured with NumPy on {peers.cores()} cores (best of the start and end of the run): "
         f"read probe ({roof_start.get('stream_method', '?')}) {roof_start.get('stream_GBps_best', 0):.1f} / "
         f"{roof_end.get('stream_GBps_best', 0):.1f} GB/s, "
@@ -225,7 +251,8 @@ def main(argv=None) -> int:
                       repeats=args.repeats, budget_s=args.budget, max_call_s=args.max_call, rounds=args.rounds,
                       settle_s=args.settle, warmup_s=args.warmup, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
                       seed=args.seed, decode_max_T=roofline.DECODE_MAX_T, formats=args.formats,
-                      ggml_threads=args.ggml_threads or peers.cores()),
+                      ggml_threads=args.ggml_threads or peers.cores(), ggml_repack=not args.ggml_no_repack,
+                      flush_bytes=fb, clock=args.clock),
         formats=None if not args.formats else {f: dict(describe=weightformats.FORMATS[f].describe,
                                                        bits_per_weight=weightformats.FORMATS[f].bits_per_weight,
                                                        ggml=[t for t in weightformats.FORMATS[f].ggml if t])

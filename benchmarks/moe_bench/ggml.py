@@ -1,29 +1,40 @@
-"""llama.cpp's CPU kernels as a peer: ggml's `mul_mat_id` MoE graph through ctypes.
+"""llama.cpp's CPU kernels as a peer: ggml's `mul_mat_id` MoE graph through ctypes, set up
+as llama.cpp runs it.
 
 ggml comes from the `libggml-python` wheel (prebuilt ggml libraries, no Python
 bindings; `pip install libggml-python`). The graph is the one llama.cpp builds for a
 MoE FFN (`build_moe_ffn`, separate gate and up expert tensors):
 
-    up    = mul_mat_id(up_exps,   x, ids)        # [I, k, T]
-    gate  = mul_mat_id(gate_exps, x, ids)        # [I, k, T]
-    par   = swiglu_split(gate, up)               # silu(gate) * up
-    out   = mul_mat_id(down_exps, par, ids)      # [H, k, T]
+    up    = mul_mat_id(up_exps,   x, ids)        # [I, k, T]  (+ add_id(up_b, ids))
+    gate  = mul_mat_id(gate_exps, x, ids)        # [I, k, T]  (+ add_id(gate_b, ids))
+    par   = swiglu_split(gate, up)               # silu(gate) * up  (gpt-oss: swiglu_oai)
+    out   = mul_mat_id(down_exps, par, ids)      # [H, k, T]  (+ add_id(down_b, ids))
     out   = out * routing_weights                # [1, k, T] broadcast
     y     = out[:, 0, :] + out[:, 1, :] + ...    # views, summed over the k slots
 
-The expert weights are ggml's own quantization (`ggml_quantize_chunk`) of the same
-float32 master weights: Q4_0, Q4_K, Q8_0, MXFP4, BF16, or F32 as they are. ggml does no
-routing: the ids and weights come from our layer's `route(x)` (the same float32 router,
-so the same choice), computed inside the timed call like every peer's router. One graph
-per T is built once (fixed shapes) and reused; the inputs are copied into its tensors.
-It runs on a persistent ggml threadpool of `threads` threads (all cores), as llama.cpp
-does. For Q4_0/Q8_0/Q4_K/MXFP4 ggml quantizes the activations to 8 bits (Q8_0 / Q8_K)
-before the dot products, for BF16 to bfloat16, so it is checked against the float32
-reference with a loose tolerance.
+What llama.cpp does and this peer does too:
 
-Not modelled: llama.cpp's "repacked" CPU buffers (Q4_0 interleaved for AVX2 GEMM; they
-need the backend buffer-type API) and gpt-oss-style biases / swiglu_oai (the ggml peer
-runs the plain softmax + SiLU layers without biases or shared expert).
+* Expert weights go to the CPU backend's extra buffer types first (llama.cpp's
+  `select_weight_buft`): the device's list comes from the registry's proc address
+  `ggml_backend_dev_get_extra_bufts`; a weight goes to the first one whose device
+  accepts the `mul_mat_id` that reads it (`ggml_backend_dev_supports_op` on a probe op,
+  as llama.cpp's `weight_buft_supported`), else to plain host memory. On x86 that is
+  `CPU_REPACK` for the types ggml interleaves for its AVX2/AVX-512 GEMV/GEMM kernels
+  (Q4_0, Q4_K, IQ4_NL, MXFP4, and more in newer ggml); Q8_0, BF16 and F32 stay as they
+  are. Uploading with `ggml_backend_tensor_set` is what repacks them.
+* One persistent threadpool (`ggml_threadpool_new`, llama.cpp's defaults: poll = 50,
+  not paused) whose workers keep polling between calls, never paused by the benchmark.
+
+The expert weights are ggml's own quantization (`ggml_quantize_chunk`) of the same
+float32 master weights, or, for the ggml formats of `--formats` (q4_K, q8_0, ...), the
+very blocks our layer is given. ggml does no routing: the ids and weights come from our
+layer's `route(x)` (the same float32 router, so the same choice), computed inside the
+timed call like every peer's router. One graph per T is built once (fixed shapes) and
+reused; the inputs are copied into its tensors. For the quantized types ggml quantizes
+the activations to 8 bits (Q8_0 / Q8_K) before the dot products, for BF16 to bfloat16,
+so it is checked against the float32 reference with a loose tolerance.
+
+Not modelled: a shared expert (deepseek-v2-lite is `n/a`).
 """
 
 from __future__ import annotations
@@ -34,7 +45,22 @@ from pathlib import Path
 
 import numpy as np
 
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "BF16": 30, "MXFP4": 39}
+from moe_swift import options
+
+_DENSE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def _ggml_name(fmt: str) -> str:
+    """ggml's name (upper case) of a moe_swift format name of a GGML_TYPES row."""
+    return _DENSE_NAMES.get(fmt) or fmt.removesuffix("_ggml").upper()
+
+
+# ggml type name -> ggml type number, elements per block; every type the layer reads.
+TYPES = {_ggml_name(f): t for t, (f, _, _) in options.GGML_TYPES.items()}
+BLOCK_ELEMS = {_ggml_name(f): n for t, (f, n, _) in options.GGML_TYPES.items()}
+# moe_swift format name -> ggml type name (the formats whose blocks both read unchanged).
+OF_FORMAT = {f: _ggml_name(f) for f, _, _ in options.GGML_TYPES.values()}
+GGML_TYPE_I32 = 26
 GGML_MAX_DIMS, GGML_MAX_SRC, GGML_MAX_OP_PARAMS, GGML_MAX_NAME, GGML_MAX_N_THREADS = 4, 10, 64, 64, 512
 
 
@@ -62,6 +88,13 @@ class ThreadpoolParams(C.Structure):
                 ("poll", C.c_uint32), ("strict_cpu", C.c_bool), ("paused", C.c_bool)]
 
 
+class TypeTraits(C.Structure):
+    _fields_ = [("type_name", C.c_char_p), ("blck_size", C.c_int64), ("blck_size_interleave", C.c_int64),
+                ("type_size", C.c_size_t), ("is_quantized", C.c_bool), ("to_float", C.c_void_p),
+                ("from_float_ref", C.c_void_p)]
+
+
+TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_float), C.c_int64)
 TP = C.POINTER(Tensor)
 _LIB = None
 _ERR = None
@@ -125,16 +158,41 @@ class _Lib:
         self.row_size = fn(base, "ggml_row_size", sz, i32, i64)
         self.type_name = fn(base, "ggml_type_name", C.c_char_p, i32)
         self.quantize_chunk = fn(base, "ggml_quantize_chunk", sz, i32, vp, vp, i64, i64, i64, vp)
+        self.get_type_traits = fn(base, "ggml_get_type_traits", C.POINTER(TypeTraits), i32)
         self.quantize_requires_imatrix = fn(base, "ggml_quantize_requires_imatrix", C.c_bool, i32)
+        self.add_id = fn(base, "ggml_add_id", TP, vp, TP, TP, TP)
+        self.swiglu_oai = fn(base, "ggml_swiglu_oai", TP, vp, TP, TP, C.c_float, C.c_float)
         self.threadpool_params_default = fn(base, "ggml_threadpool_params_default", ThreadpoolParams, i32)
+        # The backend API, for the weights' buffer types (llama.cpp's way to the repack buffers).
+        self.dev_supports_op = fn(base, "ggml_backend_dev_supports_op", C.c_bool, vp, TP)
+        self.reg_dev_get = fn(base, "ggml_backend_reg_dev_get", vp, vp, sz)
+        self.reg_get_proc_address = fn(base, "ggml_backend_reg_get_proc_address", vp, vp, C.c_char_p)
+        self.buft_name = fn(base, "ggml_backend_buft_name", C.c_char_p, vp)
+        self.alloc_ctx_tensors_from_buft = fn(base, "ggml_backend_alloc_ctx_tensors_from_buft", vp, vp, vp)
+        self.buffer_free = fn(base, "ggml_backend_buffer_free", None, vp)
+        self.buffer_set_usage = fn(base, "ggml_backend_buffer_set_usage", None, vp, i32)
+        self.tensor_set = fn(base, "ggml_backend_tensor_set", None, TP, vp, sz, sz)
+        self.cpu_reg = fn(cpu, "ggml_backend_cpu_reg", vp)
         self.cpu_init = fn(cpu, "ggml_cpu_init", None)
         self.threadpool_new = fn(cpu, "ggml_threadpool_new", vp, C.POINTER(ThreadpoolParams))
         self.threadpool_free = fn(cpu, "ggml_threadpool_free", None, vp)
-        self.threadpool_pause = fn(cpu, "ggml_threadpool_pause", None, vp)
-        self.threadpool_resume = fn(cpu, "ggml_threadpool_resume", None, vp)
         self.graph_plan = fn(cpu, "ggml_graph_plan", CPlan, vp, i32, vp)
         self.graph_compute = fn(cpu, "ggml_graph_compute", i32, vp, C.POINTER(CPlan))
         self.cpu_init()
+        self.cpu_dev = self.reg_dev_get(self.cpu_reg(), 0)
+
+    def extra_bufts(self) -> list[tuple[int, str]]:
+        """(buffer type, name) of the CPU device's extra buffer types, in ggml's order,
+        found as llama.cpp finds them (the registry's proc address)."""
+        addr = self.reg_get_proc_address(self.cpu_reg(), b"ggml_backend_dev_get_extra_bufts")
+        if not addr:
+            return []
+        get = C.CFUNCTYPE(C.POINTER(C.c_void_p), C.c_void_p)(addr)
+        arr, out = get(self.cpu_dev), []
+        while arr and arr[len(out)]:
+            b = arr[len(out)]
+            out.append((b, self.buft_name(b).decode()))
+        return out
 
     def isa(self) -> str:
         feats = [f for f in ("avx", "avx2", "f16c", "fma", "avx512", "avx512_vnni", "avx512_bf16", "avx_vnni")
@@ -156,14 +214,23 @@ def info() -> str:
         v = md.version("libggml-python")
     except Exception:  # noqa: BLE001
         v = "?"
-    return f"ggml (libggml-python {v}, CPU kernels built with {lib().isa()}), mul_mat_id graph as llama.cpp's build_moe_ffn"
+    L = lib()
+    extra = ", ".join(n for _, n in L.extra_bufts()) or "none"
+    p = L.threadpool_params_default(1)
+    return (f"ggml (libggml-python {v}, CPU kernels built with {L.isa()}), mul_mat_id graph as llama.cpp's "
+            f"build_moe_ffn; expert weights in the CPU device's extra buffer types where it takes them "
+            f"({extra}), else host memory; one threadpool, poll {p.poll}, never paused")
 
 
 def supports(w, gtype: str) -> str | None:
     """None when the ggml peer can run this layer in `gtype`, else why not."""
-    if w.shape.activation != "silu" or w.gate_up_bias is not None or w.shared is not None or w.router_bias is not None:
-        return "n/a (the ggml peer builds plain SiLU experts: no biases, shared expert or swiglu_oai)"
-    blck = {"Q4_0": 32, "Q8_0": 32, "MXFP4": 32, "Q4_K": 256}.get(gtype, 1)
+    if w.shared is not None:
+        return "n/a (the ggml peer builds no shared expert)"
+    if w.shape.activation not in ("silu", "swiglu_oai"):
+        return f"n/a (the ggml peer builds silu or swiglu_oai experts, not {w.shape.activation})"
+    if gtype not in TYPES:
+        return f"n/a (unknown ggml type {gtype})"
+    blck = BLOCK_ELEMS[gtype]
     if w.H % blck or w.I % blck:
         return f"n/a ({gtype} needs rows that are multiples of {blck})"
     return None
@@ -174,6 +241,8 @@ def quantize_experts(m, gtype: str, threads: int = 2):
     L = lib()
     t = TYPES[gtype]
     E, rows, cols = m.shape
+    if cols % BLOCK_ELEMS[gtype]:  # ggml_quantize_chunk would abort the process
+        raise ValueError(f"{gtype} needs rows that are multiples of {BLOCK_ELEMS[gtype]} elements, got {cols}")
     if gtype == "F32":
         return np.ascontiguousarray(m, dtype=np.float32)
     rs = L.row_size(t, cols)
@@ -188,13 +257,34 @@ def quantize_experts(m, gtype: str, threads: int = 2):
     return out
 
 
+def dequantize(blocks, gtype: str, cols: int):
+    """(..., rows, row bytes) blocks of ggml type `gtype` -> (..., rows, cols) float32 by
+    ggml's own dequantization (its type traits' to_float)."""
+    L = lib()
+    tr = L.get_type_traits(TYPES[gtype]).contents
+    if not tr.to_float:
+        raise ValueError(f"ggml has no to_float for {gtype}")
+    to_float = TO_FLOAT(tr.to_float)
+    src = np.ascontiguousarray(blocks, dtype=np.uint8)
+    rows = int(np.prod(src.shape[:-1]))
+    if src.shape[-1] != L.row_size(TYPES[gtype], cols):
+        raise ValueError(f"{gtype}: rows of {src.shape[-1]} bytes, expected {L.row_size(TYPES[gtype], cols)} "
+                         f"for {cols} columns")
+    out = np.empty(src.shape[:-1] + (cols,), np.float32)
+    to_float(src.ctypes.data, out.ctypes.data_as(C.POINTER(C.c_float)), rows * cols)
+    return out
+
+
 class GGMLLayer:
     """The routed experts of a `shapes.Weights` in ggml type `gtype`; `route` maps x to
-    (ids, weights) (our layer's router)."""
+    (ids, weights) (our layer's router). `blocks`: (gate, up, down) already in `gtype`
+    as (E, rows, row bytes) uint8 (the blocks ours reads too), else ggml quantizes the
+    float32 weights. `repack`: use the CPU extra buffer types as llama.cpp does (False:
+    every weight in plain host memory, for comparison)."""
 
     name = "ggml"
 
-    def __init__(self, w, gtype: str, route, threads: int):
+    def __init__(self, w, gtype: str, route, threads: int, blocks=None, repack: bool = True):
         L = self.L = lib()
         why = supports(w, gtype)
         if why:
@@ -202,35 +292,87 @@ class GGMLLayer:
         self.gtype, self.t = gtype, TYPES[gtype]
         self.route, self.threads = route, threads
         self.H, self.I, self.E, self.k = w.H, w.I, w.E, w.k
-        self._graphs = {}
-        # Weight data owned here (NumPy), referenced by tensors of a no_alloc context.
-        self.gate = quantize_experts(w.gate(), gtype, threads)
-        self.up = quantize_experts(w.up(), gtype, threads)
-        self.down = quantize_experts(w.down, gtype, threads)
-        self.nbytes = self.gate.nbytes + self.up.nbytes + self.down.nbytes
-        self.wctx = L.init(InitParams(8 * L.tensor_overhead() + 1024, None, True))
-        self.tg = self._weight(self.gate, self.H, self.I)
-        self.tu = self._weight(self.up, self.H, self.I)
-        self.td = self._weight(self.down, self.I, self.H)
+        self.oai = w.shape.activation == "swiglu_oai"
+        self.alpha, self.limit = options.DEFAULTS["swiglu_alpha"], options.DEFAULTS["swiglu_limit"]
+        self._graphs, self._ctxs, self._buffers, self._keep = {}, [], [], []
+        if blocks is None:
+            blocks = (quantize_experts(w.gate(), gtype, threads), quantize_experts(w.up(), gtype, threads),
+                      quantize_experts(w.down, gtype, threads))
+        self.nbytes = sum(b.nbytes for b in blocks)
+        bufts = L.extra_bufts() if repack else []
+        self.placement = {}
+        self.tg = self._weight("gate", blocks[0], self.H, self.I, bufts)
+        self.tu = self._weight("up", blocks[1], self.H, self.I, bufts)
+        self.td = self._weight("down", blocks[2], self.I, self.H, bufts)
+        self.biases = None
+        if w.gate_up_bias is not None:
+            self.biases = tuple(self._f32(np.ascontiguousarray(b, dtype=np.float32))
+                                for b in (w.gate_bias(), w.up_bias(), w.down_bias))
+        # llama.cpp's threadpool: its defaults (poll 50, not paused), kept for the layer's
+        # life; its workers poll between calls as they do through a decode loop.
         params = L.threadpool_params_default(threads)
+        self.poll, self.paused_at_start = int(params.poll), bool(params.paused)
         self.pool = L.threadpool_new(C.byref(params))
 
     def expert_bytes(self) -> int:
         return self.nbytes // self.E
 
-    # The runner pauses a peer's threads between its blocks of timed calls, as llama.cpp
-    # pauses its threadpool when idle, so that ggml's polling workers are not running
-    # during the other peers' blocks.
-    def pause(self):
-        self.L.threadpool_pause(self.pool)
+    def describe(self) -> str:
+        """Where each expert tensor lives (buffer type), and the threadpool's settings."""
+        where = ", ".join(f"{n} {b}" for n, b in self.placement.items())
+        return f"{self.gtype}: {where}; threadpool {self.threads} threads, poll {self.poll}, never paused"
 
-    def resume(self):
-        self.L.threadpool_resume(self.pool)
+    def _ctx(self, n_tensors):
+        ctx = self.L.init(InitParams(n_tensors * self.L.tensor_overhead() + 1024, None, True))
+        self._ctxs.append(ctx)
+        return ctx
 
-    def _weight(self, arr, cols, rows):
-        t = self.L.new_tensor_3d(self.wctx, self.t, cols, rows, self.E)
-        assert t.contents.nb[2] * self.E == arr.nbytes, (t.contents.nb[2], arr.nbytes)
+    def _f32(self, arr):
+        """A float32 tensor (cols, rows) over a contiguous (rows, cols) NumPy array."""
+        ctx = self._ctx(1)
+        t = self.L.new_tensor_2d(ctx, TYPES["F32"], arr.shape[1], arr.shape[0])
         t.contents.data = arr.ctypes.data
+        self._keep.append(arr)
+        return t
+
+    def _accepts(self, t, cols):
+        """Whether the CPU device runs a mul_mat_id reading `t` from its buffer: llama.cpp's
+        probe (weight_buft_supported), a 512-token mul_mat_id of unallocated inputs."""
+        L = self.L
+        ctx = L.init(InitParams(8 * L.tensor_overhead() + 1024, None, True))
+        try:
+            b = L.new_tensor_3d(ctx, TYPES["F32"], cols, self.k, 512)
+            ids = L.new_tensor_2d(ctx, GGML_TYPE_I32, self.k, 512)
+            return bool(L.dev_supports_op(L.cpu_dev, L.mul_mat_id(ctx, t, b, ids)))
+        finally:
+            L.free(ctx)
+
+    def _weight(self, name, arr, cols, rows, bufts):
+        L = self.L
+        if arr.nbytes != self.E * rows * L.row_size(self.t, cols):
+            raise ValueError(f"{name}: {arr.nbytes} bytes of {self.gtype} blocks, expected "
+                             f"{self.E} x {rows} rows x {L.row_size(self.t, cols)}")
+        arr = np.ascontiguousarray(arr)
+        for buft, bname in bufts:
+            ctx = self._ctx(1)
+            t = L.new_tensor_3d(ctx, self.t, cols, rows, self.E)
+            buf = L.alloc_ctx_tensors_from_buft(ctx, buft)
+            if not buf:
+                continue
+            # A buffer type without traits for this tensor (extra unset) would abort in
+            # its set_tensor: only upload where it has them and the device takes the op.
+            if t.contents.extra and self._accepts(t, cols):
+                L.buffer_set_usage(buf, 1)  # GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+                L.tensor_set(t, arr.ctypes.data, 0, arr.nbytes)
+                self._buffers.append(buf)
+                self.placement[name] = bname
+                return t
+            L.buffer_free(buf)
+        ctx = self._ctx(1)
+        t = L.new_tensor_3d(ctx, self.t, cols, rows, self.E)
+        t.contents.data = arr.ctypes.data
+        self._keep.append(arr)
+        self.placement[name] = "CPU (host memory)"
         return t
 
     def _graph(self, T):
@@ -238,18 +380,26 @@ class GGMLLayer:
         if g is not None:
             return g
         L, H, I, k = self.L, self.H, self.I, self.k
-        f32, i32 = TYPES["F32"], 26  # GGML_TYPE_I32
+        f32 = TYPES["F32"]
         acts = 4 * T * (H + 2 * k + 3 * k * I + 2 * k * H + (k + 1) * H) + 8 * T * k * (H + I)
         nodes = 64 + 2 * k
         mem = acts + (nodes + 8) * (L.tensor_overhead() + 64) + L.graph_overhead_custom(nodes, False) + (1 << 20)
         ctx = L.init(InitParams(mem, None, False))
         x = L.new_tensor_3d(ctx, f32, H, 1, T)
-        ids = L.new_tensor_2d(ctx, i32, k, T)
+        ids = L.new_tensor_2d(ctx, GGML_TYPE_I32, k, T)
         rw = L.new_tensor_3d(ctx, f32, 1, k, T)
         up = L.mul_mat_id(ctx, self.tu, x, ids)
         gate = L.mul_mat_id(ctx, self.tg, x, ids)
-        par = L.swiglu_split(ctx, gate, up)
+        if self.biases is not None:
+            gate = L.add_id(ctx, gate, self.biases[0], ids)
+            up = L.add_id(ctx, up, self.biases[1], ids)
+        if self.oai:
+            par = L.swiglu_oai(ctx, gate, up, self.alpha, self.limit)
+        else:
+            par = L.swiglu_split(ctx, gate, up)
         out = L.mul_mat_id(ctx, self.td, par, ids)
+        if self.biases is not None:
+            out = L.add_id(ctx, out, self.biases[2], ids)
         out = L.mul(ctx, out, rw)
         nb1, nb2 = out.contents.nb[1], out.contents.nb[2]
         y = L.view_2d(ctx, out, H, T, nb2, 0)
@@ -296,8 +446,9 @@ class GGMLLayer:
         if getattr(self, "pool", None):
             L.threadpool_free(self.pool)
             self.pool = None
-        if getattr(self, "wctx", None):
-            L.free(self.wctx)
-            self.wctx = None
-        self.gate = self.up = self.down = None
+        for buf in self._buffers:
+            L.buffer_free(buf)
+        for ctx in self._ctxs:
+            L.free(ctx)
+        self._buffers, self._ctxs, self._keep = [], [], []
         self.L = None

@@ -23,7 +23,8 @@ Columns:
   attain        roofline time / ours' time: the roofline time of a call is the larger of (bytes read / bandwidth)
                 and (FLOPs / GEMM peak), whichever binds at that T (e.g. qwen3 at T=64 still reads every
                 expert once: bandwidth-bound although "roof" compares it with the GEMM peak)
-  peer columns  median ms (peer / ours: >1 means ours is faster)
+  peer columns  median ms (peer / ours: >1 means ours is faster; paired per round: the median over the
+                rounds of the peer's median in a round over ours' in the same round)
   ~             the reference is timed on a few tokens (float64 experts of those tokens only, ids forced)
                 and scaled linearly to T
   *             one run only (the check call): a single call took longer than --max-call / 3
@@ -86,7 +87,7 @@ def _cell(r, name):
     post = "*" if d.get("note", "").startswith("1 run") else ""
     ms = d["ms"]
     num = f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
-    ratio = f" ({ms / ours:.1f}x)" if ours and name != "ours" else ""
+    ratio = f" ({d.get('paired_ratio') or ms / ours:.1f}x)" if ours and name != "ours" else ""
     return f"{pre}{num}{post}{ratio}"
 
 
@@ -151,13 +152,20 @@ Columns (--formats):
                 at T > 8 the layer is compute-bound and this only says how far from the bandwidth limit it is
   % now         T <= 8: in each round of the point, ours' median GB/s over the native read probe run at the
                 start of that round; the median over the rounds (the bandwidth moves within a run)
-  numpy, mlx    peer ms / ours ms (>1: ours is faster). numpy: grouped NumPy float32 on the dequantized
-                weights; mlx: MLX CPU, mx.gather_qmm on the same quantized arrays (gather_mm for f32)
-  ggml, ggml-k  peer ms / ours ms, ggml's mul_mat_id graph on ggml's own quantization of the float32
+                ggml's block formats (q4_0, q4_K, q6_K, q8_0, mxfp4_ggml, ...): ggml's blocks, the same
+                arrays for ours and ggml
+  numpy, mlx    peer ms / ours ms (>1: ours is faster), paired per round (the median over the rounds of
+                the peer's median in a round over ours' in the same round). numpy: grouped NumPy float32 on
+                the dequantized weights; mlx: MLX CPU, mx.gather_qmm on the same quantized arrays (gather_mm
+                for f32)
+  ggml, ggml-k  the same for ggml's mul_mat_id graph as llama.cpp runs it (weights in CPU_REPACK where
+                ggml repacks the type, one polling threadpool), on ggml's own quantization of the float32
                 weights with matching bits per weight: f32 F32, bf16 BF16, q8 Q8_0, q4 Q4_0 (ggml) and
-                Q4_K (ggml-k), mxfp4 MXFP4
+                Q4_K (ggml-k), mxfp4 MXFP4; in ggml's block formats on the very blocks ours reads
   err           relative RMS error of the output against the float32 layer (same routing): ours in the
-                format / ggml in its type (ggml also quantizes the activations to 8 bits)
+                format / ggml in its type (ggml also quantizes the activations to 8 bits); in ggml's
+                block formats ggml's is against ours on the same blocks (its 8-bit activations alone)
+  /R            ggml's expert weights were in the CPU_REPACK buffer type (interleaved for its GEMV/GEMM)
   !             a peer whose effective bandwidth (its own bytes) is above the roof (the roof is not a ceiling)
 """
 
@@ -168,7 +176,7 @@ def _ratio(r, name):
         return untimed
     ours = r["impl"]["ours"].get("ms")
     flag = "!" if d.get("above_roof") else ""
-    return f"{d['ms'] / ours:.2f}x{flag}" if ours else f"{d['ms']:.2f} ms{flag}"
+    return f"{d.get('paired_ratio') or d['ms'] / ours:.2f}x{flag}" if ours else f"{d['ms']:.2f} ms{flag}"
 
 
 def formats_tables(rows, peer_names, roof) -> str:
@@ -192,7 +200,8 @@ def formats_tables(rows, peer_names, roof) -> str:
         for n in names:
             c = _ratio(r, n)
             if n.startswith("ggml") and "ms" in r["impl"].get(n, {}):
-                c = f"{c} {r['impl'][n]['ggml_type']}"
+                d = r["impl"][n]
+                c = f"{c} {d['ggml_type']}" + ("/R" if "CPU_REPACK" in d.get("placement", {}).values() else "")
             cells.append(c)
         lines.append([_shape_label(r), r.get("format", "f32"), r["T"],
                       "-" if ms is None else (f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"),

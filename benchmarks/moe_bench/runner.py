@@ -15,9 +15,18 @@ that moment. This machine's bandwidth moves by up to 2x within minutes, so the r
 of the whole run (best of its start and end) understates a point measured in a slow
 phase. The pause matters on a small machine: NumPy's OpenBLAS and torch's OpenMP worker
 threads spin for a while after a call and would otherwise take a core from the next block
-(alternating call by call made our decode look ~1.5x slower than it is). Every
-implementation starts its block from the same idle pause: ggml's threadpool is resumed
-after it.
+(alternating call by call made our decode look ~1.5x slower than it is). ggml's
+threadpool is never paused: llama.cpp keeps one threadpool whose workers poll between
+graph computations through a decode loop, and so does the ggml peer, block after block.
+
+Before every timed call of every implementation the last-level cache is flushed
+(`flush_mb`, default twice the L3: threads reading a buffer of that size, one per core,
+outside the timing), as the rest of a model's layers would between two calls of this
+one: no implementation finds the experts of the previous call still cached. The
+implementations of one point are paired in one process and in the same rounds; each
+peer's `paired_ratio` is the median over the rounds of (its median in the round / ours'
+median in the same round), which cancels the machine's slow and fast phases better
+than the ratio of the overall medians.
 
 Slow implementations get fewer runs: each has `budget` seconds of timed calls per point
 (at least 3 runs, 1 when a single call takes longer than the budget, at most `repeats`,
@@ -34,6 +43,7 @@ import gc
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +60,9 @@ from .weightformats import FormatWeights
 # activations to 8 bits (checked against the float32 layer); MLX runs bf16 weights with
 # bfloat16 activations (checked against ours).
 GGML_REL_RMS = {"F32": 1e-4, "BF16": 0.03, "Q8_0": 0.05, "Q4_0": 0.35, "Q4_K": 0.35, "MXFP4": 0.35}
+# ggml on the very blocks ours reads (the ggml formats): only its 8-bit activations (Q8_0
+# / Q8_K blocks of x and of the activation before down) set it apart from ours.
+GGML_SAME_BLOCKS_REL_RMS = 0.05
 MLX_BF16_REL_RMS = 0.03
 
 
@@ -127,6 +140,57 @@ def near_ties(x, w, rel=1e-5):
 DECODE_BLOCK_CALLS = 12
 
 
+def l3_bytes() -> int:
+    """The largest cache's size from sysfs (32 MiB when it cannot be read)."""
+    best = 0
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            best = max(best, int(text.rstrip("KMG")) * mult)
+        except ValueError:
+            continue
+    return best or 32 << 20
+
+
+class CacheFlush:
+    """Reads `nbytes` (one thread per core, each its share) so that what a call read
+    before is no longer cached; calling it is the flush. nbytes 0: does nothing."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        if not nbytes:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        buf = np.ones(nbytes // 8, np.uint64)  # written once: every page is resident
+        self.parts = np.array_split(buf, peers.cores())
+        self.pool = ThreadPoolExecutor(len(self.parts))
+
+    def __call__(self):
+        if self.nbytes:
+            list(self.pool.map(np.bitwise_or.reduce, self.parts))
+
+    def close(self):
+        if self.nbytes:
+            self.pool.shutdown()
+            self.parts = None
+
+
+# What a timed call is measured in. "cpu": the process's CPU time (all its threads), for
+# single-threaded runs on a machine other jobs load (`taskset -c N` and --ggml-threads 1),
+# where wall time is mostly the wait for the core; with several threads it also counts
+# their spinning.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def flush_bytes(args) -> int:
+    mb = getattr(args, "flush_mb", 0)
+    return (2 * l3_bytes() if mb is None else mb << 20) if mb != 0 else 0
+
+
 def plan_runs(t_call: float, max_runs: int, budget: float) -> int:
     if t_call >= budget:
         return 1
@@ -164,7 +228,9 @@ def build(w, fw, selected, args, log):
             for n in runnable:
                 state[n] = f"failed to build the transformers block: {exc.__class__.__name__}: {exc}"
     if "mlx" in selected:
-        if peers.status("mlx") is not None:
+        if fw is not None and fw.fmt.ggml_type:
+            state["mlx"] = "n/a (MLX reads no ggml blocks)"
+        elif peers.status("mlx") is not None:
             state["mlx"] = peers.status("mlx")
         else:
             try:
@@ -178,6 +244,7 @@ def build(w, fw, selected, args, log):
         if n not in selected:
             continue
         gtype = (fw.fmt.ggml[slot] if fw is not None else ("F32", None)[slot])
+        blocks = fw.ggml_blocks() if fw is not None and slot == 0 else None
         if peers.status(n) is not None:
             state[n] = peers.status(n)
             continue
@@ -190,10 +257,12 @@ def build(w, fw, selected, args, log):
             state[n] = why
             continue
         try:
-            t, impls[n] = timed(ggml.GGMLLayer, w, gtype, impls["ours"].route,
-                                getattr(args, "ggml_threads", None) or peers.cores())
-            log(f"{tag}: ggml {gtype} built in {t:.1f} s ("
-                + ("a copy" if gtype == "F32" else "ggml_quantize_chunk of the float32 weights") + ")")
+            t, impls[n] = timed(lambda: ggml.GGMLLayer(
+                w, gtype, impls["ours"].route, getattr(args, "ggml_threads", None) or peers.cores(), blocks=blocks,
+                repack=not getattr(args, "ggml_no_repack", False)))
+            source = ("the blocks ours reads" if blocks is not None else "a copy" if gtype == "F32"
+                      else "ggml_quantize_chunk of the float32 weights")
+            log(f"{tag}: ggml built in {t:.1f} s from {source}: {impls[n].describe()}")
         except Exception as exc:  # noqa: BLE001
             state[n] = f"failed to build: {exc.__class__.__name__}: {exc}"
     if "reference" in selected and peers.status("reference") is not None:
@@ -219,31 +288,37 @@ def bench_shape(shape, E, tokens, selected, args, log, failures, formats=None):
     t, w = timed(Weights, shape, E, args.seed)
     log(f"{shape.name}: {w.nbytes() / 1e9:.2f} GB of float32 weights generated in {t:.1f} s")
     rows = []
+    flush = CacheFlush(flush_bytes(args))
     try:
         for fmt in formats or [None]:
             fw = None
             impls = {}
             try:
                 if fmt is not None:
-                    t, fw = timed(FormatWeights, w, fmt)
+                    try:
+                        t, fw = timed(FormatWeights, w, fmt)
+                    except ValueError as exc:  # a ggml block longer than this shape's rows
+                        log(f"{shape.name}: format {fmt} not run: {exc}")
+                        continue
                     log(f"{shape.name}: experts converted to {fmt} in {t:.1f} s "
                         f"({fw.expert_bytes() / 1e6:.2f} MB per expert)")
                 impls, state = build(w, fw, selected, args, log)
                 last = {}
                 for T in tokens:
-                    rows.append(bench_point(w, T, impls, state, selected, args, log, failures, last, fw))
+                    rows.append(bench_point(w, T, impls, state, selected, args, log, failures, last, fw, flush))
             finally:
                 close_all(impls)
                 if fw is not None:
                     fw.close()
                 gc.collect()
     finally:
+        flush.close()
         del w
         gc.collect()
     return rows
 
 
-def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None):
+def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None, flush=None):
     shape = w.shape
     wd = w if fw is None else fw.deq  # the layer ours computes (experts' exact values)
     tag = f"{shape.name} T={T}" + ("" if fw is None else f" [{fw.name}]")
@@ -316,7 +391,9 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             continue
         y = np.asarray(y, dtype=np.float32).reshape(T, w.H)
         loose = None
-        if name in ("ggml", "ggml-k"):
+        if name in ("ggml", "ggml-k") and fw is not None and fw.fmt.ggml_type:
+            loose = ("ours (same blocks)", y_ours, GGML_SAME_BLOCKS_REL_RMS)
+        elif name in ("ggml", "ggml-k"):
             ref_y = y_f32 if y_f32 is not None else y_ours
             loose = ("float32 layer", ref_y, GGML_REL_RMS[fn.gtype])
         elif name == "mlx" and fw is not None and fw.fmt.dense == "bfloat16":
@@ -341,9 +418,9 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
         if name in ("ggml", "ggml-k"):
             res[name]["ggml_type"] = fn.gtype
             res[name]["expert_bytes"] = fn.expert_bytes()
+            res[name]["placement"] = dict(fn.placement)
         if t > 2.0:
             log(f"{tag}: {name} checked ({t:.1f} s per call)")
-        getattr(fn, "pause", lambda: None)()
     log(f"{tag}: checks done (" + ", ".join(
         f"{n} {r['t_check'] * 1e3:.1f} ms" for n, r in res.items() if r["status"] == "ok") + ")")
 
@@ -368,6 +445,8 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
     want = args.rounds * (2 if T <= DECODE_MAX_T else 1)
     rounds = max(1, min(want, max((r.get("runs_planned", 0) for r in res.values()), default=1)))
     times = {n: ([res[n]["t_check"]] if res[n]["runs_planned"] == 0 else []) for n in calls}
+    flush = flush or CacheFlush(0)
+    clock = CLOCKS[getattr(args, "clock", "wall")]
     probes = []  # the native read probe in every round of a decode point: the roof at that moment
     round_of = {n: [] for n in calls}  # the round of each timed run
     for rnd in range(rounds):
@@ -380,19 +459,17 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             if not js:
                 continue
             time.sleep(args.settle)
-            # After the pause, not before: ggml's resumed threadpool polls, and polling through
-            # the pause would keep this VM's cores warm for ggml alone (calls after 0.3 s of
-            # idle run up to 2x slower here, for every implementation).
-            getattr(fn, "resume", lambda: None)()
             if res[name]["t_check"] < args.budget / 2:  # slower calls: the check call was their warm-up
                 t_warm, n_warm = time.perf_counter(), 0
                 while n_warm == 0 or time.perf_counter() - t_warm < args.warmup:
                     fn(warm_xs[n_warm % len(warm_xs)])
                     n_warm += 1
             for j in js:
-                times[name].append(timed(fn, xs[2 + j])[0])
+                flush()
+                t0 = clock()
+                fn(xs[2 + j])
+                times[name].append(clock() - t0)
                 round_of[name].append(rnd)
-            getattr(fn, "pause", lambda: None)()
         if rounds > 1:
             log(f"{tag}: timing round {rnd + 1}/{rounds} done")
 
@@ -407,7 +484,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                distinct_experts=n_exp, expert_bytes=expert_bytes,
                bytes_read=n_exp * expert_bytes + w.fixed_bytes(),
                point_probe_GBps=probes if len(probes) == rounds else None,
-               flops=w.flops(T), near_tie_tokens=int((~keep).sum()), loadavg=loadavg(), impl={})
+               flush_bytes=flush.nbytes, flops=w.flops(T), near_tie_tokens=int((~keep).sum()), loadavg=loadavg(), impl={})
     for name in selected:
         r = res.get(name, dict(status="not selected"))
         if name in times and times[name]:
@@ -419,6 +496,12 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                                   if rnd in round_of[name] else None for rnd in range(rounds)]
             last[name] = (T, float(np.median(v)) / 1e3)
         r.pop("runs_planned", None)
+        ours_rounds = res["ours"].get("ms_rounds") if name != "ours" else None
+        if ours_rounds and r.get("ms_rounds"):
+            pairs = [m / o for m, o in zip(r["ms_rounds"], ours_rounds) if m and o]
+            if pairs:
+                r["paired_ratio"] = float(np.median(pairs))
+                r["paired_ratio_rounds"] = pairs
         if "expert_bytes" in r:  # ggml: its own type's bytes
             r["bytes_read"] = n_exp * r["expert_bytes"] + w.fixed_bytes()
         row["impl"][name] = r

@@ -19,6 +19,11 @@ identical across formats; the formats change what the routed experts read).
     q4     MLX affine 4-bit, group 64, float16 scales+biases 4.5 (mlx-lm's default)
                                                                            ggml Q4_0 (4.5), Q4_K (4.5)
     mxfp4  MLX mxfp4: E2M1 codes, E8M0 scale per 32        4.25            ggml MXFP4 (4.25)
+
+and ggml's block formats, named as in moe_swift.options.FORMATS (q4_0, q4_K, q5_K, q6_K,
+q8_0, iq4_nl, mxfp4_ggml, ...): ggml quantizes the float32 weights once
+(`ggml_quantize_chunk`), and ours (`moe_swift.GGMLQuantized`) and ggml's `mul_mat_id`
+read the very same blocks; their exact values are ggml's own dequantization.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Format:
     dense: str | None         # "float32" / "bfloat16" for dense formats
     ggml: tuple               # ggml types: (matching type, second matching type or None)
     bits_per_weight: float
+    ggml_type: str | None = None  # ggml's blocks of this type for ours too (the ggml formats)
 
 
 FORMATS = {
@@ -56,9 +62,62 @@ FORMATS = {
 }
 
 
+def _ggml_formats():
+    from moe_swift import options
+    out = {}
+    for t, (fmt, elems, nbytes) in sorted(options.GGML_TYPES.items()):
+        if fmt in ("float32", "float16", "bfloat16"):
+            continue  # f32 and bf16 above; ggml's dense types are ours
+        gname = fmt.removesuffix("_ggml").upper()
+        out[fmt] = Format(fmt, f"ggml {gname} blocks ({elems} weights in {nbytes} bytes), read by both",
+                          None, None, (gname, None), 8.0 * nbytes / elems, ggml_type=gname)
+    return out
+
+
+FORMATS.update(_ggml_formats())
+_STATUS: dict[str, str | None] = {}
+
+
+def ggml_weight(blocks, fmt_name: str):
+    """Our layer's weight for ggml blocks (E, rows, row bytes) of format `fmt_name`."""
+    import moe_swift
+    return moe_swift.GGMLQuantized(blocks, type=fmt_name)
+
+
+def _ggml_status(name: str) -> str | None:
+    """Why ours cannot run ggml format `name` here (None: it can): the ggml library makes
+    the blocks, and this build's layer must take them on the cpu backend."""
+    from . import ggml
+    why = ggml.status()
+    if why:
+        return f"needs ggml to make the blocks: {why}"
+    import moe_swift
+    if not hasattr(moe_swift, "GGMLQuantized"):
+        return "this build of moe_swift has no GGMLQuantized (the layer's ggml formats)"
+    fmt = FORMATS[name]
+    n = ggml.BLOCK_ELEMS[fmt.ggml_type]
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((2, n, n), dtype=np.float32)
+    try:
+        q = ggml_weight(ggml.quantize_experts(m, fmt.ggml_type), name)
+        layer = moe_swift.MoELayer(router_weight=rng.standard_normal((2, n), dtype=np.float32), gate_proj=q,
+                                   up_proj=q, down_proj=q, top_k=1, backend="cpu")
+        try:
+            layer(rng.standard_normal((1, n), dtype=np.float32))
+        finally:
+            layer.close()
+    except Exception as exc:  # noqa: BLE001
+        return f"the cpu backend does not run it ({exc.__class__.__name__}: {str(exc)[:120]})"
+    return None
+
+
 def status(name: str) -> str | None:
     if name not in FORMATS:
         return f"unknown format {name!r}"
+    if FORMATS[name].ggml_type:
+        if name not in _STATUS:
+            _STATUS[name] = _ggml_status(name)
+        return _STATUS[name]
     if FORMATS[name].dense == "bfloat16":
         try:
             import ml_dtypes  # noqa: F401
@@ -118,26 +177,33 @@ class FormatWeights:
         self.fmt = FORMATS[name]
         self.name = name
         self.master = w
-        if self.fmt.dense == "float32":
+        self.blocks = None
+        if self.fmt.ggml_type:
+            from . import ggml
+            gt = self.fmt.ggml_type
+            self.blocks = tuple(ggml.quantize_experts(m, gt) for m in (w.gate(), w.up(), w.down))
+            self.gate, self.up, self.down = (ggml_weight(b, name) for b in self.blocks)
+            g, u, d = (ggml.dequantize(b, gt, cols) for b, cols in zip(self.blocks, (w.H, w.H, w.I)))
+            self.deq = _with_experts(w, g, u, d)
+        elif self.fmt.dense == "float32":
             self.gate, self.up, self.down = w.gate(), w.up(), w.down
             self.deq = w
         else:
             self.gate, g = convert(w.gate(), self.fmt)
             self.up, u = convert(w.up(), self.fmt)
             self.down, d = convert(w.down, self.fmt)
-            deq = copy.copy(w)
-            deq.gate_up = np.empty_like(w.gate_up)
-            if w.interleaved:
-                deq.gate_up[:, 0::2], deq.gate_up[:, 1::2] = g, u
-            else:
-                deq.gate_up[:, :w.I], deq.gate_up[:, w.I:] = g, u
-            deq.down = d
-            self.deq = deq
+            self.deq = _with_experts(w, g, u, d)
+
+    def ggml_blocks(self):
+        """(gate, up, down) ggml blocks (E, rows, row bytes) for ggml's peer: the arrays
+        ours reads, in the ggml formats; None in ours' own formats."""
+        return self.blocks
 
     def expert_bytes(self) -> int:
         """Bytes one routed expert reads in this format: codes + scales + biases of gate,
-        up and down, plus its float32 biases if any."""
-        n = (nbytes(self.gate) + nbytes(self.up) + nbytes(self.down)) // self.master.E
+        up and down (ggml: the blocks), plus its float32 biases if any."""
+        parts = self.blocks if self.blocks is not None else (self.gate, self.up, self.down)
+        n = sum(nbytes(a) for a in parts) // self.master.E
         if self.master.gate_up_bias is not None:
             n += (2 * self.master.I + self.master.H) * 4
         return n
@@ -148,4 +214,16 @@ class FormatWeights:
         return kw
 
     def close(self):
-        self.gate = self.up = self.down = self.deq = self.master = None
+        self.gate = self.up = self.down = self.deq = self.master = self.blocks = None
+
+
+def _with_experts(w, g, u, d):
+    """A copy of `w` (sharing router, biases, shared expert) whose experts are g, u, d."""
+    deq = copy.copy(w)
+    deq.gate_up = np.empty_like(w.gate_up)
+    if w.interleaved:
+        deq.gate_up[:, 0::2], deq.gate_up[:, 1::2] = g, u
+    else:
+        deq.gate_up[:, :w.I], deq.gate_up[:, w.I:] = g, u
+    deq.down = d
+    return deq

@@ -242,15 +242,22 @@ def test_above_roof_is_flagged():
 GGML_TYPES = ["F32", "BF16", "Q8_0", "Q4_0", "Q4_K", "MXFP4"]
 
 
-@pytest.mark.parametrize("gtype", GGML_TYPES)
-def test_ggml_matches_reference(gtype):
-    """ggml's mul_mat_id graph on its own quantization of the float32 weights, with our
-    routing, against the float32 layer (loosely: ggml quantizes weights and activations)."""
+def need_ggml():
     if peers.status("ggml") is not None:
         pytest.skip(f"ggml: {peers.status('ggml')}")
     from moe_bench import ggml
+    return ggml
+
+
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "gpt-oss-20b"])
+@pytest.mark.parametrize("gtype", GGML_TYPES)
+def test_ggml_matches_reference(gtype, shape):
+    """ggml's mul_mat_id graph on its own quantization of the float32 weights, with our
+    routing, against the float32 layer (loosely: ggml quantizes weights and activations);
+    gpt-oss with its expert biases (add_id) and swiglu_oai."""
+    ggml = need_ggml()
     from moe_bench.runner import GGML_REL_RMS, rel_rms
-    w = Weights(tiny_formats(H=256, I=256), 8)
+    w = Weights(tiny_formats(shape, H=256, I=256), 8)
     x = np.random.default_rng(5).standard_normal((7, w.H), dtype=np.float32)
     ours = peers.Ours(w)
     layer = ggml.GGMLLayer(w, gtype, ours.route, 2)
@@ -272,11 +279,110 @@ def test_ggml_matches_reference(gtype):
 
 
 def test_ggml_not_applicable():
-    if peers.status("ggml") is not None:
-        pytest.skip(f"ggml: {peers.status('ggml')}")
-    from moe_bench import ggml
-    assert "n/a" in ggml.supports(Weights(tiny_formats("gpt-oss-20b"), 8), "Q4_0")
+    ggml = need_ggml()
+    assert "n/a" in ggml.supports(Weights(tiny_formats("deepseek-v2-lite"), 8), "Q4_0")
+    assert ggml.supports(Weights(tiny_formats("gpt-oss-20b", H=256, I=256), 8), "Q4_0") is None
     assert "multiples of 256" in ggml.supports(Weights(tiny_formats(), 8), "Q4_K")
+
+
+@pytest.mark.parametrize("gtype", ["Q4_0", "Q4_K", "MXFP4", "Q8_0", "F32"])
+def test_ggml_weights_placed_as_llama_cpp_does(gtype):
+    """Expert weights go to the CPU device's extra buffer type (CPU_REPACK) where the
+    device takes the mul_mat_id on them, else host memory; repacked or not, the same
+    blocks give the same layer; the threadpool is llama.cpp's (poll 50, not paused)."""
+    ggml = need_ggml()
+    L = ggml.lib()
+    names = [n for _, n in L.extra_bufts()]
+    w = Weights(tiny_formats(H=256, I=256), 8)
+    x = np.random.default_rng(7).standard_normal((5, w.H), dtype=np.float32)
+    ours = peers.Ours(w)
+    blocks = tuple(ggml.quantize_experts(m, gtype) for m in (w.gate(), w.up(), w.down))
+    packed = ggml.GGMLLayer(w, gtype, ours.route, 2, blocks=blocks)
+    plain = ggml.GGMLLayer(w, gtype, ours.route, 2, blocks=blocks, repack=False)
+    try:
+        y, y_plain = packed(x), plain(x)
+        assert set(plain.placement.values()) == {"CPU (host memory)"}
+        assert packed.poll == 50 and not packed.paused_at_start and not hasattr(packed, "pause")
+        where = set(packed.placement.values())
+        if gtype in ("Q4_0", "Q4_K", "MXFP4") and "CPU_REPACK" in names and "avx2" in L.isa().split():
+            assert where == {"CPU_REPACK"}, packed.describe()
+        if gtype == "F32":
+            assert where == {"CPU (host memory)"}
+            assert np.array_equal(y, y_plain)
+        else:  # the same blocks and 8-bit activations, summed in another order
+            assert np.max(np.abs(y - y_plain)) <= 1e-3 * np.max(np.abs(y_plain))
+    finally:
+        packed.close()
+        plain.close()
+        ours.close()
+
+
+def test_ggml_dequantize_is_ggml_s():
+    """The exact values of the ggml formats (what the NumPy peer and the reference get)
+    are ggml's own dequantization: bit for bit the gguf package's NumPy code."""
+    ggml = need_ggml()
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+    m = np.random.default_rng(3).standard_normal((2, 3, 512), dtype=np.float32)
+    for gtype in ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4", "IQ4_NL"):
+        b = ggml.quantize_experts(m, gtype)
+        d = ggml.dequantize(b, gtype, 512)
+        ref = quants.dequantize(b, gguf.GGMLQuantizationType[gtype]).astype(np.float32)
+        assert d.shape == m.shape and np.array_equal(d.view(np.uint32), ref.view(np.uint32)), gtype
+    with pytest.raises(ValueError, match="rows of"):
+        ggml.dequantize(b[..., :-1], "IQ4_NL", 512)
+
+
+def test_ggml_formats_are_the_option_rows():
+    """--formats accepts every ggml block row of moe_swift.options.FORMATS, by its name."""
+    from moe_swift import options
+    from moe_bench import weightformats
+    rows = {f for f, _, _ in options.GGML_TYPES.values()} - {"float32", "float16", "bfloat16"}
+    assert rows and rows <= set(weightformats.FORMATS)
+    for f in rows:
+        fmt = weightformats.FORMATS[f]
+        assert fmt.ggml_type and fmt.ggml == (fmt.ggml_type, None)
+    assert weightformats.FORMATS["q4_K"].bits_per_weight == 4.5
+    assert weightformats.FORMATS["mxfp4_ggml"].ggml_type == "MXFP4"
+
+
+@pytest.mark.parametrize("fmt", ["q4_K", "q8_0", "mxfp4_ggml", "q6_K"])
+def test_ggml_format_same_blocks(fmt):
+    """In a ggml format ours and ggml's mul_mat_id read the very same blocks: ours matches
+    the float64 reference on ggml's dequantization, ggml matches ours up to its 8-bit
+    activations. Skipped until this build's layer takes ggml blocks on the cpu backend."""
+    need_ggml()
+    from moe_bench import weightformats
+    if weightformats.status(fmt):
+        pytest.skip(f"{fmt}: {weightformats.status(fmt)}")
+    failures = []
+    rows = bench_shape(tiny_formats(H=256, I=256), 8, [1, 5], ["ours", "numpy", "reference", "mlx", "ggml"], args(),
+                       lambda m: None, failures, formats=[fmt])
+    assert not failures, failures
+    for r in rows:
+        assert r["format"] == fmt
+        assert r["impl"]["reference"]["status"] == "ok" and r["impl"]["numpy"]["status"] == "ok"
+        g = r["impl"]["ggml"]
+        assert g["status"] == "ok" and g["check"]["vs"] == "ours (same blocks)", g
+        assert r["impl"]["mlx"]["status"].startswith("n/a")
+
+
+def test_cache_flush_and_paired_ratios():
+    """A flush before every timed call (recorded in the row), and every peer's ratio to
+    ours paired per round."""
+    from moe_bench.runner import CacheFlush, flush_bytes, l3_bytes
+    assert l3_bytes() >= 1 << 20
+    assert flush_bytes(SimpleNamespace(flush_mb=None)) == 2 * l3_bytes()
+    assert flush_bytes(SimpleNamespace(flush_mb=0)) == 0 and flush_bytes(SimpleNamespace(flush_mb=3)) == 3 << 20
+    f = CacheFlush(4 << 20)
+    f()
+    f.close()
+    rows = bench_shape(tiny_formats(), 8, [1], ["ours", "numpy"], args(flush_mb=4), lambda m: None, [])
+    r = rows[0]
+    assert r["flush_bytes"] == 4 << 20
+    n, o = r["impl"]["numpy"], r["impl"]["ours"]
+    pairs = [a / b for a, b in zip(n["ms_rounds"], o["ms_rounds"]) if a and b]
+    assert n["paired_ratio"] == pytest.approx(np.median(pairs)) and "paired_ratio" not in o
 
 
 @pytest.mark.parametrize("fmt", ["q8", "q4", "mxfp4"])
@@ -348,3 +454,46 @@ def test_the_old_entry_point_says_where_the_suite_went():
                             timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0 and "python benchmarks/run.py" in result.stderr
+
+
+def test_make_gguf_model_writes_qwen3moe_q4_k_m(tmp_path):
+    """benchmarks/make_gguf_model.py on a tiny config: llama.cpp's qwen3moe names, keys and
+    the Q4_K_M mix (Q6_K ffn_down_exps / attn_v in use_more_bits layers), readable by the
+    gguf package, the experts' values near the normal(0, 0.02) they were drawn from."""
+    need_ggml()
+    gguf = pytest.importorskip("gguf")
+    import make_gguf_model as mk
+    c = dict(mk.QWEN3_30B_A3B, layers=2, hidden=256, expert_inter=256, experts=4, experts_used=2, heads=8,
+             heads_kv=2, head_dim=32, vocab=64, dense_inter=512)
+    path = tmp_path / "tiny.gguf"
+    info = mk.write(path, c, log=lambda m: None)
+    r = gguf.GGUFReader(path)
+    assert r.fields["general.architecture"].contents() == "qwen3moe"
+    assert r.fields["qwen3moe.expert_count"].contents() == 4
+    assert r.fields["qwen3moe.expert_used_count"].contents() == 2
+    assert r.fields["general.file_type"].contents() == mk.FTYPE_MOSTLY_Q4_K_M
+    got = {t.name: (t.tensor_type.name, [int(n) for n in t.shape]) for t in r.tensors}
+    assert {n: t for n, (t, _) in got.items()} == info["types"]
+    assert [mk.use_more_bits(i, 2) for i in range(2)] == [False, True]
+    assert got["blk.0.ffn_down_exps.weight"] == ("Q4_K", [256, 256, 4])
+    assert got["blk.1.ffn_down_exps.weight"][0] == "Q6_K" and got["blk.1.attn_v.weight"][0] == "Q6_K"
+    assert got["blk.0.ffn_gate_inp.weight"] == ("F32", [256, 4]) and got["output.weight"][0] == "Q6_K"
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_up_exps.weight")
+    d = gguf.quants.dequantize(t.data, t.tensor_type)
+    assert d.shape == (4, 256, 256) and 0.015 < float(d.std()) < 0.025
+    assert [mk.use_more_bits(i, 48) for i in (0, 5, 6, 7, 8, 9, 40, 41, 42, 47)] == \
+        [True, True, False, False, True, False, False, True, True, True]
+
+
+def test_cpu_clock():
+    """--clock cpu times calls in the process's CPU time (a sleep costs none of it)."""
+    import time
+    from moe_bench.runner import CLOCKS
+    t0 = CLOCKS["cpu"]()
+    time.sleep(0.05)
+    assert CLOCKS["cpu"]() - t0 < 0.04
+    assert parse_args(["--clock", "cpu"]).clock == "cpu" and parse_args([]).clock == "wall"
+    with pytest.raises(SystemExit):
+        parse_args(["--clock", "gpu"])
+    rows = bench_shape(tiny_formats(), 8, [1], ["ours", "numpy"], args(clock="cpu"), lambda m: None, [])
+    assert rows[0]["impl"]["ours"]["ms"] > 0 and rows[0]["impl"]["numpy"]["paired_ratio"] > 0
