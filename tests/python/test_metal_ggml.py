@@ -163,3 +163,15 @@ def test_a_q4_k_m_mix_on_softmetal():
         args = _layer(names, rng)
         for T in (1, 64):
             _check_layer(args, rng.standard_normal((T, 2048)).astype(np.float32))
+
+
+def test_a_ggml_layer_holds_its_blocks_on_the_device():
+    """Device memory is the blocks' bytes (one buffer a matrix, nothing widened, no scale
+    buffers) and the router's float32."""
+    import moe_swift
+    _softmetal_backend()
+    args = _layer(("q4_K", "q4_K", "q6_K"), np.random.default_rng(3), E=8, H=512, I=256)
+    with moe_swift.MoELayer(**args, backend="softmetal"):
+        created = moe_swift.last_stats()
+    arrays = [args["router_weight"]] + [args[k].blocks for k in ("gate_proj", "up_proj", "down_proj")]
+    assert created["allocated_bytes"] == sum((a.nbytes + 15) // 16 * 16 for a in arrays), created

@@ -213,35 +213,30 @@ constant float moe_e2m1_x2[16] = {0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 6.0f, 8.0f, 12.0
         return v[k & 7]; \
     }
 
-// Q4_0, IQ4_NL: d (half), 16 bytes of nibbles; element j < 16 is the low nibble of byte
-// j, element j + 16 its high nibble. Q4_0: d * (q - 8); IQ4_NL: d * table[q].
-template <bool NL>
+// Q4_0, IQ4_NL, Q4_1: d (half; Q4_1 then m), 16 bytes of nibbles; element j < 16 is the
+// low nibble of byte j, element j + 16 its high nibble. Q4_0: d * (q - 8); IQ4_NL:
+// d * table[q]; Q4_1: d * q + m.
+enum { MOE_NIBBLES_Q4_0, MOE_NIBBLES_IQ4_NL, MOE_NIBBLES_Q4_1 };
+template <uint KIND>
 struct moe_fmt_nibbles32 {
     static inline void load8(moe_wrow r, uint k, thread float* v) {
-        device const uchar* blk = r.w + (k / 32) * 18;
+        constexpr bool MIN = KIND == MOE_NIBBLES_Q4_1;
+        device const uchar* blk = r.w + (k / 32) * (MIN ? 20 : 18);
         const uint j = k % 32;
-        const float d = moe_half_at(blk);
+        const float d = moe_half_at(blk), m = MIN ? moe_half_at(blk + 2) : 0.0f;
         uint q[8];
-        moe_bytes8<2>(blk + 2 + (j & 15), (j >> 4) * 4, 15u, q);
-        for (uint i = 0; i < 8; i++) v[i] = d * (NL ? moe_iq4_values[q[i]] : float(int(q[i]) - 8));
+        moe_bytes8<MIN ? 4 : 2>(blk + (MIN ? 4 : 2) + (j & 15), (j >> 4) * 4, 15u, q);
+        for (uint i = 0; i < 8; i++) {
+            if (KIND == MOE_NIBBLES_Q4_0) v[i] = d * float(int(q[i]) - 8);
+            else if (KIND == MOE_NIBBLES_IQ4_NL) v[i] = d * moe_iq4_values[q[i]];
+            else v[i] = fma(d, float(q[i]), m);
+        }
     }
     MOE_GGML_LOAD1
 };
-typedef moe_fmt_nibbles32<false> moe_fmt_q4_0;
-typedef moe_fmt_nibbles32<true> moe_fmt_iq4_nl;
-
-// Q4_1: d, m (halves), nibbles as Q4_0; d * q + m.
-struct moe_fmt_q4_1 {
-    static inline void load8(moe_wrow r, uint k, thread float* v) {
-        device const uchar* blk = r.w + (k / 32) * 20;
-        const uint j = k % 32;
-        const float d = moe_half_at(blk), m = moe_half_at(blk + 2);
-        uint q[8];
-        moe_bytes8<4>(blk + 4 + (j & 15), (j >> 4) * 4, 15u, q);
-        for (uint i = 0; i < 8; i++) v[i] = fma(d, float(q[i]), m);
-    }
-    MOE_GGML_LOAD1
-};
+typedef moe_fmt_nibbles32<MOE_NIBBLES_Q4_0> moe_fmt_q4_0;
+typedef moe_fmt_nibbles32<MOE_NIBBLES_IQ4_NL> moe_fmt_iq4_nl;
+typedef moe_fmt_nibbles32<MOE_NIBBLES_Q4_1> moe_fmt_q4_1;
 
 // Q5_0 / Q5_1: d (and m), a 32-bit word whose bit j is element j's fifth bit, nibbles as
 // Q4_0. Q5_0: d * (q - 16); Q5_1: d * q + m.

@@ -87,7 +87,7 @@ typedef int32_t moe_i32;
  * (E, 2I, H) tensor are the same buffers with row_offset 0 and I. */
 typedef struct moe_weight_desc {
     moe_u32 format;               /* moe_format */
-    moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4) */
+    moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4), 0 (ggml) */
     moe_u32 group_shift;          /* log2(group_size) of quantized formats */
     moe_u32 scale_type;           /* moe_dtype of affine scales and biases */
     moe_u32 rows_per_expert;

@@ -134,6 +134,46 @@ final class MetalBackendTests: XCTestCase {
     /// Every affine width through the format kernels (4 and 8 bits have their own
     /// instances, the others run `any`), and the weights stay quantized on the device: the
     /// bytes allocated at creation are the packed bytes, never float32.
+    /// ggml's blocks read by their own instances (Q8_0 gate, Q4_0 down) and, for the up
+    /// matrix in Q4_0 beside a Q8_0 gate, by `any`; decode and prefill against the
+    /// reference on the blocks' values and the CPU backend; the device holds the blocks.
+    func testGGMLBlocks() throws {
+        let config = makeConfig(h: 64, i: 64, e: 6, k: 2)
+        var d = LayerData.random(config, seed: 90)
+        let gate = PackedGGML(d.gate, q8: true, log2Scale: -9)
+        let up = PackedGGML(d.up, q8: false, log2Scale: -4)
+        let down = PackedGGML(d.down, q8: false, log2Scale: -5)
+        (d.gate, d.up, d.down) = (gate.values, up.values, down.values)
+        let q8 = GGMLType(name: "q8_0")!, q4 = GGMLType(name: "q4_0")!
+        try gate.bytes.withUnsafeBytes { g in
+            try up.bytes.withUnsafeBytes { u in
+                try down.bytes.withUnsafeBytes { dn in
+                    for mixed in [false, true] {
+                        var w = d.weights()
+                        w.gateUp = .separate(gate: .quantized(QuantizedWeightData(ggml: q8, blocks: g)),
+                                             up: mixed ? .quantized(QuantizedWeightData(ggml: q4, blocks: u))
+                                                       : WeightData(d.up))
+                        w.downProj = .quantized(QuantizedWeightData(ggml: q4, blocks: dn))
+                        let metal = try MoELayer(configuration: config, weights: w, backend: Self.kind)
+                        let upBytes = mixed ? u.count : 4 * d.up.count
+                        XCTAssertEqual(MoECallStats.last.allocatedBytes,
+                                       [4 * d.router.count, g.count, upBytes, dn.count].map { ($0 + 15) / 16 * 16 }.reduce(0, +),
+                                       "blocks are uploaded as they are")
+                        let cpu = try MoELayer(configuration: config, weights: w, backend: .cpu)
+                        let h = config.hiddenSize, x = seededFloats(37 * h, seed: 91)
+                        for tokens in [1, 3, 37] {
+                            let xs = Array(x[0..<tokens * h])
+                            let (ids, _) = try metal.route(xs)
+                            XCTAssertEqual(ids, try cpu.route(xs).ids)
+                            let what = "q8_0 gate, \(mixed ? "q4_0" : "f32") up, q4_0 down, \(tokens) tokens"
+                            assertClose(try metal.forward(xs), NaiveReference(d).forward(xs, tokens: tokens, forcedIds: ids), what)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     func testAffineWeightsStayQuantizedOnTheDevice() throws {
         let config = makeConfig(h: 64, i: 64, e: 6, k: 2)
         func device(_ bytes: Int) -> Int { (bytes + 15) / 16 * 16 }

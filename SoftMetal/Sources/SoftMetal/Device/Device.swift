@@ -302,7 +302,7 @@ public final class SoftMetalLibrary: MTLLibrary, @unchecked Sendable {
 
     /// Libraries of more kernels than this compile kernel by kernel, on demand: an error in
     /// a kernel template's instance shows when makeFunction asks for that kernel.
-    static let lazyKernelCount = 256
+    static let lazyKernelCount = 128
     var isLazy: Bool { translated.kernels.count > SoftMetalLibrary.lazyKernelCount }
 
     /// What a compile of this library needs besides the translation: for messages and limits.
