@@ -237,9 +237,10 @@ def test_lanes_of_one_simdgroup_need_a_simd_operation(lib):
 
 def test_a_race_that_does_not_change_the_output(lib):
     y = np.zeros(1, np.float32)
-    lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), check_races=True)  # passes
-    with pytest.raises(softmetal.RaceError, match="threadgroups of one dispatch are not ordered"):
-        lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), check_memory=True)
+    lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), check_order=True)  # passes
+    for check in ("check_races", "check_memory"):
+        with pytest.raises(softmetal.RaceError, match="threadgroups of one dispatch are not ordered"):
+            lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), **{check: True})
 
 
 def test_removed_barrier_in_a_simdgroup_reduction(lib):

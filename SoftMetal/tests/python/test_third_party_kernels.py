@@ -477,13 +477,14 @@ def _compile_patched(text):
 RMS_BODY = "    sumf = simd_sum(sumf);\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    if (tiisg == 0) {\n        shmem_f32[sgitg] = sumf;\n    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    sumf = shmem_f32[tiisg];\n    sumf = simd_sum(sumf);\n\n    const float mean  = sumf/args.ne00;"
 
 
-def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None, schedule="round-robin"):
+def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None, schedule="round-robin",
+                check_order=False):
     x = RNG.standard_normal((rows, ne00)).astype(np.float32) if x is None else x
     out = np.zeros((rows, ne00), np.float32) if out is None else out
     args = _norm_args(ne00, ne00, rows, 1e-5, ne00 * 4)
     lib.launch("kernel_rms_norm_f32", buffers=[args, x, x, x, out], threadgroups=(rows, 1, 1),
                threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4},
-               check_races=check_races, check_memory=check_memory, schedule=schedule)
+               check_races=check_races, check_memory=check_memory, schedule=schedule, check_order=check_order)
     return x, out
 
 
@@ -502,17 +503,18 @@ def test_bug_rms_norm_barrier_removed(ggml_source, which):
     """One of the two threadgroup barriers of rms_norm's reduction, removed."""
     text = _patched(ggml_source, RMS_BODY, RMS_BODY.replace(*RMS_BARRIERS[which]))
     lib = _compile_patched(text)
-    with pytest.raises(sm.RaceError):
-        _rms_launch(lib, check_memory=True)
+    for check in ("check_memory", "check_races"):
+        with pytest.raises(sm.RaceError, match="data race on threadgroup"):
+            _rms_launch(lib, **{check: True})
     # Either barrier: simdgroup 1 running ahead to the end stores its sum before simdgroup 0
     # zeroes shmem (first) or simdgroup 0 reads the sums before simdgroup 1 stores (second).
     with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
         _rms_launch(lib, schedule="run-ahead")
     if which == "second":
-        # The race check's reordering catches it too: the late simdgroup reads the value
-        # or the poison (NaN) depending on the order.
-        with pytest.raises(sm.RaceError):
-            _rms_launch(lib, check_races=True)
+        # The permuted rerun catches it too: the late simdgroup reads the value or the
+        # poison (NaN) depending on the order.
+        with pytest.raises(sm.RaceError, match="depends on execution order"):
+            _rms_launch(lib, check_order=True)
 
 
 def test_bug_rms_norm_missing_zero_init(ggml_source):

@@ -196,6 +196,10 @@ def test_mlx_copy_cast_and_strided():
     lib.launch("v_copyfloat32bfloat16", buffers=[src, dbf, scalar(n, np.uint32)],
                grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
     np.testing.assert_array_equal(dbf, to_bf16(src))
+    back = np.zeros(n, dtype=np.float16)  # static_cast<half>(bfloat): MSL converts
+    lib.launch("v_copybfloat16float16", buffers=[dbf, back, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_array_equal(back, from_bf16(dbf).astype(np.float16))
     rows, cols = 9, 20
     m = RNG.standard_normal((cols, rows)).astype(np.float32)
     out = np.zeros((rows, cols), dtype=np.float32)

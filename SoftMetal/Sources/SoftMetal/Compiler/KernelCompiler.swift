@@ -40,7 +40,7 @@ final class KernelCompiler: @unchecked Sendable {
 
     static let flags = [
         "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
-        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno",
+        "-Xclang", "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none", "-fno-math-errno",
         "-Wno-unused-variable", "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-Wno-unknown-attributes",
         "-Wno-unused-function", "-Wno-duplicate-decl-specifier", "-fstack-clash-protection", "-ferror-limit=20", "-fno-color-diagnostics", "-fno-caret-diagnostics",
     ]
@@ -233,7 +233,7 @@ final class KernelCompiler: @unchecked Sendable {
 
     static let languageCheckFlags = [
         "-std=c++17", "-O0", "-S", "-emit-llvm", "-gline-tables-only", "-fno-exceptions", "-fno-rtti",
-        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=1",
+        "-Xclang", "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=1",
     ]
 
     /// The language check's findings for a translated source, cached on disk beside the

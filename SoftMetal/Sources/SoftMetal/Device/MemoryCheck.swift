@@ -16,12 +16,14 @@ final class MemoryCheck {
     private var stale: [(buffer: SoftMetalBuffer, newest: UnsafeMutablePointer<UInt8>, pending: UnsafeMutablePointer<UInt8>)] = []
 
     /// `groups`: threadgroups in the dispatch (the memory model's release table);
+    /// `uninitialized`: reads of unwritten memory are reported (the race detector alone does not);
     /// `staleReads`: unordered cross-threadgroup reads get the bytes the dispatch began with.
-    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch, groups: Int, staleReads: Bool) {
+    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch, groups: Int, uninitialized: Bool,
+         staleReads: Bool) {
         state = .allocate(capacity: 1)
         state.initialize(to: sm_check())
         state.pointee.races = 1
-        state.pointee.uninitialized = 1
+        state.pointee.uninitialized = uninitialized ? 1 : 0
         if let releases = map(bytes: groups * Int(SM_RELEASES_PER_GROUP) * MemoryLayout<sm_release>.stride),
            let threads = map(bytes: Int(SM_SYNC_THREADS) * MemoryLayout<sm_thread_sync>.stride),
            let locations = map(bytes: Int(SM_SYNC_LOCATIONS) * MemoryLayout<sm_sync_location>.stride) {
