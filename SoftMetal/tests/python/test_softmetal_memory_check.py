@@ -453,6 +453,56 @@ def test_a_fence_at_threadgroup_scope_orders_nothing_across_threadgroups():
                    check_memory=True)
 
 
+COHERENT = r"""
+#include <metal_stdlib>
+using namespace metal;
+// Each threadgroup stores its value into COHERENT memory, FENCE, and bumps a relaxed counter;
+// the last one sums the values without an acquire of its own.
+kernel void coherent_handoff(device const float* x [[buffer(0)]], COHERENT device float* partial [[buffer(1)]],
+                             device atomic_uint* counter [[buffer(2)]], device float* out [[buffer(3)]],
+                             uint g [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
+                             uint t [[thread_index_in_threadgroup]]) {
+    threadgroup uint last;
+    if (t == 0) {
+        partial[g] = x[g] * 2.0f;  // coherent store
+        FENCE
+        const uint done = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
+        last = done == groups - 1 ? 1u : 0u;
+        if (done == groups - 1) atomic_store_explicit(counter, 0u, memory_order_relaxed);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (last == 0 || t != 0) return;
+    float sum = 0.0f;
+    for (uint i = 0; i < groups; i++) sum += partial[i];  // coherent load
+    out[0] = sum;
+}
+"""
+
+
+@pytest.mark.parametrize("coherent, fence, clean", [("coherent(device)", DEVICE_FENCE, True),
+                                                    ("", DEVICE_FENCE, False),
+                                                    ("coherent(device)", "", False)])
+def test_coherent_device_memory_is_ordered_by_the_writers_fence(coherent, fence, clean):
+    """MSL 3.2's coherent(device): another threadgroup's read of a value written before the
+    writer's device-scope fence is ordered; without the qualifier the reader must acquire,
+    and without the fence nothing publishes the write."""
+    lib = softmetal.compile(COHERENT.replace("COHERENT", coherent).replace("FENCE", fence), metal_version=320)
+    x, previous, counter, out = _handoff_buffers()
+    for check in ("check_races", "check_memory"):
+        counter[0], out[0] = 0, 0
+        partial = previous.copy()
+        if clean:
+            lib.launch("coherent_handoff", [x, partial, counter, out], threadgroups=(GROUPS,),
+                       threads_per_threadgroup=(32,), **{check: True})
+            assert out[0] == 2 * x.sum()
+        else:
+            with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier") as e:
+                lib.launch("coherent_handoff", [x, partial, counter, out], threadgroups=(GROUPS,),
+                           threads_per_threadgroup=(32,), **{check: True})
+            line = next(n for n, text in enumerate(COHERENT.split("\n"), 1) if "// coherent load" in text)
+            assert f"MSL line {line}" in str(e.value)
+
+
 def test_checks_all_is_checked(lib):
     """checks="all" runs the memory check (a same-value race) and run-ahead."""
     y = np.zeros(1, np.float32)

@@ -209,7 +209,8 @@ enum Executor {
         if checked {
             let (launcher, path) = try kernel.checkedLauncher()
             try MemoryCheck.lock.withLock {
-                let check = MemoryCheck(bindings: bindings, dispatch: base, groups: total, uninitialized: uninitialized,
+                let coherent = kernel.params.filter { $0.kind == SM_PARAM_BUFFER && $0.coherent }.map(\.index)
+                let check = MemoryCheck(bindings: bindings, dispatch: base, groups: total, coherent: coherent, uninitialized: uninitialized,
                                         staleReads: staleReads)
                 defer { check.release() }
                 var d = base
