@@ -42,7 +42,7 @@ The checks (SoftMetal's README has the table: what each catches, misses and cost
   race unless a device-scope fence before an atomic write and after an atomic read of it
   orders it (or a second dispatch). Also reports out-of-bounds accesses however far out;
   not reads of unwritten memory. Misses: races inside one thread's own private arrays,
-  an index that lands in another bound buffer, accesses wider than 16 bytes, and
+  an index that lands in another bound buffer, one access wider than 16 bytes, and
   results that depend on the order of atomics (check_order). Costs what the memory
   check costs.
 - `check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1): the race detector plus uninitialised
