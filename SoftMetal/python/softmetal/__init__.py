@@ -40,7 +40,8 @@ The checks (SoftMetal's README has the table: what each catches, misses and cost
   RaceError naming both threads and both MSL lines. Across threadgroups it is Apple's
   memory model: a device-memory read that another threadgroup of the dispatch wrote is a
   race unless a device-scope fence before an atomic write and after an atomic read of it
-  orders it (or a second dispatch). Also reports out-of-bounds accesses however far out;
+  orders it (or a second dispatch; for a coherent(device) buffer, the writer's device-scope
+  fence alone). Also reports out-of-bounds accesses however far out;
   not reads of unwritten memory. Misses: races inside one thread's own private arrays,
   an index that lands in another bound buffer, one access wider than 16 bytes, and
   results that depend on the order of atomics (check_order). Costs what the memory

@@ -888,6 +888,22 @@ kernel void k(device float* x [[buffer(0)]], device half* h [[buffer(1)]], uint 
 
 
 
+def test_a_vector_from_a_packed_vector_converts_each_component():
+    """`float4(packed_char4)` (ggml's dequantize_q8_0): four components, not a splat of the first."""
+    lib = softmetal.compile("""
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(device const char* x [[buffer(0)]], device float4* out [[buffer(1)]]) {
+    device const packed_char4* q = (device const packed_char4*) x;
+    out[0] = float4(q[0]) * 0.5f;
+    out[1] = float4(packed_float3(float3(1.0f, 2.0f, 3.0f)), 4.0f);
+}
+""")
+    out = np.zeros((2, 4), np.float32)
+    lib.launch("k", [np.array([-8, 3, 0, 127], np.int8), out], threadgroups=(1,), threads_per_threadgroup=(1,))
+    np.testing.assert_array_equal(out, [[-4, 1.5, 0, 63.5], [1, 2, 3, 4]])
+
+
 def test_bfloat_takes_part_in_the_usual_arithmetic_conversions(lib):
     xf = np.array([1.5, 0.3, -2.75, 1e-3, 3.0e38, 7.0, -0.0, 65504.0], np.float32)
     x = to_bf16_bits(xf)

@@ -461,6 +461,46 @@ def test_ggml_mul_mv_id(ggml, qtype, ne11):
     np.testing.assert_allclose(dst, ref, rtol=1e-4, atol=1e-4)
 
 
+# ---- kernel_mul_mm_id_<quant>_f32: the MoE expert mat-mat of a batch (ne21 >= 32 tokens), launched
+# as ggml_metal_op_mul_mat_id launches it: kernel_mul_mm_id_map0_ne20_<n_used> first (one
+# threadgroup of n_expert threads: per expert the count of its (token, slot) pairs and their
+# list), then kernel_mul_mm_id (64 x 32 tiles of 128 threads per expert, 8 KiB of threadgroup
+# memory, FC_MUL_MM + 0 = bc_inp = ne00 % 32 != 0). The tiles go through half, as ggml's do. ----
+
+@pytest.mark.parametrize("qtype", sorted(_MUL_MV_ID))
+def test_ggml_mul_mm_id(ggml, qtype):
+    make = _MUL_MV_ID[qtype][0]
+    rng = np.random.default_rng(11)
+    n_expert, ne00, ne01, n_used, n_tokens = 4, 256, 72, 2, 40  # 72 rows: a partial 64-row tile
+    raws, deqs = zip(*(make(rng, ne01, ne00) for _ in range(n_expert)))
+    src0 = np.stack(raws)                                   # (expert, rows, row bytes)
+    w = np.stack(deqs)                                      # (expert, rows, ne00)
+    ne11 = 1                                                # the activations broadcast to every used expert
+    src1 = rng.standard_normal((n_tokens, ne11, ne00)).astype(np.float32)
+    ids = np.stack([rng.permutation(n_expert)[:n_used] for _ in range(n_tokens)]).astype(np.int32)
+    tpe = np.zeros(n_expert, np.uint32)
+    hids = np.zeros((n_expert, n_tokens), np.int32)
+    map0 = kargs("ggml_metal_kargs_mul_mm_id_map0", ne02=n_expert, ne10=ne00, ne11=ne11, nb11=ne00 * 4,
+                 nb12=ne11 * ne00 * 4, ne21=n_tokens, ne20=n_used, nb21=n_used * 4)
+    ggml.launch(f"kernel_mul_mm_id_map0_ne20_{n_used}", buffers=[map0, ids, tpe, hids], threadgroups=(1, 1, 1),
+                threads_per_threadgroup=(n_expert, 1, 1), threadgroup_memory={0: n_expert * n_used * 2})
+    np.testing.assert_array_equal(tpe, np.bincount(ids.ravel(), minlength=n_expert))
+    for e in range(n_expert):  # (token, slot) pairs of expert e, in token order, as token * n_used + slot
+        np.testing.assert_array_equal(hids[e, :tpe[e]], np.flatnonzero(ids.ravel() == e))
+    dst = np.zeros((n_tokens, n_used, ne01), np.float32)
+    row = src0.shape[2]
+    args = kargs("ggml_metal_kargs_mul_mm_id", ne00=ne00, ne02=n_expert, nb01=row, nb02=row * ne01,
+                 nb03=row * ne01 * n_expert, ne11=ne11, nb10=4, nb11=ne00 * 4, nb12=ne11 * ne00 * 4,
+                 nb13=n_tokens * ne11 * ne00 * 4, ne20=n_used, ne21=n_tokens, ne0=ne01, ne1=n_used, r2=1, r3=1)
+    ggml.launch(f"kernel_mul_mm_id_{qtype}_f32", buffers=[args, src0, src1, tpe, hids, dst],
+                threadgroups=(-(-n_tokens // 32), -(-ne01 // 64), n_expert), threads_per_threadgroup=(128, 1, 1),
+                threadgroup_memory={0: 8192}, constants={_define("FC_MUL_MM") + 0: ne00 % 32 != 0})
+    half_w = w.astype(np.float16).astype(np.float64)
+    half_x = src1.astype(np.float16).astype(np.float64)
+    ref = np.einsum("tk,terk->ter", half_x[:, 0], half_w[ids])
+    np.testing.assert_allclose(dst, ref, rtol=1e-3, atol=1e-3)
+
+
 # ---- planted bugs: a patched copy of the source text (the vendored file stays as it is) ----
 
 def _patched(source, old, new, after="kernel void kernel_rms_norm_fuse_impl("):

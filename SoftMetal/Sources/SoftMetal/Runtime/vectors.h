@@ -161,7 +161,10 @@ SM_VT(ulong, ulong)
 SM_VT(bool, bool)
 #undef SM_VT
 template <int M> struct vtraits<bfloat_vec<M>> { typedef bfloat E; static constexpr int N = M; static constexpr bool vec = true; };
-template <class T> struct vcount { static constexpr int value = vtraits<rcv<T>>::N; };
+// A packed vector counts its components (`float4(packed_char4)` converts each, not a splat).
+template <class T, class = void> struct unpacked { typedef T type; };
+template <class T> struct unpacked<T, void_t<typename T::vector_t>> { typedef typename T::vector_t type; };
+template <class T> struct vcount { static constexpr int value = vtraits<typename unpacked<rcv<T>>::type>::N; };
 template <class T> struct is_vec { static constexpr bool value = vtraits<rcv<T>>::vec; };
 template <class V> struct velem { typedef typename vtraits<V>::E type; };
 
