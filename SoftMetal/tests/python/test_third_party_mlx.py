@@ -780,7 +780,7 @@ def test_mlx_affine_qmm_t_reads_rows_past_n():
     `src_tile_dim.x` (BK), not the row count, so it reads scales, biases and weights of rows
     past N (the results for them are not stored). On a GPU the read lands in the rest of the
     allocation; SoftMetal's guard page stops it."""
-    with pytest.raises(sm.OutOfBoundsError, match=r"affine_qmm_t_float_gs_64_b_4_alN_false_batch_0: out-of-bounds access to buffer\((0|1|2)\)"):
+    with pytest.raises(sm.OutOfBoundsError, match=r"affine_qmm_t_float_gs_64_b_4_alN_false_batch_0: out-of-bounds .*buffer\((0|1|2)\)"):
         _qmm_t(33, 40, 256)
 
 
