@@ -400,15 +400,16 @@ def test_handoff_across_threadgroups_is_reported(handoff, kernel, load, store):
     partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
     handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,))
     assert out[0] == 2 * x.sum()  # unchecked: x86 shows every store to every later load
-    counter[0], partial[:] = 0, previous.view(partial.dtype)
-    with pytest.raises(softmetal.RaceError) as e:
-        handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
-                       check_memory=True)
-    message = str(e.value)
-    assert f"of threadgroup ({GROUPS - 1}, 0, 0) reads it" in message and "thread 0 of threadgroup (0, 0, 0) wrote it" in message
-    assert f"at MSL line {handoff_line(load)}" in message and f"at MSL line {handoff_line(store)}" in message
-    assert "threadgroups of one dispatch are not ordered by a threadgroup_barrier" in message
-    assert ("reads it with an atomic load" in message) == (kernel == "handoff")
+    for check in ("check_memory", "check_races"):
+        counter[0], partial[:] = 0, previous.view(partial.dtype)
+        with pytest.raises(softmetal.RaceError) as e:
+            handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                           **{check: True})
+        message = str(e.value)
+        assert f"of threadgroup ({GROUPS - 1}, 0, 0) reads it" in message and "thread 0 of threadgroup (0, 0, 0) wrote it" in message
+        assert f"at MSL line {handoff_line(load)}" in message and f"at MSL line {handoff_line(store)}" in message
+        assert "threadgroups of one dispatch are not ordered by a threadgroup_barrier" in message
+        assert ("reads it with an atomic load" in message) == (kernel == "handoff")
 
 
 @pytest.mark.parametrize("kernel", ["handoff", "handoff_plain"])
@@ -428,7 +429,7 @@ def test_stale_reads_show_the_previous_value(handoff, kernel):
 def test_fenced_handoff_is_clean(handoff_fenced, kernel):
     x, previous, counter, out = _handoff_buffers()
     partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
-    for checks in ({"check_memory": True}, {"stale_reads": True}, {"checks": "all"}):
+    for checks in ({"check_memory": True}, {"check_races": True}, {"stale_reads": True}, {"checks": "all"}):
         out[0] = 0
         handoff_fenced.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
                               **checks)
@@ -448,9 +449,11 @@ def test_a_fence_at_threadgroup_scope_orders_nothing_across_threadgroups():
     lib = softmetal.compile(HANDOFF.replace("FENCE", DEVICE_FENCE.replace("thread_scope_device", "thread_scope_threadgroup")),
                             metal_version=320)
     x, previous, counter, out = _handoff_buffers()
-    with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier"):
-        lib.launch("handoff_plain", [x, previous, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
-                   check_memory=True)
+    for check in ("check_memory", "check_races"):
+        counter[0] = 0
+        with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier"):
+            lib.launch("handoff_plain", [x, previous, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                       **{check: True})
 
 
 COHERENT = r"""

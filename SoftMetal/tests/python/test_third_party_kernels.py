@@ -609,7 +609,7 @@ def test_bug_soft_max_sum_barrier_removed(ggml_source):
     args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=1, nb01=nb01, nb02=nb01 * rows,
                  nb03=nb01 * rows, ne11=rows, ne12=1, ne13=1, nb11=nb01, nb12=nb01 * rows, nb13=nb01 * rows,
                  nb1=nb01, nb2=nb01 * rows, nb3=nb01 * rows, scale=1.0, max_bias=0.0, n_head_log2=1)
-    for checks in ({"check_memory": True}, {"schedule": "run-ahead"}):
+    for checks in ({"check_memory": True}, {"check_races": True}, {"schedule": "run-ahead"}):
         with pytest.raises(sm.RaceError):
             lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
                        threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, **checks)
@@ -627,7 +627,7 @@ def test_bug_mul_mv_reduction_barrier_removed(ggml_source):
     zeroes shmem[row][lane] before its simd_sum, the others store shmem[row][sgitg] after
     theirs. A simdgroup that runs ahead across the simd_sum stores its sum, and simdgroup 0
     then zeroes it. Round robin never lets a simdgroup get that far ahead: the output is
-    right, and the permutation check catches it only by chance (a few percent of launches);
+    right, and the order check catches it only by chance (a few percent of launches);
     running the simdgroups ahead in reverse order loses the sums in the output."""
     text = _patched(ggml_source, *MV_REDUCE_FIRST_BARRIER, after="static inline void helper_mv_reduce_and_write(")
     lib = _compile_patched(text)
@@ -652,5 +652,6 @@ def test_bug_mul_mv_reduction_barrier_removed(ggml_source):
     assert not launch(schedule="run-ahead-reverse")  # simdgroup 1's sums are zeroed: wrong output
     with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
         launch(schedule="run-ahead")
-    with pytest.raises(sm.RaceError, match="data race on threadgroup"):
-        launch(check_memory=True)
+    for check in ("check_memory", "check_races"):
+        with pytest.raises(sm.RaceError, match="data race on threadgroup"):
+            launch(**{check: True})
