@@ -11,9 +11,10 @@ reports is shown as "reported" (the decode router before its hand-off was fenced
 
 One run (2 cores shared with five other jobs' builds and tests, so the ratios are rough;
 the layer at T = 1 is reported by the memory model check: its router's hand-off is not
-fenced yet):
+fenced yet), made when the permuted rerun was called check_races (it is check_order now;
+check_races, the race detector, was not in that run):
 
-| what | none | check_races | run-ahead | check_memory | all |
+| what | none | check_order | run-ahead | check_memory | all |
 | --- | --- | --- | --- | --- | --- |
 | 64x512x512 simdgroup-matrix GEMM | 92.4 ms | 502.7 ms (5.4x) | 531.7 ms (5.8x) | 1169.2 ms (12.6x) | 1982.9 ms (21.5x) |
 | ggml kernel_rms_norm_f32, 5 rows of 256 | 0.7 ms | 12.8 ms (19.0x) | 12.4 ms (18.4x) | 3.3 ms (4.8x) | 14.6 ms (21.6x) |
@@ -48,12 +49,13 @@ from moe_swift import softmetal  # noqa: E402
 # The check, as harness arguments and as the environment the layer's Swift side reads.
 CONFIGS = {
     "none": ({}, {}),
+    "check_order": ({"check_order": True}, {"SOFTMETAL_CHECK_ORDER": "1"}),
     "check_races": ({"check_races": True}, {"SOFTMETAL_CHECK_RACES": "1"}),
     "run-ahead": ({"schedule": "run-ahead"}, {"SOFTMETAL_SCHEDULE": "run-ahead"}),
     "check_memory": ({"check_memory": True}, {"SOFTMETAL_CHECK_MEMORY": "1"}),
     "all": ({"checks": "all"}, {"SOFTMETAL_CHECKS": "all"}),
 }
-ENV_NAMES = ("SOFTMETAL_CHECK_RACES", "SOFTMETAL_SCHEDULE", "SOFTMETAL_CHECK_MEMORY", "SOFTMETAL_CHECKS",
+ENV_NAMES = ("SOFTMETAL_CHECK_RACES", "SOFTMETAL_CHECK_ORDER", "SOFTMETAL_SCHEDULE", "SOFTMETAL_CHECK_MEMORY", "SOFTMETAL_CHECKS",
              "SOFTMETAL_STALE_READS")
 
 LAYER = r"""

@@ -104,7 +104,7 @@ def main() -> dict:
     results["gemm_64x512x512_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], **args))
     results["gemm_max_abs_error"] = float(np.abs(c - a @ b).max())
     results["gemm_gflops"] = 2 * M * N * K / results["gemm_64x512x512_s"] / 1e9
-    results["gemm_race_checked_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], check_races=True, **args), 3)
+    results["gemm_order_checked_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], check_order=True, **args), 3)
     results["gemm_run_ahead_reverse_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], schedule="run-ahead-reverse", **args))
     results["gemm_run_ahead_s"] = best(lambda: lib.launch("sg_gemm", [a, b, c, dims], schedule="run-ahead", **args), 3)
     lib.launch("sg_gemm", [a, b, c, dims], check_memory=True, **args)  # compiles the checked build
@@ -115,7 +115,7 @@ def main() -> dict:
     tg = dict(threadgroups=(groups,), threads_per_threadgroup=(64,), threadgroup_memory={0: 32768})
     results["tg_heavy_poison_s"] = best(lambda: lib.launch("tg_heavy", [y], **tg))
     results["tg_heavy_no_poison_s"] = best(lambda: lib.launch("tg_heavy", [y], poison_threadgroup_memory=False, **tg))
-    results["tg_heavy_race_checked_s"] = best(lambda: lib.launch("tg_heavy", [y], check_races=True, **tg))
+    results["tg_heavy_order_checked_s"] = best(lambda: lib.launch("tg_heavy", [y], check_order=True, **tg))
     results["tg_heavy_run_ahead_s"] = best(lambda: lib.launch("tg_heavy", [y], schedule="run-ahead", **tg))
     results["tg_heavy_memory_checked_s"] = best(lambda: lib.launch("tg_heavy", [y], check_memory=True, **tg), 3)
 

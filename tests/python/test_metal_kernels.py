@@ -1,5 +1,5 @@
 """Each MSL kernel of the Metal backend (Sources/MoEKernels/Metal) on SoftMetal, one
-dispatch at a time, against NumPy, with SoftMetal's race check on (every dispatch runs
+dispatch at a time, against NumPy, with SoftMetal's order check on (check_order: every dispatch runs
 twice, the second time with permuted threads and threadgroups, and must give the same
 bytes), guard pages and poisoned threadgroup memory."""
 
@@ -27,7 +27,7 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
                router_bias=None, selection_bias=None, n_group=1, topk_group=1, per_expert_scale=None,
                shared_gate=None, tokens_per_group=None, fmt="f32", input_norm=None, gemv=False, check_memory=False):
     """moe_router (or with gemv=True the decode router, T <= 4: moe_router_gemv, then
-    moe_router_topk) on SoftMetal with the race check on; returns ids, weights,
+    moe_router_topk) on SoftMetal with the order check on; returns ids, weights,
     shared-expert factors (and x_normed)."""
     T, H = x.shape
     E = wr.shape[0]
@@ -68,17 +68,17 @@ def run_router(lib, x, wr, *, top_k, scoring="softmax", norm_topk_prob=True, rou
         lib.launch("moe_router_gemv_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
                    threadgroups=(-(-rows // CONST["MOE_ROUTER_GEMV_SIMDGROUPS"]),),
                    threads_per_threadgroup=(CONST["MOE_ROUTER_GEMV_THREADS"],),
-                   check_races=True, check_memory=check_memory)
+                   check_order=True, check_memory=check_memory)
         assert (logits[:, :rows] != unwritten).all()  # every logit written before the top-k starts
         topk = {k: buffers[k] for k in ("PARAMS", "LOGITS", "SELECTION_BIAS", "EXPERT_SCALE", "IDS", "WEIGHTS",
                                          "SHARED_FACTOR")}
         lib.launch("moe_router_topk", {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in topk.items()},
                    threadgroups=(T,), threads_per_threadgroup=(CONST["MOE_SIMD_WIDTH"],),
-                   threadgroup_memory={0: 4 * (stride + 2 * E)}, check_races=True, check_memory=check_memory)
+                   threadgroup_memory={0: 4 * (stride + 2 * E)}, check_order=True, check_memory=check_memory)
     else:
         lib.launch("moe_router_" + W.suffix, {CONST["MOE_ROUTER_BUF_" + k]: v for k, v in buffers.items()},
                    threadgroups=(-(-T // tb),), threads_per_threadgroup=(CONST["MOE_ROUTER_THREADS"],),
-                   threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_races=True, check_memory=check_memory)
+                   threadgroup_memory={0: 4 * tb * (stride + 2 * E)}, check_order=True, check_memory=check_memory)
     if input_norm is not None:
         return ids, w, factor, x_normed
     return ids, w, factor
@@ -297,7 +297,7 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=b, output=act, ids=ids.ravel())
     lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True, check_memory=True)
+               check_order=True, check_memory=True)
     for pair, e in enumerate(ids.ravel()):
         ref = np_gate_up(x[pair // k][None], w[e], None if b is None else b[e], activation)[0]
         np.testing.assert_allclose(act[pair], ref, rtol=1e-4, atol=1e-5 * max(1, np.abs(ref).max()))
@@ -308,7 +308,7 @@ def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=None, output=act_s, ids=None)
     lib.launch("moe_gate_up_gemv_" + fmt, bufs,
                threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), 1), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True, check_memory=True)
+               check_order=True, check_memory=True)
     np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-5)
 
 
@@ -327,7 +327,7 @@ def test_down_gemv(lib, T, H, I, E, k, bias):
     fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, ids=ids.ravel(), row_weight=rw)
     lib.launch("moe_down_gemv_" + fmt, bufs,
                threadgroups=(-(-H // CONST["MOE_GEMV_ROWS"]), T * k), threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],),
-               check_races=True, check_memory=True)
+               check_order=True, check_memory=True)
     for pair, e in enumerate(ids.ravel()):
         ref = act[pair].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
         np.testing.assert_allclose(out[pair], rw[pair] * ref, rtol=1e-4, atol=1e-5)
@@ -355,7 +355,7 @@ def test_combine(lib, shared, residual):
     lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
                                5: dummy(), 6: dummy()},
                threadgroups=(-(-H // CONST["MOE_COMBINE_THREADS"]), T),
-               threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_races=True)
+               threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_order=True)
     np.testing.assert_array_equal(out, expected)  # float32 in the same order: bit-identical
 
     # The next layer's norm: one threadgroup per token, the same sums, and the normed rows.
@@ -367,7 +367,7 @@ def test_combine(lib, shared, residual):
     normed = np.full((T, H), np.nan, np.float32)
     lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
                                5: weight, 6: normed},
-               threadgroups=(1, T), threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_races=True)
+               threadgroups=(1, T), threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_order=True)
     np.testing.assert_array_equal(out, expected)
     ref = expected / np.sqrt((expected.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * (offset + weight)
     np.testing.assert_allclose(normed, ref, rtol=2e-6, atol=1e-6)
@@ -416,7 +416,7 @@ def run_bucket(lib, ids, E, gate_up_tiles=3, down_tiles=5):
     p = params("moe_bucket_params", pairs=P, experts=E, gate_up_column_tiles=gate_up_tiles,
                down_column_tiles=down_tiles)
     lib.launch("moe_bucket", [p, ids.ravel().astype(np.int32), offsets, rows, tiles, args], threadgroups=(1,),
-               threads_per_threadgroup=(CONST["MOE_BUCKET_THREADS"],), threadgroup_memory={0: 24 * E}, check_races=True)
+               threads_per_threadgroup=(CONST["MOE_BUCKET_THREADS"],), threadgroup_memory={0: 24 * E}, check_order=True)
     return offsets, rows, tiles, args
 
 
@@ -458,7 +458,7 @@ def test_gate_up_gemm(lib, activation, T, H, I, E, k, bias):
     g, u = gate_up_weights(w)
     p = ffn_params(T=T, H=H, I=I, k=k, activation=activation, has_bias=bias, w0=g, w1=u)
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=b, output=act, rows=rows, tiles=tiles, offsets=offsets)
-    lib.launch("moe_gate_up_gemm_" + fmt, bufs, check_races=True, **gemm_grid(len(tiles), I))
+    lib.launch("moe_gate_up_gemm_" + fmt, bufs, check_order=True, **gemm_grid(len(tiles), I))
     flat = ids.ravel()
     for e in range(E):
         pairs = np.nonzero(flat == e)[0]
@@ -469,7 +469,7 @@ def test_gate_up_gemm(lib, activation, T, H, I, E, k, bias):
     g, u = gate_up_weights(w[:1].copy())
     p = ffn_params(T=T, H=H, I=I, k=1, shared=True, activation=activation, w0=g, w1=u)
     fmt, bufs = ffn_buffers(g, u, params=p, input=x, bias=None, output=act_s, rows=None, tiles=None, offsets=None)
-    lib.launch("moe_gate_up_gemm_" + fmt, bufs, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), I))
+    lib.launch("moe_gate_up_gemm_" + fmt, bufs, check_order=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), I))
     np.testing.assert_allclose(act_s, np_gate_up(x, w[0], None, activation), rtol=1e-4, atol=1e-4)
 
 
@@ -487,7 +487,7 @@ def test_down_gemm(lib, T, H, I, E, k, bias):
     p = ffn_params(T=T, H=H, I=I, k=k, has_bias=bias, w0=d)
     fmt, bufs = ffn_buffers(d, params=p, input=act, bias=b, output=out, rows=rows, tiles=tiles, offsets=offsets,
                             row_weight=rw)
-    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(len(tiles), H, "down"))
+    lib.launch("moe_down_gemm_" + fmt, bufs, check_order=True, **gemm_grid(len(tiles), H, "down"))
     flat = ids.ravel()
     ref = np.stack([act[q].astype(np.float64) @ w[e].astype(np.float64).T + (0 if b is None else b[e])
                     for q, e in enumerate(flat)]) * rw[:, None]
@@ -498,7 +498,7 @@ def test_down_gemm(lib, T, H, I, E, k, bias):
     p = ffn_params(T=T, H=H, I=I, k=1, shared=True, w0=d)
     fmt, bufs = ffn_buffers(d, params=p, input=act[:T].copy(), bias=None, output=out_s, rows=None, tiles=None,
                             offsets=None, row_weight=rw[:T].copy())
-    lib.launch("moe_down_gemm_" + fmt, bufs, check_races=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H, "down"))
+    lib.launch("moe_down_gemm_" + fmt, bufs, check_order=True, **gemm_grid(-(-T // CONST["MOE_GEMM_BM"]), H, "down"))
     np.testing.assert_allclose(out_s, (act[:T].astype(np.float64) @ w[0].astype(np.float64).T) * rw[:T, None],
                                rtol=1e-4, atol=1e-4)
 
@@ -526,7 +526,7 @@ def run_expert_kernels(lib, gate, up, down, x, ids, rng):
     pg = ffn_params(T=T, H=H, I=I, k=k, w0=gate, w1=up)
     pd = ffn_params(T=T, H=H, I=I, k=k, w0=down)
     if T <= CONST["MOE_DECODE_MAX_TOKENS"]:
-        kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_races=True, check_memory=True)
+        kw = dict(threads_per_threadgroup=(CONST["MOE_GEMV_THREADS"],), check_order=True, check_memory=True)
         name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, ids=ids.ravel())
         lib.launch("moe_gate_up_gemv_" + name, bufs, threadgroups=(-(-I // CONST["MOE_GEMV_ROWS"]), T * k), **kw)
         name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, ids=ids.ravel(), row_weight=rw)
@@ -535,9 +535,9 @@ def run_expert_kernels(lib, gate, up, down, x, ids, rng):
         offsets, rows, tiles = np_buckets(ids, down.values.shape[0])
         b = dict(rows=rows, tiles=tiles, offsets=offsets)
         name, bufs = ffn_buffers(gate, up, params=pg, input=x, bias=None, output=act, **b)
-        lib.launch("moe_gate_up_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), I))
+        lib.launch("moe_gate_up_gemm_" + name, bufs, check_order=True, **gemm_grid(len(tiles), I))
         name, bufs = ffn_buffers(down, params=pd, input=act, bias=None, output=out, row_weight=rw, **b)
-        lib.launch("moe_down_gemm_" + name, bufs, check_races=True, **gemm_grid(len(tiles), H, "down"))
+        lib.launch("moe_down_gemm_" + name, bufs, check_order=True, **gemm_grid(len(tiles), H, "down"))
     wgu = np.concatenate([gate.values, up.values], axis=1)  # (E, 2I, H) float64
     for pair, e in enumerate(ids.ravel()):
         ref_act = np_gate_up(x[pair // k][None], wgu[e], None, "silu")[0]
@@ -650,9 +650,9 @@ def test_activation_conversions(lib, dtype):
     groups = (-(-H // CONST["MOE_CONVERT_THREADS"]), T)
     out = np.full((T, H), 7, storage)
     lib.launch(f"moe_store_activations_{dtype}", {0: p, 1: x, 2: out}, threadgroups=groups,
-               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_races=True, check_memory=True)
+               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_order=True, check_memory=True)
     same_bits(out, stored, dtype)
     back = np.full((T, H), np.nan, np.float32)
     lib.launch(f"moe_load_activations_{dtype}", {0: p, 1: stored, 2: back}, threadgroups=groups,
-               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_races=True, check_memory=True)
+               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_order=True, check_memory=True)
     same_bits(back, widened, dtype)

@@ -426,8 +426,8 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(BACKEND != "softmetal", reason="SoftMetal's race check")
-def test_whole_forwards_pass_the_race_check():
+@pytest.mark.skipif(BACKEND != "softmetal", reason="SoftMetal's order check")
+def test_whole_forwards_pass_the_order_check():
     # Every dispatch of decode, prefill, shared-expert and run_layers forwards runs twice
     # (in order, then with permuted threads and threadgroups) and must give the same bytes;
     # this also covers the in-place combine of run_layers.
@@ -435,7 +435,7 @@ def test_whole_forwards_pass_the_race_check():
     import subprocess
     import sys
     from pathlib import Path
-    env = dict(os.environ, SOFTMETAL_CHECK_RACES="1")
+    env = dict(os.environ, SOFTMETAL_CHECK_ORDER="1")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", RACE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

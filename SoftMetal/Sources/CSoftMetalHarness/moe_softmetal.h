@@ -50,7 +50,9 @@ typedef struct moe_softmetal_launch_desc {
     const void* indirect_data;             /* mode 2: the MTLDispatchThreadgroupsIndirectArguments buffer */
     int64_t indirect_length;
     int64_t indirect_offset;
-    int32_t check_races;                   /* run twice in different orders, compare */
+    int32_t check_races;                   /* the race detector: the memory check's build reporting data
+                                              races on shadow memory (both threads, both MSL lines) and
+                                              out-of-bounds accesses, not unwritten reads */
     int32_t poison_threadgroup_memory;     /* fill threadgroup memory with 0xFF first */
     double seconds;                        /* out: time from commit to completion */
     int32_t check_memory;                  /* every access checked: bounds, races on shadow memory,
@@ -74,6 +76,10 @@ typedef struct moe_softmetal_launch_desc {
     int32_t check_division;                /* an integer division by zero (or INT_MIN / -1) fails the
                                               launch; without it the result is x / 0 = 0, x % 0 = x
                                               (check_memory includes this check) */
+    int32_t check_order;                   /* run again with threads and threadgroups permuted and compare
+                                              every bound buffer (MOE_SOFTMETAL_RACE if one differs): finds
+                                              results that depend on the order of atomics. A struct_size
+                                              without this field means 0. */
 } moe_softmetal_launch_desc;
 
 /* Translates and compiles MSL source (cached on disk) into *out. */

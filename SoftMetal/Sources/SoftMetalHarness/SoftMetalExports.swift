@@ -212,6 +212,7 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
         }
         if let e = encoder as? SoftMetalComputeCommandEncoder {
             e.softMetalCheckRaces = d.check_races != 0
+            e.softMetalCheckOrder = d.check_order != 0
             e.softMetalPoisonThreadgroupMemory = d.poison_threadgroup_memory != 0
             e.softMetalCheckMemory = d.check_memory != 0
             e.softMetalStaleReads = d.stale_reads != 0

@@ -5,7 +5,8 @@
     lib.launch("kernel_name", buffers=[a, b, params_bytes],    # position = [[buffer(i)]]
                threadgroups=(x, y, z), threads_per_threadgroup=(x, y, z),
                threadgroup_memory={0: nbytes}, check_races=False, check_memory=False,
-               schedule="round-robin", checks=None, stale_reads=False)   # checks="all": every check
+               schedule="round-robin", checks=None, stale_reads=False,   # checks="all": every check
+               check_order=False)
 
 The harness's C functions (moe_softmetal.h) live in libMoESwift, loaded through
 moe_swift, so that one process has one SoftMetal - one SIGSEGV handler and one registry
@@ -28,30 +29,40 @@ The checks (SoftMetal's README has the table: what each catches, misses and cost
 - always on: guard pages after every buffer (an access just past the end, OutOfBoundsError),
   threadgroup memory poisoned with 0xFF (NaN: a read of unwritten memory shows in the
   output, unnamed), barrier divergence and deadlock (BarrierDivergenceError).
-- `checks="all"` (or SOFTMETAL_CHECKS=all): every check below at once, `check_memory=True`
-  with `schedule="run-ahead"`. Costs what the two cost together (the memory check's
-  15-30x dominates; the first checked launch also compiles the instrumented build).
-- `check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1) runs the kernel's instrumented build:
-  every load and store is checked against the buffer or threadgroup variable it must fall
-  in (however far out), data races are found on shadow memory whatever the output (also
-  a missing barrier whose both orders give NaN), reading memory no thread wrote is an
-  error, and so is a device-memory read that another threadgroup of the dispatch wrote
-  when nothing orders it after that write in Apple's memory model (a threadgroup_barrier
-  orders only its own threadgroup; across threadgroups only a device-scope fence before
-  an atomic write and after an atomic read of it, or a second dispatch); the message
-  names both threads and both MSL lines. Misses: races inside one thread's own private
-  arrays, an index that lands in another bound buffer, accesses wider than 16 bytes.
-- `stale_reads=True` (or SOFTMETAL_STALE_READS=1; turns the memory check on): such an
+- `checks="all"` (or SOFTMETAL_CHECKS=all): every check below at once but check_order,
+  `check_memory=True` with `schedule="run-ahead"`. Costs what the two cost together (the
+  memory check's 15-30x dominates; the first checked launch also compiles the
+  instrumented build).
+- `check_races=True` (or SOFTMETAL_CHECK_RACES=1): the race detector. The kernel's
+  instrumented build (the memory check's) records every access on shadow memory and
+  reports two accesses that nothing orders, one of them a write, whatever the output
+  (also a missing barrier whose both orders give NaN, or the same value written twice):
+  RaceError naming both threads and both MSL lines. Across threadgroups it is Apple's
+  memory model: a device-memory read that another threadgroup of the dispatch wrote is a
+  race unless a device-scope fence before an atomic write and after an atomic read of it
+  orders it (or a second dispatch; for a coherent(device) buffer, the writer's device-scope
+  fence alone). Also reports out-of-bounds accesses however far out;
+  not reads of unwritten memory. Misses: races inside one thread's own private arrays,
+  an index that lands in another bound buffer, one access wider than 16 bytes, and
+  results that depend on the order of atomics (check_order). Costs what the memory
+  check costs.
+- `check_memory=True` (or SOFTMETAL_CHECK_MEMORY=1): the race detector plus uninitialised
+  reads: every load and store is checked against the buffer or threadgroup variable it
+  must fall in, races as above, and reading memory no thread wrote is an error
+  (UninitializedReadError). About 15-30x the dispatch, on one core.
+- `stale_reads=True` (or SOFTMETAL_STALE_READS=1; turns the memory check on): an
   unordered cross-threadgroup read gets the bytes the location held when the dispatch
   began instead of raising, as a GPU's stale cache may give, so the wrong value shows in
   the output.
 - `schedule="run-ahead"`: see below; finds missing barriers between simdgroups by their
   output (misses races whose two orders give the same bytes, and races between
   threadgroups); about 2.5-3x.
-- `check_races=True` (or SOFTMETAL_CHECK_RACES=1): the dispatch runs again with threads
-  and threadgroups permuted and the outputs are compared; it misses races whose outcome
-  does not change the bytes (both orders giving NaN, the same value written twice) and
-  order bugs that the random order does not hit; about 2-2.5x.
+- `check_order=True` (or SOFTMETAL_CHECK_ORDER=1): the dispatch runs again with threads
+  and threadgroups permuted and every bound buffer is compared (RaceError "the result
+  depends on execution order"); it finds results that depend on the order in which
+  atomics land (a bucket's order, a float sum), which no missing barrier explains and
+  the race detector does not report; it misses races whose outcome does not change the
+  bytes and order bugs that the random order does not hit; about 2-2.5x.
 
 An integer division or remainder by zero (or INT_MIN / -1) does not stop a GPU, and does
 not stop a launch here: it gives x / 0 = 0, x % 0 = x, as Apple's CPUs do (what Apple's
@@ -156,7 +167,8 @@ class BarrierDivergenceError(SoftMetalError):
 
 
 class RaceError(SoftMetalError):
-    """The result changed when the dispatch ran again in another thread order."""
+    """A data race (check_races, check_memory), or a result that changed when the dispatch
+    ran again in another order (check_order, schedule="run-ahead")."""
 
 
 class UninitializedReadError(SoftMetalError):
@@ -300,9 +312,9 @@ class Library:
         return out[0]
 
     def launch(self, kernel: str, buffers=(), threadgroups=None, threads_per_threadgroup=(1, 1, 1),
-               threadgroup_memory=None, check_races=False, grid=None, indirect=None,
+               threadgroup_memory=None, check_races=None, grid=None, indirect=None,
                poison_threadgroup_memory=True, check_memory=None, constants=None, schedule=None,
-               checks=None, stale_reads=None, check_division=None) -> float:
+               checks=None, stale_reads=None, check_division=None, check_order=None) -> float:
         """Runs one dispatch; returns its time in seconds. See the module docstring."""
         if self._handle is None:
             raise InvalidUsageError("the library is closed")
@@ -359,7 +371,12 @@ class Library:
             desc.indirect_length = args.nbytes
             desc.indirect_offset = int(offset)
         desc.threads_per_threadgroup = _triple("threads_per_threadgroup", threads_per_threadgroup)
+        if check_races is None:
+            check_races = os.environ.get("SOFTMETAL_CHECK_RACES") == "1"
         desc.check_races = 1 if check_races else 0
+        if check_order is None:
+            check_order = os.environ.get("SOFTMETAL_CHECK_ORDER") == "1"
+        desc.check_order = 1 if check_order else 0
         if checks is None:
             checks = os.environ.get("SOFTMETAL_CHECKS") or None
         if checks not in (None, "all"):

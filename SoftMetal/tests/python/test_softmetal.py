@@ -140,6 +140,27 @@ kernel void bfloat_chain(device const bfloat* x [[buffer(0)]],
     out[2] = bfloat(widened[0]);
 }
 
+// bfloat under the usual arithmetic conversions: with float it is float, with an integer
+// bfloat; casts to and from half convert (clang's __bf16 and _Float16 do not).
+kernel void bfloat_conversions(device const bfloat* x [[buffer(0)]],
+                               device float* picked [[buffer(1)]],
+                               device bfloat* with_int [[buffer(2)]],
+                               device half* halves [[buffer(3)]],
+                               device bfloat* from_half [[buffer(4)]],
+                               uint i [[thread_position_in_grid]]) {
+    float f = 0.1f;
+    auto r = (i & 1) ? x[i] : f;
+    static_assert(is_same<decltype(r), float>::value, "bfloat : float is float");
+    picked[i] = r;
+    auto n = x[i] * 3;
+    static_assert(is_same<decltype(n), bfloat>::value, "bfloat * int is bfloat");
+    with_int[i] = n;
+    uint k = i % 3;
+    halves[i] = k == 0 ? static_cast<half>(x[i]) : k == 1 ? half(x[i]) : (half)x[i];
+    half h = halves[i];
+    from_half[i] = k == 0 ? static_cast<bfloat>(h) : k == 1 ? bfloat(h) : (bfloat)h;
+}
+
 // MSL vector constructors, conversions and swizzles.
 kernel void vectors(device float* out [[buffer(0)]],
                     device const int2* ints [[buffer(1)]]) {
@@ -660,9 +681,13 @@ def test_simd_operations_at_different_places_are_divergence(bugs):
 def test_missing_barrier_is_a_race(bugs):
     x = np.arange(64, dtype=np.float32)
     y = np.zeros(64, np.float32)
-    with pytest.raises(softmetal.RaceError, match="depends on execution order.*buffer\\(1\\)"):
+    with pytest.raises(softmetal.RaceError, match="missing_barrier: data race on threadgroup"):
         bugs.launch("missing_barrier", [x, y], threadgroups=(1,), threads_per_threadgroup=(64,),
                     threadgroup_memory={0: 256}, check_races=True)
+    # The permuted rerun sees it by its output, without naming the lines.
+    with pytest.raises(softmetal.RaceError, match="depends on execution order.*buffer\\(1\\)"):
+        bugs.launch("missing_barrier", [x, y], threadgroups=(1,), threads_per_threadgroup=(64,),
+                    threadgroup_memory={0: 256}, check_order=True)
     bugs.launch("with_barrier", [x, y], threadgroups=(1,), threads_per_threadgroup=(64,),
                 threadgroup_memory={0: 256}, check_races=True)
     np.testing.assert_array_equal(y, np.roll(x, -1))
@@ -750,7 +775,10 @@ def test_order_dependent_atomics_are_reported(bugs):
     counter = np.zeros(1, np.uint32)
     out = np.zeros(256, np.uint32)
     with pytest.raises(softmetal.RaceError):
-        bugs.launch("atomic_slots", [counter, out], threadgroups=(8,), threads_per_threadgroup=(32,), check_races=True)
+        bugs.launch("atomic_slots", [counter, out], threadgroups=(8,), threads_per_threadgroup=(32,), check_order=True)
+    # No access races (each slot is claimed once), so the race detector passes it.
+    counter[:] = 0
+    bugs.launch("atomic_slots", [counter, out], threadgroups=(8,), threads_per_threadgroup=(32,), check_races=True)
 
 
 def test_compile_error_is_a_compile_error_with_the_msl_line():
@@ -858,6 +886,40 @@ kernel void k(device float* x [[buffer(0)]], device half* h [[buffer(1)]], uint 
     np.testing.assert_array_equal(x, [2, 3, 4, 5])
     np.testing.assert_array_equal(h, [0.5, 1, 1.5, 2])
 
+
+
+def test_a_vector_from_a_packed_vector_converts_each_component():
+    """`float4(packed_char4)` (ggml's dequantize_q8_0): four components, not a splat of the first."""
+    lib = softmetal.compile("""
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(device const char* x [[buffer(0)]], device float4* out [[buffer(1)]]) {
+    device const packed_char4* q = (device const packed_char4*) x;
+    out[0] = float4(q[0]) * 0.5f;
+    out[1] = float4(packed_float3(float3(1.0f, 2.0f, 3.0f)), 4.0f);
+}
+""")
+    out = np.zeros((2, 4), np.float32)
+    lib.launch("k", [np.array([-8, 3, 0, 127], np.int8), out], threadgroups=(1,), threads_per_threadgroup=(1,))
+    np.testing.assert_array_equal(out, [[-4, 1.5, 0, 63.5], [1, 2, 3, 4]])
+
+
+def test_bfloat_takes_part_in_the_usual_arithmetic_conversions(lib):
+    xf = np.array([1.5, 0.3, -2.75, 1e-3, 3.0e38, 7.0, -0.0, 65504.0], np.float32)
+    x = to_bf16_bits(xf)
+    xs = from_bf16_bits(x)
+    n = len(x)
+    picked, halves = np.zeros(n, np.float32), np.zeros(n, np.float16)
+    with_int, from_half = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+    lib.launch("bfloat_conversions", [x, picked, with_int, halves, from_half], threadgroups=(1,),
+               threads_per_threadgroup=(n,))
+    odd = np.arange(n) % 2 == 1
+    np.testing.assert_array_equal(picked, np.where(odd, xs, np.float32(0.1)))  # 0.1 not rounded to bfloat
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(from_bf16_bits(with_int), bf16_round(xs * 3))
+        h = xs.astype(np.float16)
+    np.testing.assert_array_equal(halves, h)
+    np.testing.assert_array_equal(from_bf16_bits(from_half), bf16_round(h.astype(np.float32)))
 
 # ---- templated kernels, the preprocessor, includes (MLX-style MSL) ----
 

@@ -237,9 +237,10 @@ def test_lanes_of_one_simdgroup_need_a_simd_operation(lib):
 
 def test_a_race_that_does_not_change_the_output(lib):
     y = np.zeros(1, np.float32)
-    lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), check_races=True)  # passes
-    with pytest.raises(softmetal.RaceError, match="threadgroups of one dispatch are not ordered"):
-        lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), check_memory=True)
+    lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), check_order=True)  # passes
+    for check in ("check_races", "check_memory"):
+        with pytest.raises(softmetal.RaceError, match="threadgroups of one dispatch are not ordered"):
+            lib.launch("same_value_race", [y], threadgroups=(8,), threads_per_threadgroup=(4,), **{check: True})
 
 
 def test_removed_barrier_in_a_simdgroup_reduction(lib):
@@ -399,15 +400,16 @@ def test_handoff_across_threadgroups_is_reported(handoff, kernel, load, store):
     partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
     handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,))
     assert out[0] == 2 * x.sum()  # unchecked: x86 shows every store to every later load
-    counter[0], partial[:] = 0, previous.view(partial.dtype)
-    with pytest.raises(softmetal.RaceError) as e:
-        handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
-                       check_memory=True)
-    message = str(e.value)
-    assert f"of threadgroup ({GROUPS - 1}, 0, 0) reads it" in message and "thread 0 of threadgroup (0, 0, 0) wrote it" in message
-    assert f"at MSL line {handoff_line(load)}" in message and f"at MSL line {handoff_line(store)}" in message
-    assert "threadgroups of one dispatch are not ordered by a threadgroup_barrier" in message
-    assert ("reads it with an atomic load" in message) == (kernel == "handoff")
+    for check in ("check_memory", "check_races"):
+        counter[0], partial[:] = 0, previous.view(partial.dtype)
+        with pytest.raises(softmetal.RaceError) as e:
+            handoff.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                           **{check: True})
+        message = str(e.value)
+        assert f"of threadgroup ({GROUPS - 1}, 0, 0) reads it" in message and "thread 0 of threadgroup (0, 0, 0) wrote it" in message
+        assert f"at MSL line {handoff_line(load)}" in message and f"at MSL line {handoff_line(store)}" in message
+        assert "threadgroups of one dispatch are not ordered by a threadgroup_barrier" in message
+        assert ("reads it with an atomic load" in message) == (kernel == "handoff")
 
 
 @pytest.mark.parametrize("kernel", ["handoff", "handoff_plain"])
@@ -427,7 +429,7 @@ def test_stale_reads_show_the_previous_value(handoff, kernel):
 def test_fenced_handoff_is_clean(handoff_fenced, kernel):
     x, previous, counter, out = _handoff_buffers()
     partial = previous.view(np.uint32).copy() if kernel == "handoff" else previous.copy()
-    for checks in ({"check_memory": True}, {"stale_reads": True}, {"checks": "all"}):
+    for checks in ({"check_memory": True}, {"check_races": True}, {"stale_reads": True}, {"checks": "all"}):
         out[0] = 0
         handoff_fenced.launch(kernel, [x, partial, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
                               **checks)
@@ -447,9 +449,61 @@ def test_a_fence_at_threadgroup_scope_orders_nothing_across_threadgroups():
     lib = softmetal.compile(HANDOFF.replace("FENCE", DEVICE_FENCE.replace("thread_scope_device", "thread_scope_threadgroup")),
                             metal_version=320)
     x, previous, counter, out = _handoff_buffers()
-    with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier"):
-        lib.launch("handoff_plain", [x, previous, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
-                   check_memory=True)
+    for check in ("check_memory", "check_races"):
+        counter[0] = 0
+        with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier"):
+            lib.launch("handoff_plain", [x, previous, counter, out], threadgroups=(GROUPS,), threads_per_threadgroup=(32,),
+                       **{check: True})
+
+
+COHERENT = r"""
+#include <metal_stdlib>
+using namespace metal;
+// Each threadgroup stores its value into COHERENT memory, FENCE, and bumps a relaxed counter;
+// the last one sums the values without an acquire of its own.
+kernel void coherent_handoff(device const float* x [[buffer(0)]], COHERENT device float* partial [[buffer(1)]],
+                             device atomic_uint* counter [[buffer(2)]], device float* out [[buffer(3)]],
+                             uint g [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
+                             uint t [[thread_index_in_threadgroup]]) {
+    threadgroup uint last;
+    if (t == 0) {
+        partial[g] = x[g] * 2.0f;  // coherent store
+        FENCE
+        const uint done = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
+        last = done == groups - 1 ? 1u : 0u;
+        if (done == groups - 1) atomic_store_explicit(counter, 0u, memory_order_relaxed);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (last == 0 || t != 0) return;
+    float sum = 0.0f;
+    for (uint i = 0; i < groups; i++) sum += partial[i];  // coherent load
+    out[0] = sum;
+}
+"""
+
+
+@pytest.mark.parametrize("coherent, fence, clean", [("coherent(device)", DEVICE_FENCE, True),
+                                                    ("", DEVICE_FENCE, False),
+                                                    ("coherent(device)", "", False)])
+def test_coherent_device_memory_is_ordered_by_the_writers_fence(coherent, fence, clean):
+    """MSL 3.2's coherent(device): another threadgroup's read of a value written before the
+    writer's device-scope fence is ordered; without the qualifier the reader must acquire,
+    and without the fence nothing publishes the write."""
+    lib = softmetal.compile(COHERENT.replace("COHERENT", coherent).replace("FENCE", fence), metal_version=320)
+    x, previous, counter, out = _handoff_buffers()
+    for check in ("check_races", "check_memory"):
+        counter[0], out[0] = 0, 0
+        partial = previous.copy()
+        if clean:
+            lib.launch("coherent_handoff", [x, partial, counter, out], threadgroups=(GROUPS,),
+                       threads_per_threadgroup=(32,), **{check: True})
+            assert out[0] == 2 * x.sum()
+        else:
+            with pytest.raises(softmetal.RaceError, match="not ordered by a threadgroup_barrier") as e:
+                lib.launch("coherent_handoff", [x, partial, counter, out], threadgroups=(GROUPS,),
+                           threads_per_threadgroup=(32,), **{check: True})
+            line = next(n for n, text in enumerate(COHERENT.split("\n"), 1) if "// coherent load" in text)
+            assert f"MSL line {line}" in str(e.value)
 
 
 def test_checks_all_is_checked(lib):

@@ -93,13 +93,13 @@ def test_router_and_expert_buckets(logits):
     for e in range(ne):
         assert sorted(buckets[e * nt * k: e * nt * k + tpe[e]]) == [i for i in range(nt * k) if ids[i] == e]
     assert list(gate_up_args) == [1, 12, 64] and list(down_args) == [1, 32, 64]
-    # The order inside each bucket comes from atomic slot claims: the race check says so.
+    # The order inside each bucket comes from atomic slot claims: the order check says so.
     # Two buckets of 20 pairs each, so the permuted rerun keeps the first run's order with
     # probability 1/(20!)^2 (with this routing's few buckets of two, it did about 1 in 400).
     crowded = (np.arange(nt * k) % 2).astype(np.int32)
     with pytest.raises(softmetal.RaceError, match="moe_compute_ids_tpe_f32"):
         lib.launch("moe_compute_ids_tpe_f32", [crowded, tpe, buckets, gate_up_args, down_args, params],
-                   threadgroups=(1,), threads_per_threadgroup=(256,), check_races=True)
+                   threadgroups=(1,), threads_per_threadgroup=(256,), check_order=True)
 
 
 def test_swiglu_bf16_and_weighted_sum():

@@ -461,6 +461,46 @@ def test_ggml_mul_mv_id(ggml, qtype, ne11):
     np.testing.assert_allclose(dst, ref, rtol=1e-4, atol=1e-4)
 
 
+# ---- kernel_mul_mm_id_<quant>_f32: the MoE expert mat-mat of a batch (ne21 >= 32 tokens), launched
+# as ggml_metal_op_mul_mat_id launches it: kernel_mul_mm_id_map0_ne20_<n_used> first (one
+# threadgroup of n_expert threads: per expert the count of its (token, slot) pairs and their
+# list), then kernel_mul_mm_id (64 x 32 tiles of 128 threads per expert, 8 KiB of threadgroup
+# memory, FC_MUL_MM + 0 = bc_inp = ne00 % 32 != 0). The tiles go through half, as ggml's do. ----
+
+@pytest.mark.parametrize("qtype", sorted(_MUL_MV_ID))
+def test_ggml_mul_mm_id(ggml, qtype):
+    make = _MUL_MV_ID[qtype][0]
+    rng = np.random.default_rng(11)
+    n_expert, ne00, ne01, n_used, n_tokens = 4, 256, 72, 2, 40  # 72 rows: a partial 64-row tile
+    raws, deqs = zip(*(make(rng, ne01, ne00) for _ in range(n_expert)))
+    src0 = np.stack(raws)                                   # (expert, rows, row bytes)
+    w = np.stack(deqs)                                      # (expert, rows, ne00)
+    ne11 = 1                                                # the activations broadcast to every used expert
+    src1 = rng.standard_normal((n_tokens, ne11, ne00)).astype(np.float32)
+    ids = np.stack([rng.permutation(n_expert)[:n_used] for _ in range(n_tokens)]).astype(np.int32)
+    tpe = np.zeros(n_expert, np.uint32)
+    hids = np.zeros((n_expert, n_tokens), np.int32)
+    map0 = kargs("ggml_metal_kargs_mul_mm_id_map0", ne02=n_expert, ne10=ne00, ne11=ne11, nb11=ne00 * 4,
+                 nb12=ne11 * ne00 * 4, ne21=n_tokens, ne20=n_used, nb21=n_used * 4)
+    ggml.launch(f"kernel_mul_mm_id_map0_ne20_{n_used}", buffers=[map0, ids, tpe, hids], threadgroups=(1, 1, 1),
+                threads_per_threadgroup=(n_expert, 1, 1), threadgroup_memory={0: n_expert * n_used * 2})
+    np.testing.assert_array_equal(tpe, np.bincount(ids.ravel(), minlength=n_expert))
+    for e in range(n_expert):  # (token, slot) pairs of expert e, in token order, as token * n_used + slot
+        np.testing.assert_array_equal(hids[e, :tpe[e]], np.flatnonzero(ids.ravel() == e))
+    dst = np.zeros((n_tokens, n_used, ne01), np.float32)
+    row = src0.shape[2]
+    args = kargs("ggml_metal_kargs_mul_mm_id", ne00=ne00, ne02=n_expert, nb01=row, nb02=row * ne01,
+                 nb03=row * ne01 * n_expert, ne11=ne11, nb10=4, nb11=ne00 * 4, nb12=ne11 * ne00 * 4,
+                 nb13=n_tokens * ne11 * ne00 * 4, ne20=n_used, ne21=n_tokens, ne0=ne01, ne1=n_used, r2=1, r3=1)
+    ggml.launch(f"kernel_mul_mm_id_{qtype}_f32", buffers=[args, src0, src1, tpe, hids, dst],
+                threadgroups=(-(-n_tokens // 32), -(-ne01 // 64), n_expert), threads_per_threadgroup=(128, 1, 1),
+                threadgroup_memory={0: 8192}, constants={_define("FC_MUL_MM") + 0: ne00 % 32 != 0})
+    half_w = w.astype(np.float16).astype(np.float64)
+    half_x = src1.astype(np.float16).astype(np.float64)
+    ref = np.einsum("tk,terk->ter", half_x[:, 0], half_w[ids])
+    np.testing.assert_allclose(dst, ref, rtol=1e-3, atol=1e-3)
+
+
 # ---- planted bugs: a patched copy of the source text (the vendored file stays as it is) ----
 
 def _patched(source, old, new, after="kernel void kernel_rms_norm_fuse_impl("):
@@ -477,13 +517,14 @@ def _compile_patched(text):
 RMS_BODY = "    sumf = simd_sum(sumf);\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    if (tiisg == 0) {\n        shmem_f32[sgitg] = sumf;\n    }\n\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n\n    sumf = shmem_f32[tiisg];\n    sumf = simd_sum(sumf);\n\n    const float mean  = sumf/args.ne00;"
 
 
-def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None, schedule="round-robin"):
+def _rms_launch(lib, check_races=False, check_memory=False, rows=5, ne00=256, x=None, out=None, schedule="round-robin",
+                check_order=False):
     x = RNG.standard_normal((rows, ne00)).astype(np.float32) if x is None else x
     out = np.zeros((rows, ne00), np.float32) if out is None else out
     args = _norm_args(ne00, ne00, rows, 1e-5, ne00 * 4)
     lib.launch("kernel_rms_norm_f32", buffers=[args, x, x, x, out], threadgroups=(rows, 1, 1),
                threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4},
-               check_races=check_races, check_memory=check_memory, schedule=schedule)
+               check_races=check_races, check_memory=check_memory, schedule=schedule, check_order=check_order)
     return x, out
 
 
@@ -502,17 +543,18 @@ def test_bug_rms_norm_barrier_removed(ggml_source, which):
     """One of the two threadgroup barriers of rms_norm's reduction, removed."""
     text = _patched(ggml_source, RMS_BODY, RMS_BODY.replace(*RMS_BARRIERS[which]))
     lib = _compile_patched(text)
-    with pytest.raises(sm.RaceError):
-        _rms_launch(lib, check_memory=True)
+    for check in ("check_memory", "check_races"):
+        with pytest.raises(sm.RaceError, match="data race on threadgroup"):
+            _rms_launch(lib, **{check: True})
     # Either barrier: simdgroup 1 running ahead to the end stores its sum before simdgroup 0
     # zeroes shmem (first) or simdgroup 0 reads the sums before simdgroup 1 stores (second).
     with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
         _rms_launch(lib, schedule="run-ahead")
     if which == "second":
-        # The race check's reordering catches it too: the late simdgroup reads the value
-        # or the poison (NaN) depending on the order.
-        with pytest.raises(sm.RaceError):
-            _rms_launch(lib, check_races=True)
+        # The permuted rerun catches it too: the late simdgroup reads the value or the
+        # poison (NaN) depending on the order.
+        with pytest.raises(sm.RaceError, match="depends on execution order"):
+            _rms_launch(lib, check_order=True)
 
 
 def test_bug_rms_norm_missing_zero_init(ggml_source):
@@ -567,7 +609,7 @@ def test_bug_soft_max_sum_barrier_removed(ggml_source):
     args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=1, nb01=nb01, nb02=nb01 * rows,
                  nb03=nb01 * rows, ne11=rows, ne12=1, ne13=1, nb11=nb01, nb12=nb01 * rows, nb13=nb01 * rows,
                  nb1=nb01, nb2=nb01 * rows, nb3=nb01 * rows, scale=1.0, max_bias=0.0, n_head_log2=1)
-    for checks in ({"check_memory": True}, {"schedule": "run-ahead"}):
+    for checks in ({"check_memory": True}, {"check_races": True}, {"schedule": "run-ahead"}):
         with pytest.raises(sm.RaceError):
             lib.launch("kernel_soft_max_f32", buffers=[args, x, mask, sinks, out], threadgroups=(rows, 1, 1),
                        threads_per_threadgroup=(64, 1, 1), threadgroup_memory={0: 32 * 4}, **checks)
@@ -585,7 +627,7 @@ def test_bug_mul_mv_reduction_barrier_removed(ggml_source):
     zeroes shmem[row][lane] before its simd_sum, the others store shmem[row][sgitg] after
     theirs. A simdgroup that runs ahead across the simd_sum stores its sum, and simdgroup 0
     then zeroes it. Round robin never lets a simdgroup get that far ahead: the output is
-    right, and the permutation check catches it only by chance (a few percent of launches);
+    right, and the order check catches it only by chance (a few percent of launches);
     running the simdgroups ahead in reverse order loses the sums in the output."""
     text = _patched(ggml_source, *MV_REDUCE_FIRST_BARRIER, after="static inline void helper_mv_reduce_and_write(")
     lib = _compile_patched(text)
@@ -610,5 +652,6 @@ def test_bug_mul_mv_reduction_barrier_removed(ggml_source):
     assert not launch(schedule="run-ahead-reverse")  # simdgroup 1's sums are zeroed: wrong output
     with pytest.raises(sm.RaceError, match="forward order and one in reverse order"):
         launch(schedule="run-ahead")
-    with pytest.raises(sm.RaceError, match="data race on threadgroup"):
-        launch(check_memory=True)
+    for check in ("check_memory", "check_races"):
+        with pytest.raises(sm.RaceError, match="data race on threadgroup"):
+            launch(**{check: True})

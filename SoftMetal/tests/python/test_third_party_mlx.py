@@ -196,6 +196,10 @@ def test_mlx_copy_cast_and_strided():
     lib.launch("v_copyfloat32bfloat16", buffers=[src, dbf, scalar(n, np.uint32)],
                grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
     np.testing.assert_array_equal(dbf, to_bf16(src))
+    back = np.zeros(n, dtype=np.float16)  # static_cast<half>(bfloat): MSL converts
+    lib.launch("v_copybfloat16float16", buffers=[dbf, back, scalar(n, np.uint32)],
+               grid=(n, 1, 1), threads_per_threadgroup=(64, 1, 1))
+    np.testing.assert_array_equal(back, from_bf16(dbf).astype(np.float16))
     rows, cols = 9, 20
     m = RNG.standard_normal((cols, rows)).astype(np.float32)
     out = np.zeros((rows, cols), dtype=np.float32)
@@ -761,9 +765,6 @@ def _qmm_t(m, n, k, pad_rows=0):
     np.testing.assert_allclose(y, x.astype(np.float64) @ deq[:n].T, rtol=1e-4, atol=1e-4)
 
 
-# Not under checks="all": the memory check's false alarm on steel's 32-byte tile copies
-# (test_memory_check_sees_a_32_byte_struct_copy, xfail) would stop them.
-@pytest.mark.own_checks
 @pytest.mark.parametrize("m,n,k,pad_rows", [(40, 64, 128, 0), (33, 40, 256, 24)])
 def test_mlx_affine_qmm_t(m, n, k, pad_rows):
     """x (M, K) @ dequantized w (N, K)^T through steel's tiles (quantized.h's QuantizedBlockLoader
@@ -773,24 +774,21 @@ def test_mlx_affine_qmm_t(m, n, k, pad_rows):
     _qmm_t(m, n, k, pad_rows)
 
 
-# Not under checks="all": the memory check's false alarm on steel's 32-byte tile copies
-# (test_memory_check_sees_a_32_byte_struct_copy, xfail) would stop them.
-@pytest.mark.own_checks
 def test_mlx_affine_qmm_t_reads_rows_past_n():
     """A finding in unmodified code: with N % 32 != 0 the last tile's QuantizedBlockLoader::load_safe
     is called with short2(BK, num_outs) and, for reduction_dim 1, checks the row `bi` against
     `src_tile_dim.x` (BK), not the row count, so it reads scales, biases and weights of rows
     past N (the results for them are not stored). On a GPU the read lands in the rest of the
     allocation; SoftMetal's guard page stops it."""
-    with pytest.raises(sm.OutOfBoundsError, match=r"affine_qmm_t_float_gs_64_b_4_alN_false_batch_0: out-of-bounds access to buffer\((0|1|2)\)"):
+    with pytest.raises(sm.OutOfBoundsError, match=r"affine_qmm_t_float_gs_64_b_4_alN_false_batch_0: out-of-bounds .*buffer\((0|1|2)\)"):
         _qmm_t(33, 40, 256)
 
 
-@pytest.mark.xfail(strict=True, reason="SoftMetal's memory check does not see a struct copy of 32 bytes or more "
-                   "(clang lowers it to llvm.memcpy, which -fsanitize-coverage=trace-stores does not trace), so it "
-                   "reports the threadgroup tile that steel's BlockLoader fills through its ReadVector as unwritten: "
-                   "a false alarm on affine_qmm_t under check_memory")
+@pytest.mark.own_checks  # SoftMetal's own kernels: each launch names its check
 def test_memory_check_sees_a_32_byte_struct_copy():
+    """clang copies a struct of 32 bytes or more with llvm.memcpy, which sanitizer coverage does
+    not trace: the checked build calls the runtime's checked copy instead (steel's BlockLoader
+    fills its threadgroup tiles so), so the tile counts as written and the copy's bytes are checked."""
     lib = sm.compile("""
 using namespace metal;
 struct alignas(32) V8 { float v[8]; };
@@ -804,3 +802,18 @@ kernel void k(device const float* x [[buffer(0)]], device float* y [[buffer(1)]]
     x, y = np.arange(256, dtype=np.float32), np.zeros(32, np.float32)
     lib.launch("k", [x, y], threadgroups=(1,), threads_per_threadgroup=(32,), check_memory=True)
     np.testing.assert_array_equal(y, (np.arange(32) * 8 + 13) % 256)
+    # The copy's stores are seen: without the barrier, another thread's read of them races.
+    racing = sm.compile(lib_source := """
+using namespace metal;
+struct alignas(32) V8 { float v[8]; };
+kernel void k(device const float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_index_in_threadgroup]]) {
+    threadgroup float t[256];
+    *((threadgroup V8*)(&t[i * 8])) = *((const device V8*)(&x[i * 8]));  // the copy
+    y[i] = t[(i * 8 + 13) % 256];  // another thread's copy
+}
+""")
+    with pytest.raises(sm.RaceError, match="data race") as e:
+        racing.launch("k", [x, y], threadgroups=(1,), threads_per_threadgroup=(32,), check_races=True)
+    lines = lib_source.split("\n")
+    copy = next(n for n, t in enumerate(lines, 1) if "// the copy" in t)
+    assert f"MSL line {copy}" in str(e.value), str(e.value)

@@ -19,7 +19,7 @@
 enum MSLAddressSpaceCheck {
     static let flags = [
         "-std=c++17", "-fsyntax-only", "-D__SM_ADDRESS_SPACES=1", "-fno-exceptions", "-fno-rtti",
-        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=0",
+        "-Xclang", "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=0",
         "-fno-caret-diagnostics", "-fno-color-diagnostics",
     ]
 

@@ -117,6 +117,7 @@ extension MSLTranslator {
             guard open < text.count, text[open] == Byte.openParen, let close = matching(open),
                   string(open + 1, close - 1).trimmingSpaces == "device", t == 0 || !isMember(token.start) else { continue }
             versionGated.append((token.start, "coherent(device)", 320))
+            coherentAt.append(token.start)
             blankInPlace(token.start, close)
         }
     }

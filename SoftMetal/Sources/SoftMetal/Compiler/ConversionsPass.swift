@@ -24,11 +24,19 @@ extension MSLTranslator {
         "kernel", "template", "device", "thread", "constant", "threadgroup", "is_function_constant_defined",
     ]
 
+    /// Scalar types between which MSL converts and clang does not (`__bf16` and `_Float16`):
+    /// their casts go through `metal::__sm::scalar_cast`, which converts through float.
+    static let halfAndBfloat: Set<String> = ["half", "bfloat", "bfloat16_t"]
+
     mutating func conversions() throws {
         try walk { t, v in
             guard let word = t.word(v) else { return nil }
             if MSLTranslator.vectorTypes.contains(word) {
                 t.vectorConstructor(at: v.start, end: v.end, word: word)
+            } else if MSLTranslator.halfAndBfloat.contains(word) {
+                t.templateTypeConversion(at: v.start, end: v.end, word: word)
+            } else if word == "static_cast" {
+                t.staticCast(at: v.start, end: v.end)
             } else if !v.inDirective && t.templateTypeNames.contains(word) && !MSLTranslator.wordsOfOtherPasses.contains(word) {
                 t.templateTypeConversion(at: v.start, end: v.end, word: word)
             }
@@ -109,6 +117,16 @@ extension MSLTranslator {
             guard MSLTranslator.expressionKeywords.contains(identifier(endingAt: p).word) else { return }
         }
         edits.append((i, end, "::metal::__sm::construct<\(word)>"))
+    }
+
+    /// `static_cast<U>(x)` with U half, bfloat or a template's type parameter (MLX's
+    /// `cast_to<half>(bfloat)`) becomes `::metal::__sm::scalar_cast<U>(x)`.
+    private mutating func staticCast(at i: Int, end: Int) {
+        let open = skipSpace(end)
+        guard open < text.count, text[open] == Byte.less, let close = matchingAngle(open) else { return }
+        let target = string(open + 1, close - 1).trimmingSpaces
+        guard MSLTranslator.halfAndBfloat.contains(target) || templateTypeNames.contains(target) else { return }
+        edits.append((i, end, "::metal::__sm::scalar_cast"))
     }
 
     /// `(half4) x`: MSL converts element-wise (C would bit-cast, or reject vectors of

@@ -40,7 +40,7 @@ final class KernelCompiler: @unchecked Sendable {
 
     static let flags = [
         "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
-        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno",
+        "-Xclang", "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none", "-fno-math-errno",
         "-Wno-unused-variable", "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-Wno-unknown-attributes",
         "-Wno-unused-function", "-Wno-duplicate-decl-specifier", "-fstack-clash-protection", "-ferror-limit=20", "-fno-color-diagnostics", "-fno-caret-diagnostics",
     ]
@@ -233,7 +233,7 @@ final class KernelCompiler: @unchecked Sendable {
 
     static let languageCheckFlags = [
         "-std=c++17", "-O0", "-S", "-emit-llvm", "-gline-tables-only", "-fno-exceptions", "-fno-rtti",
-        "-Xclang", "-ffloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=1",
+        "-Xclang", "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none", "-fno-math-errno", "-w", "-ferror-limit=1",
     ]
 
     /// The language check's findings for a translated source, cached on disk beside the
@@ -327,15 +327,29 @@ final class KernelCompiler: @unchecked Sendable {
         }
         let temporary = "\(output).\(unique).tmp"
         let log = "\(dir)/\(key).\(unique).log"
-        let argv = [compiler] + flags + ["-I", dir, source, "-o", temporary]
-        let status = SMFile.spawn(argv, output: log, timeout: timeout)
-        let messages = (try? SMFile.read(log)) ?? ""
-        unlink(log)
-        guard status == 0 else {
-            unlink(temporary)
-            // A stopped clang++ leaves its own temporary files (named after the output).
-            if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).so.\(unique)") }
-            throw SMFile.spawnError(status, compiler: compiler, timeout: timeout) ?? SoftMetalError.compile(messages)
+        func run(_ argv: [String]) throws {
+            let status = SMFile.spawn(argv, output: log, timeout: timeout)
+            let messages = (try? SMFile.read(log)) ?? ""
+            unlink(log)
+            guard status == 0 else {
+                unlink(temporary)
+                // A stopped clang++ leaves its own temporary files (named after the output).
+                if status < 0 { SMFile.removeFiles(in: dir, prefix: "\(key).so.\(unique)") }
+                throw SMFile.spawnError(status, compiler: compiler, timeout: timeout) ?? SoftMetalError.compile(messages)
+            }
+        }
+        if flags.contains(KernelCompiler.checkedFlags[0]) {
+            // The memory check's build: to instrumented IR, the memory intrinsics rewritten
+            // (CheckedIR), then to the shared object without optimizing again.
+            let ir = "\(output).\(unique).ll"
+            defer { unlink(ir) }
+            try run([compiler] + flags.filter { $0 != "-shared" } + ["-S", "-emit-llvm", "-I", dir, source, "-o", ir])
+            let rewritten = CheckedIR.rewriteMemoryIntrinsics(try SMFile.read(ir)).text
+            try SMFile.writeAtomically(ir, rewritten, unique: unique)
+            try run([compiler, "-x", "ir", ir, "-O2", "-Xclang", "-disable-llvm-optzns", "-fPIC", "-shared",
+                     "-Wno-unused-command-line-argument", "-o", temporary])
+        } else {
+            try run([compiler] + flags + ["-I", dir, source, "-o", temporary])
         }
         guard rename(temporary, output) == 0 else {
             unlink(temporary)

@@ -163,6 +163,7 @@ extension MSLTranslator {
     mutating func parameter(_ a: Int, _ b: Int, kernel: String, at headStart: Int) throws -> Parameter? {
         let raw = string(a, b)
         if raw.trimmingSpaces.isEmpty || raw.trimmingSpaces == "void" { return nil }
+        let coherent = coherentAt.contains { a <= $0 && $0 < b }
         // The attribute [[...]].
         var attribute: String?
         var declaration = ""
@@ -232,7 +233,7 @@ extension MSLTranslator {
             let spaces = declaration.splitWords
             if declaration.contains("*") || declaration.contains("&") || isArray {
                 if spaces.contains("device") || spaces.contains("constant") {
-                    return Parameter(kind: .buffer(-1), type: type, name: name, condition: condition)
+                    return Parameter(kind: .buffer(-1), type: type, name: name, condition: condition, coherent: coherent)
                 }
                 if spaces.contains("threadgroup") {
                     return Parameter(kind: .threadgroup(-1), type: type, name: name, condition: condition)
@@ -248,7 +249,7 @@ extension MSLTranslator {
         switch attrName {
         case "buffer":
             guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
-            return Parameter(kind: .buffer(n), type: type, name: name, condition: condition)
+            return Parameter(kind: .buffer(n), type: type, name: name, condition: condition, coherent: coherent)
         case "threadgroup":
             guard let n = argument, n >= 0, n < 31 else { throw fail(a, "kernel \(kernel): bad [[\(attribute)]] (indices 0...30)") }
             return Parameter(kind: .threadgroup(n), type: type, name: name, condition: condition)

@@ -51,7 +51,7 @@ extension MSLTranslator {
             case .buffer(let i):
                 args.append("::metal::__sm::buf_arg<\(p.type)>(\(present(p, "__d->buffers[\(i)]")))")
                 let kind = k.unusedParameters.contains(p.name) ? "0" : present(p, "SM_PARAM_BUFFER")
-                infos.append("{\(kind), \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\"}")
+                infos.append("{\(kind), \(i), ::metal::__sm::elem_size<\(p.type)>(), \(parameter.type.hasSuffix("&") ? 1 : 0), \(cString(parameter.type)), \(cString(p.name)), \"buffer(\(i))\(parameter.coherent ? " coherent(device)" : "")\"}")
             case .threadgroup(let i):
                 args.append("(\(p.type))\(present(p, "__d->tg_mem[\(i)]"))")
                 let kind = k.unusedParameters.contains(p.name) ? "0" : present(p, "SM_PARAM_THREADGROUP")

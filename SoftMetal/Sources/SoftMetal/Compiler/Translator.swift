@@ -34,6 +34,9 @@ struct MSLTranslator {
         /// `[[buffer(2), function_constant(has_bias)]]`: the parameter exists only when the
         /// (bool) function constant is true; otherwise it is null and need not be bound.
         var condition: String? = nil
+        /// `coherent(device)` (MSL 3.2): the memory check orders other threadgroups' accesses
+        /// after the writer's device-scope fence.
+        var coherent = false
     }
 
     struct Kernel: Equatable {
@@ -151,6 +154,8 @@ struct MSLTranslator {
     var tgSlot = 0
     /// Version-gated features found (offset in `text`, what, from which `__METAL_VERSION__`).
     var versionGated: [(at: Int, what: String, allowedFrom: Int)] = []
+    /// Where `coherent(device)` was blanked (a kernel parameter's range holding one is coherent).
+    var coherentAt: [Int] = []
     var addressSpaceOverloadNames = Set<String>()
     /// Where the earliest error so far was raised: the passes go no further.
     var stopAt = Int.max

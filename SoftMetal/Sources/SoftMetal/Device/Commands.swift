@@ -118,12 +118,14 @@ struct DispatchCommand {
     var threadgroupLengths: [Int]
     var size: Size
     var threadsPerThreadgroup: MTLSize
-    var checkRaces: Bool
+    var checkOrder: Bool
     var poison: Bool
     var checkMemory = false
     var checkDivision = false
     var schedule = SoftMetalSchedule.roundRobin
     var staleReads = false
+    /// The memory check's build with only its race detection (and bounds) reporting.
+    var checkRaces = false
 }
 
 public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @unchecked Sendable {
@@ -144,10 +146,18 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// command buffer then fails with it.
     private var encodingError: SoftMetalError?
 
+    /// SoftMetal only: the race detector. This encoder's dispatches run in the memory
+    /// check's instrumented build reporting data races on shadow memory (SoftMetalError.race
+    /// naming both threads and both MSL lines: a missing barrier whatever the output, and a
+    /// device-memory read another threadgroup wrote that Apple's memory model does not order)
+    /// and out-of-bounds accesses, but not reads of unwritten memory (the memory check adds
+    /// those). Default: SoftMetalOptions.checkRaces.
+    public var softMetalCheckRaces = SoftMetalOptions.checkRaces
     /// SoftMetal only: run this encoder's dispatches twice, the second time with permuted
     /// thread and threadgroup order, and fail the command buffer with SoftMetalError.race
-    /// if any bound buffer differs. Default: SoftMetalOptions.checkRaces.
-    public var softMetalCheckRaces = SoftMetalOptions.checkRaces
+    /// if any bound buffer differs: finds results that depend on the order of atomics, which
+    /// no barrier is missing for. Default: SoftMetalOptions.checkOrder.
+    public var softMetalCheckOrder = SoftMetalOptions.checkOrder
     /// SoftMetal only: fill threadgroup memory with 0xFF before each threadgroup.
     /// Default: SoftMetalOptions.poisonThreadgroupMemory.
     public var softMetalPoisonThreadgroupMemory = SoftMetalOptions.poisonThreadgroupMemory
@@ -232,9 +242,9 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         let command = DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
-            checkRaces: softMetalCheckRaces, poison: softMetalPoisonThreadgroupMemory,
+            checkOrder: softMetalCheckOrder, poison: softMetalPoisonThreadgroupMemory,
             checkMemory: softMetalCheckMemory || softMetalStaleReads, checkDivision: softMetalCheckDivision,
-            schedule: softMetalSchedule, staleReads: softMetalStaleReads)
+            schedule: softMetalSchedule, staleReads: softMetalStaleReads, checkRaces: softMetalCheckRaces)
         if dispatchType == .concurrent {
             unordered.append(command)
         } else {
@@ -277,7 +287,7 @@ extension DispatchCommand {
     /// A command that fails with `error` when it runs (errors found while encoding).
     static func failing(_ error: SoftMetalError) -> DispatchCommand {
         DispatchCommand(kernel: nil, failure: error, maxThreads: 0, buffers: [], threadgroupLengths: [],
-                        size: .threadgroups(MTLSize()), threadsPerThreadgroup: MTLSize(), checkRaces: false, poison: false)
+                        size: .threadgroups(MTLSize()), threadsPerThreadgroup: MTLSize(), checkOrder: false, poison: false)
     }
 }
 #endif

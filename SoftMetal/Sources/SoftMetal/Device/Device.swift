@@ -136,7 +136,11 @@ final class CompiledKernel: @unchecked Sendable {
         var type: String
         var name: String
         var attribute: String
-        var declaration: String { "\(type) \(name) [[\(attribute)]]" }
+        /// A `coherent(device)` buffer: the launcher's table marks it after the attribute.
+        var coherent: Bool { attribute.hasSuffix(" coherent(device)") }
+        var declaration: String {
+            "\(coherent ? "coherent(device) " : "")\(type) \(name) [[\(coherent ? String(attribute.dropLast(" coherent(device)".count)) : attribute)]]"
+        }
     }
 
     let name: String

@@ -15,14 +15,15 @@ enum Executor {
     nonisolated(unsafe) private static var _stats = SoftMetalOptions.Statistics()
     static var stats: SoftMetalOptions.Statistics { statsLock.withLock { _stats } }
 
-    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool, memoryChecked: Bool,
-                               runAheadChecked: Bool) {
+    private static func record(groups: Int, threads: Int, seconds: Double, raceChecked: Bool, orderChecked: Bool,
+                               memoryChecked: Bool, runAheadChecked: Bool) {
         statsLock.withLock {
             _stats.dispatches += 1
             _stats.threadgroups += groups
             _stats.threads += threads
             _stats.seconds += seconds
             if raceChecked { _stats.raceCheckedDispatches += 1 }
+            if orderChecked { _stats.orderCheckedDispatches += 1 }
             if memoryChecked { _stats.memoryCheckedDispatches += 1 }
             if runAheadChecked { _stats.runAheadCheckedDispatches += 1 }
         }
@@ -46,7 +47,7 @@ enum Executor {
             if let counted {
                 record(groups: counted.groups, threads: counted.threads,
                        seconds: Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9, raceChecked: c.checkRaces,
-                       memoryChecked: c.checkMemory, runAheadChecked: c.schedule == .runAhead)
+                       orderChecked: c.checkOrder, memoryChecked: c.checkMemory, runAheadChecked: c.schedule == .runAhead)
             }
         }
         if let failure = c.failure { throw failure }
@@ -145,14 +146,14 @@ enum Executor {
                            "a run with simdgroups running ahead in forward order and one in reverse order",
                            "a missing threadgroup barrier between one simdgroup's access to threadgroup (or device) memory and another simdgroup's, or a data race between simdgroups"))
         }
-        if c.checkRaces {
+        if c.checkOrder {
             reruns.append((base.flags, UInt64.random(in: 1..<UInt64.max),
                            "a run in order and a run with permuted threads and threadgroups",
                            "a missing barrier, a data race between threads or threadgroups, or an order-dependent atomic"))
         }
         if reruns.isEmpty {
-            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory,
-                        staleReads: c.staleReads)
+            try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory || c.checkRaces,
+                        uninitialized: c.checkMemory, staleReads: c.staleReads)
             return
         }
         var distinct: [SoftMetalBuffer] = []
@@ -160,8 +161,8 @@ enum Executor {
             distinct.append(binding.buffer)
         }
         let before = distinct.map { snapshot($0) }
-        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory,
-                    staleReads: c.staleReads)
+        try execute(kernel, base, total: total, lanes: perGroup, bindings: c.buffers, permutation: nil, checked: c.checkMemory || c.checkRaces,
+                    uninitialized: c.checkMemory, staleReads: c.staleReads)
         let first = distinct.map { snapshot($0) }
         for rerun in reruns {
             for (b, saved) in zip(distinct, before) { restore(b, saved) }
@@ -200,7 +201,7 @@ enum Executor {
     /// check, on one thread, one dispatch at a time.
     private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
                                 bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?,
-                                checked: Bool = false, staleReads: Bool = false) throws {
+                                checked: Bool = false, uninitialized: Bool = true, staleReads: Bool = false) throws {
         if !checked {
             // Its stores are not seen: the memory check takes its buffers as written.
             for binding in bindings { binding?.buffer.markAllInitialized() }
@@ -208,7 +209,9 @@ enum Executor {
         if checked {
             let (launcher, path) = try kernel.checkedLauncher()
             try MemoryCheck.lock.withLock {
-                let check = MemoryCheck(bindings: bindings, dispatch: base, groups: total, staleReads: staleReads)
+                let coherent = kernel.params.filter { $0.kind == SM_PARAM_BUFFER && $0.coherent }.map(\.index)
+                let check = MemoryCheck(bindings: bindings, dispatch: base, groups: total, coherent: coherent, uninitialized: uninitialized,
+                                        staleReads: staleReads)
                 defer { check.release() }
                 var d = base
                 d.check = check.state

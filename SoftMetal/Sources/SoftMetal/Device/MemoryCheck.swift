@@ -16,12 +16,15 @@ final class MemoryCheck {
     private var stale: [(buffer: SoftMetalBuffer, newest: UnsafeMutablePointer<UInt8>, pending: UnsafeMutablePointer<UInt8>)] = []
 
     /// `groups`: threadgroups in the dispatch (the memory model's release table);
+    /// `uninitialized`: reads of unwritten memory are reported (the race detector alone does not);
     /// `staleReads`: unordered cross-threadgroup reads get the bytes the dispatch began with.
-    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch, groups: Int, staleReads: Bool) {
+    /// `coherent`: the indices of the kernel's `coherent(device)` buffers.
+    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch, groups: Int, coherent: [Int] = [],
+         uninitialized: Bool, staleReads: Bool) {
         state = .allocate(capacity: 1)
         state.initialize(to: sm_check())
         state.pointee.races = 1
-        state.pointee.uninitialized = 1
+        state.pointee.uninitialized = uninitialized ? 1 : 0
         if let releases = map(bytes: groups * Int(SM_RELEASES_PER_GROUP) * MemoryLayout<sm_release>.stride),
            let threads = map(bytes: Int(SM_SYNC_THREADS) * MemoryLayout<sm_thread_sync>.stride),
            let locations = map(bytes: Int(SM_SYNC_LOCATIONS) * MemoryLayout<sm_sync_location>.stride) {
@@ -31,6 +34,13 @@ final class MemoryCheck {
             state.pointee.locations = locations.bindMemory(to: sm_sync_location.self, capacity: Int(SM_SYNC_LOCATIONS))
         }
         state.pointee.stale_reads = staleReads ? 1 : 0
+        let coherentBound = coherent.filter { $0 >= 0 && $0 < bindings.count && bindings[$0] != nil }
+        if !coherentBound.isEmpty, let fences = map(bytes: groups * (Int(SM_SYNC_THREADS) + 1) * MemoryLayout<UInt32>.stride) {
+            state.pointee.coherent_fences = fences.bindMemory(to: UInt32.self, capacity: groups * (Int(SM_SYNC_THREADS) + 1))
+            withUnsafeMutableBytes(of: &state.pointee.coherent) { flags in
+                for i in coherentBound where i < flags.count { flags[i] = 1 }
+            }
+        }
         // One shadow per buffer, shared by every index it is bound at (one buffer bound
         // twice is one memory).
         var shadows: [ObjectIdentifier: UnsafeMutablePointer<sm_shadow>?] = [:]

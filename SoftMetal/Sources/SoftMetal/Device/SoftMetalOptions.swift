@@ -36,6 +36,7 @@ public enum SoftMetalSchedule: Sendable, Equatable {
 public enum SoftMetalOptions {
     private static let lock = SMLock()
     nonisolated(unsafe) private static var _checkRaces = SMEnv.get("SOFTMETAL_CHECK_RACES") == "1"
+    nonisolated(unsafe) private static var _checkOrder = SMEnv.get("SOFTMETAL_CHECK_ORDER") == "1"
     nonisolated(unsafe) private static var _poison = SMEnv.get("SOFTMETAL_POISON") != "0"
     nonisolated(unsafe) private static var _checkMemory = SMEnv.get("SOFTMETAL_CHECK_MEMORY") == "1" || allFromEnvironment
     nonisolated(unsafe) private static var _schedule = SoftMetalSchedule(environment: SMEnv.get("SOFTMETAL_SCHEDULE"))
@@ -67,11 +68,17 @@ public enum SoftMetalOptions {
     }
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalCheckRaces for new encoders
-    /// (initially: $SOFTMETAL_CHECK_RACES == 1). Costs about twice the dispatch time
-    /// plus copies of the bound buffers.
+    /// (initially: $SOFTMETAL_CHECK_RACES == 1): the race detector on shadow memory.
     public static var checkRaces: Bool {
         get { lock.withLock { _checkRaces } }
         set { lock.withLock { _checkRaces = newValue } }
+    }
+
+    /// Default of SoftMetalComputeCommandEncoder.softMetalCheckOrder for new encoders
+    /// (initially: $SOFTMETAL_CHECK_ORDER == 1): the rerun in a permuted order.
+    public static var checkOrder: Bool {
+        get { lock.withLock { _checkOrder } }
+        set { lock.withLock { _checkOrder = newValue } }
     }
 
     /// Default of SoftMetalComputeCommandEncoder.softMetalCheckMemory for new encoders
@@ -110,6 +117,7 @@ public enum SoftMetalOptions {
     public struct Statistics {
         public var dispatches = 0
         public var raceCheckedDispatches = 0
+        public var orderCheckedDispatches = 0
         public var memoryCheckedDispatches = 0
         public var runAheadCheckedDispatches = 0
         public var threadgroups = 0

@@ -1,6 +1,6 @@
 // ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
 extern "C" {
-#define SM_ABI_VERSION 7
+#define SM_ABI_VERSION 8
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
 #define SM_FLAG_POISON 1u
@@ -118,6 +118,14 @@ typedef struct sm_check {
     uint8_t* stale_initial[SM_MAX_BUFFERS];
     uint8_t* stale_newest[SM_MAX_BUFFERS];
     uint8_t* stale_pending[SM_MAX_BUFFERS];
+    /* coherent(device) buffers (MSL 3.2), by index: a write to one is ordered before another
+     * threadgroup's access once the writing thread (or, after a barrier, any thread of its
+     * threadgroup) made a device-scope release fence. */
+    uint8_t coherent[SM_MAX_BUFFERS];
+    uint32_t coherent_access;                  /* the access being tracked is to such a buffer */
+    uint32_t* coherent_fences;                 /* SM_SYNC_THREADS + 1 per threadgroup, by linear number:
+                                                  1 + the epoch of each thread's last device-scope release
+                                                  fence, then the largest (NULL: none bound) */
 } sm_check;
 #define SM_PARAM_BUFFER 1
 #define SM_PARAM_THREADGROUP 2

@@ -140,7 +140,7 @@ inline long_t abs(long_t x) { return x < 0 ? -x : x; }
 inline uint abs(uint x) { return x; }
 inline float abs(float x) { return __builtin_fabsf(x); }
 inline half abs(half x) { return (half)__builtin_fabsf((float)x); }
-SM_BF_ONLY inline bfloat abs(B x) { bfloat r = x; r.__bits &= 0x7fff; return r; }
+SM_BF_ONLY inline bfloat abs(B x) { return __builtin_bit_cast(bfloat, (uint16_t)(__builtin_bit_cast(uint16_t, x) & 0x7fff)); }
 template <class V, class = __sm::enable_if_t<__sm::is_vec<V>::value>> inline V abs(V v) {
     V r;
     for (int i = 0; i < __sm::vtraits<V>::N; i++) r[i] = abs(v[i]);

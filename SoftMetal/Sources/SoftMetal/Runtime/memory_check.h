@@ -80,6 +80,13 @@ SM_UNTRACED static inline void check_arena_allocated(Group* g, uint64_t off, uin
 SM_UNTRACED static inline bool synchronized(const sm_check* c, const Group* g, const Lane* L, uint32_t group, uint32_t thread,
                                             uint32_t epoch) {
     if (!c->releases || group == 0 || group > c->group_count) return false;
+    if (c->coherent_access && c->coherent_fences) {
+        const uint32_t* f = c->coherent_fences + (uint64_t)(group - 1) * (SM_SYNC_THREADS + 1);
+        // The writer's own fence in the write's barrier epoch counts as after the write
+        // (the shadow keeps no order within an epoch); another thread's only after a barrier.
+        if (thread < SM_SYNC_THREADS && f[thread] > epoch) return true;
+        if (f[SM_SYNC_THREADS] > epoch + 1) return true;
+    }
     const sm_release* r = c->releases + (uint64_t)(group - 1) * SM_RELEASES_PER_GROUP;
     for (uint32_t k = 0; k < SM_RELEASES_PER_GROUP; k++) {
         if (!r[k].location || !(epoch < r[k].epoch || (thread == r[k].thread && epoch == r[k].epoch))) continue;
@@ -151,6 +158,7 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
                          uintptr_t a, uint32_t size, bool write, uintptr_t pc, uint32_t atomic) {
     sm_check* c = g->d->check;
     const bool stale = device && c->stale_reads && c->stale_pending[region];
+    c->coherent_access = device && region >= 0 && region < SM_MAX_BUFFERS && c->coherent[region];
     if (atomic == ATOMIC_LOAD && device) {
         c->atomic_read = 1;
         for (uint32_t b = 0; b < size; b++) {
@@ -364,7 +372,14 @@ __attribute__((noinline)) SM_UNTRACED static void check_fence(bool device_memory
         const uint32_t n = c->acquire_count < SM_ACQUIRES_PER_GROUP ? c->acquire_count++ : SM_ACQUIRES_PER_GROUP - 1;
         c->acquires[n] = sm_acquire{t->read_location, t->read_start, t->read_clock, L->g->epoch, L->tid};
     }
-    if (release) t->fence_epoch = L->g->epoch + 1;
+    if (release) {
+        t->fence_epoch = L->g->epoch + 1;
+        if (c->coherent_fences && L->g->id >= 1 && L->g->id <= c->group_count) {
+            uint32_t* f = c->coherent_fences + (uint64_t)(L->g->id - 1) * (SM_SYNC_THREADS + 1);
+            f[L->tid] = L->g->epoch + 1;
+            if (f[SM_SYNC_THREADS] < L->g->epoch + 1) f[SM_SYNC_THREADS] = L->g->epoch + 1;
+        }
+    }
 }
 #endif
 
@@ -387,4 +402,31 @@ SM_TRACE(4, uint32_t)
 SM_TRACE(8, uint64_t)
 SM_TRACE(16, __int128)
 #undef SM_TRACE
+// The memory intrinsics of traced code, which the build rewrites into calls of these
+// (Compiler/CheckedIR.swift): the bytes are checked in pieces of at most 16, as the traced
+// loads and stores of a copy would be, all reads before the writes, from the call's line.
+namespace metal {
+namespace __sm {
+SM_UNTRACED static inline void check_range(const void* p, uint64_t n, bool write, uintptr_t pc) {
+    for (uint64_t k = 0; k < n; k += 16)
+        check_access((uintptr_t)p + k, (uint32_t)(n - k < 16 ? n - k : 16), write, pc);
+}
+}  // namespace __sm
+}  // namespace metal
+extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize("coverage"))) void __sm_memcpy_checked(void* d, const void* s, uint64_t n) {
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);
+    ::metal::__sm::check_range(s, n, false, pc);
+    ::metal::__sm::check_range(d, n, true, pc);
+    __builtin_memcpy(d, s, n);
+}
+extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize("coverage"))) void __sm_memmove_checked(void* d, const void* s, uint64_t n) {
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);
+    ::metal::__sm::check_range(s, n, false, pc);
+    ::metal::__sm::check_range(d, n, true, pc);
+    __builtin_memmove(d, s, n);
+}
+extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize("coverage"))) void __sm_memset_checked(void* d, uint8_t v, uint64_t n) {
+    ::metal::__sm::check_range(d, n, true, (uintptr_t)__builtin_return_address(0));
+    __builtin_memset(d, v, n);
+}
 #endif

@@ -27,10 +27,10 @@ template <class A> struct same<A, A> { static constexpr bool value = true; };
 template <class...> using void_t = void;
 template <class T> T&& declval();
 
-// bfloat16: stored as 16 bits, every operation computed in float and rounded to nearest
-// even (NaN stays NaN). `__bf16` arithmetic would need __truncsfbf2, which libgcc 12 lacks.
-// constexpr (`static constexpr bfloat m = numeric_limits<bfloat>::max();`, MLX's utils.h).
-static constexpr inline float bf_to_float(uint16_t b) { return __builtin_bit_cast(float, (uint32_t)b << 16); }
+// bfloat is clang's __bf16, an arithmetic type, so that it takes part in the usual
+// arithmetic conversions as MSL's does (`c ? bf : f` is a float; a class type with
+// conversions both ways made that ambiguous). Every operation rounds to nearest even
+// (the build passes -fbfloat16-excess-precision=none); NaN stays NaN.
 static constexpr inline uint16_t float_to_bf(float f) {
     uint32_t u = __builtin_bit_cast(uint32_t, f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
@@ -39,26 +39,7 @@ static constexpr inline uint16_t float_to_bf(float f) {
 }
 }  // namespace __sm
 
-struct bfloat {
-    uint16_t __bits;
-    bfloat() = default;
-    constexpr bfloat(const bfloat&) = default;
-    constexpr bfloat(float f) : __bits(__sm::float_to_bf(f)) {}
-    constexpr bfloat(double f) : __bits(__sm::float_to_bf((float)f)) {}
-    constexpr bfloat(half f) : __bits(__sm::float_to_bf((float)f)) {}
-    constexpr bfloat(int i) : __bits(__sm::float_to_bf((float)i)) {}
-    constexpr bfloat(uint i) : __bits(__sm::float_to_bf((float)i)) {}
-    constexpr bfloat(short i) : __bits(__sm::float_to_bf((float)i)) {}
-    constexpr bfloat(ushort i) : __bits(__sm::float_to_bf((float)i)) {}
-    constexpr bfloat(long i) : __bits(__sm::float_to_bf((float)i)) {}
-    constexpr bfloat(unsigned long i) : __bits(__sm::float_to_bf((float)i)) {}
-    constexpr bfloat(bool b) : __bits(__sm::float_to_bf(b ? 1.0f : 0.0f)) {}
-    bfloat& operator=(const bfloat&) = default;
-    constexpr operator float() const { return __sm::bf_to_float(__bits); }
-    explicit operator half() const { return (half)(float)*this; }
-    constexpr bfloat operator-() const { return bfloat(-(float)*this); }  // exact: flips the sign
-    constexpr bfloat operator+() const { return *this; }
-};
+typedef __bf16 bfloat;
 namespace __sm {
 template <class T> struct bf_arith { typedef void type; };  // bfloat op T
 template <> struct bf_arith<bfloat> { typedef bfloat type; };
@@ -74,33 +55,33 @@ template <> struct bf_arith<unsigned long> { typedef bfloat type; };
 template <> struct bf_arith<char> { typedef bfloat type; };
 template <> struct bf_arith<signed char> { typedef bfloat type; };
 template <> struct bf_arith<uchar> { typedef bfloat type; };
+// A cast between bfloat and half: MSL converts (MLX's copy kernels cast bfloat16 to half),
+// clang refuses every conversion between __bf16 and _Float16, so it goes through float,
+// which holds both exactly. The translator routes casts to half, bfloat and a template's
+// type parameters here.
+template <class To, class From> constexpr inline To scalar_cast(From f) {
+    if constexpr ((same<rcv<To>, half>::value && same<rcv<From>, bfloat>::value) ||
+                  (same<rcv<To>, bfloat>::value && same<rcv<From>, half>::value))
+        return (To)(float)f;
+    else
+        return (To)f;
+}
 }  // namespace __sm
-#define SM_BF_OP(op)                                                                               \
-    constexpr inline bfloat operator op(bfloat a, bfloat b) { return bfloat((float)a op(float) b); }        \
-    template <class T, class R = typename __sm::bf_arith<T>::type,                                 \
-              class = __sm::enable_if_t<!__sm::same<R, void>::value && !__sm::same<T, bfloat>::value>> \
-    constexpr inline R operator op(bfloat a, T b) { return R((float)a op(float) b); }                       \
-    template <class T, class R = typename __sm::bf_arith<T>::type,                                 \
-              class = __sm::enable_if_t<!__sm::same<R, void>::value && !__sm::same<T, bfloat>::value>> \
-    constexpr inline R operator op(T a, bfloat b) { return R((float)a op(float) b); }                       \
-    template <class T> constexpr inline bfloat& operator op##=(bfloat & a, T b) { return a = bfloat((float)a op(float) b); }
-SM_BF_OP(+)
-SM_BF_OP(-)
-SM_BF_OP(*)
-SM_BF_OP(/)
-#undef SM_BF_OP
-#define SM_BF_CMP(op)                                                                              \
-    constexpr inline bool operator op(bfloat a, bfloat b) { return (float)a op(float) b; }                  \
-    template <class T, class = __sm::enable_if_t<!__sm::same<typename __sm::bf_arith<T>::type, void>::value && !__sm::same<T, bfloat>::value>> \
-    constexpr inline bool operator op(bfloat a, T b) { return (float)a op(float) b; }                       \
-    template <class T, class = __sm::enable_if_t<!__sm::same<typename __sm::bf_arith<T>::type, void>::value && !__sm::same<T, bfloat>::value>> \
-    constexpr inline bool operator op(T a, bfloat b) { return (float)a op(float) b; }
-SM_BF_CMP(<)
-SM_BF_CMP(>)
-SM_BF_CMP(<=)
-SM_BF_CMP(>=)
-SM_BF_CMP(==)
-SM_BF_CMP(!=)
-#undef SM_BF_CMP
 typedef bfloat bfloat16_t;
 }  // namespace metal
+
+// The library calls clang lowers float -> __bf16 and double -> __bf16 to, defined in each
+// library (hidden): libgcc before 13 has neither, and a library imports no more than it must.
+extern "C" __attribute__((visibility("hidden"))) __bf16 __truncsfbf2(float f) {
+    return __builtin_bit_cast(__bf16, metal::__sm::float_to_bf(f));
+}
+extern "C" __attribute__((visibility("hidden"))) __bf16 __truncdfbf2(double d) {
+    // Through float rounded to odd, so that the second rounding is exact (no double rounding).
+    float f = (float)d;
+    if ((double)f != d && f == f) {
+        uint32_t u = __builtin_bit_cast(uint32_t, f);
+        if (__builtin_fabs((double)f) > __builtin_fabs(d)) u -= 1;  // toward zero: truncated
+        f = __builtin_bit_cast(float, u | 1u);
+    }
+    return __truncsfbf2(f);
+}

@@ -25,7 +25,7 @@ template <int N> struct bfloat_vec;
     bfloat_vec() = default;                                                        \
     /* a scalar converts to a vector implicitly, as in MSL (`v = 0`) */            \
     template <class S, class = __sm::enable_if_t<!__sm::same<typename __sm::bf_arith<S>::type, void>::value>> \
-    bfloat_vec(S s) { for (int i = 0; i < N; i++) v[i] = bfloat(s); }             \
+    bfloat_vec(S s) { for (int i = 0; i < N; i++) v[i] = __sm::scalar_cast<bfloat>(s); }             \
     bfloat& operator[](int i) { return v[i]; }                                     \
     const bfloat& operator[](int i) const { return v[i]; }
 template <> struct bfloat_vec<2> { union { struct { bfloat x, y; }; bfloat v[2]; }; SM_BFVEC_COMMON(2) };
@@ -161,7 +161,10 @@ SM_VT(ulong, ulong)
 SM_VT(bool, bool)
 #undef SM_VT
 template <int M> struct vtraits<bfloat_vec<M>> { typedef bfloat E; static constexpr int N = M; static constexpr bool vec = true; };
-template <class T> struct vcount { static constexpr int value = vtraits<rcv<T>>::N; };
+// A packed vector counts its components (`float4(packed_char4)` converts each, not a splat).
+template <class T, class = void> struct unpacked { typedef T type; };
+template <class T> struct unpacked<T, void_t<typename T::vector_t>> { typedef typename T::vector_t type; };
+template <class T> struct vcount { static constexpr int value = vtraits<typename unpacked<rcv<T>>::type>::N; };
 template <class T> struct is_vec { static constexpr bool value = vtraits<rcv<T>>::vec; };
 template <class V> struct velem { typedef typename vtraits<V>::E type; };
 
@@ -171,9 +174,9 @@ template <class E, class A> inline void vpush(E* out, int& k, const A& a) {
     if constexpr (!same<typename packed_vector<A>::type, void>::value) {  // packed_float4...
         vpush<E>(out, k, (typename packed_vector<A>::type)a);
     } else if constexpr (is_vec<A>::value) {
-        for (int i = 0; i < vcount<A>::value; i++) out[k++] = (E)a[i];
+        for (int i = 0; i < vcount<A>::value; i++) out[k++] = scalar_cast<E>(a[i]);
     } else {
-        out[k++] = (E)a;
+        out[k++] = scalar_cast<E>(a);
     }
 }
 template <class... A> struct argcount { static constexpr int value = 0; };
@@ -209,12 +212,13 @@ template <class V, class... A> inline V vmake(const A&... a) {
 // (`T(idx.x)`) binds to no non-const reference.
 template <class T, class... A> constexpr inline T construct(A... a) {  // constexpr: `static constexpr U init = U(0);`
     if constexpr (is_vec<T>::value) return vmake<T>(a...);
+    else if constexpr (sizeof...(A) == 1) return scalar_cast<T>(a...);
     else return T(a...);
 }
 template <class V> struct vcast {};
 template <class V, class A> constexpr inline V operator->*(vcast<V>, A a) {
     if constexpr (is_vec<V>::value) return vmake<V>(a);
-    else return (V)a;  // a cast to a template parameter that is not a vector
+    else return scalar_cast<V>(a);  // a cast to a scalar type or a template parameter that is not a vector
 }
 }  // namespace __sm
 

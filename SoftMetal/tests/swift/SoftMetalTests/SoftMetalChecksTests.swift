@@ -156,7 +156,12 @@ final class SoftMetalChecksTests: XCTestCase {
                               [{ $0.setBuffer(y, offset: 0, index: 0) }])
         XCTAssertEqual(checked.status, .error)
         guard case .race(let m)? = checked.error as? SoftMetalError else { return XCTFail(message(checked)) }
-        XCTAssertTrue(m.contains("depends on execution order") && m.contains("buffer(0)"), m)
+        XCTAssertTrue(m.contains("neighbour_without_barrier: data race on") && m.contains("with no threadgroup_barrier between them"), m)
+        let reordered = try run("neighbour_without_barrier", groups: 1, threads: 128, configure: { $0.softMetalCheckOrder = true },
+                                [{ $0.setBuffer(y, offset: 0, index: 0) }])
+        XCTAssertEqual(reordered.status, .error)
+        guard case .race(let o)? = reordered.error as? SoftMetalError else { return XCTFail(message(reordered)) }
+        XCTAssertTrue(o.contains("depends on execution order") && o.contains("buffer(0)"), o)
     }
 
     func testRunAheadScheduleIsRequestedOnTheSoftMetalEncoder() throws {
