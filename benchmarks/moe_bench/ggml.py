@@ -163,6 +163,20 @@ class _Lib:
         self.add_id = fn(base, "ggml_add_id", TP, vp, TP, TP, TP)
         self.swiglu_oai = fn(base, "ggml_swiglu_oai", TP, vp, TP, TP, C.c_float, C.c_float)
         self.threadpool_params_default = fn(base, "ggml_threadpool_params_default", ThreadpoolParams, i32)
+        # The router's ops, for the whole-layer graph of tests/fixtures/make_gguf_ggml.py.
+        self.mul_mat = fn(base, "ggml_mul_mat", TP, vp, TP, TP)
+        self.div = fn(base, "ggml_div", TP, vp, TP, TP)
+        self.get_rows = fn(base, "ggml_get_rows", TP, vp, TP, TP)
+        self.set_rows = fn(base, "ggml_set_rows", TP, vp, TP, TP, TP)
+        for name in ("soft_max", "sigmoid", "sum_rows"):
+            setattr(self, name, fn(base, f"ggml_{name}", TP, vp, TP))
+        self.argsort_top_k = fn(base, "ggml_argsort_top_k", TP, vp, TP, i32)
+        self.clamp = fn(base, "ggml_clamp", TP, vp, TP, C.c_float, C.c_float)
+        self.scale = fn(base, "ggml_scale", TP, vp, TP, C.c_float)
+        self.fill = fn(base, "ggml_fill", TP, vp, TP, C.c_float)
+        self.reshape_2d = fn(base, "ggml_reshape_2d", TP, vp, TP, i64, i64)
+        self.reshape_3d = fn(base, "ggml_reshape_3d", TP, vp, TP, i64, i64, i64)
+        self.reshape_4d = fn(base, "ggml_reshape_4d", TP, vp, TP, i64, i64, i64, i64)
         # The backend API, for the weights' buffer types (llama.cpp's way to the repack buffers).
         self.dev_supports_op = fn(base, "ggml_backend_dev_supports_op", C.c_bool, vp, TP)
         self.reg_dev_get = fn(base, "ggml_backend_reg_dev_get", vp, vp, sz)
