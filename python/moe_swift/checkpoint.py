@@ -51,12 +51,109 @@ OVERRIDES = {
 # What a Hub download needs of a repository: nothing but the loader's files.
 HUB_FILES = ["config.json", "model.safetensors.index.json", "*.safetensors"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+# "org/name:Q4_K_M", as llama.cpp's -hf and Ollama name a GGUF quant of a Hub repository.
+_REPO_QUANT = re.compile(r"^([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*):([\w.-]+)$")
+# The quant a GGUF file's name ends in (before any -0000k-of-0000n), as llama.cpp's
+# quantizer names them and uploaders (unsloth's "UD-" included) write them.
+_QUANT = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|MXFP4(?:_MOE)?))$", re.I)
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.I)
 
 
-def resolve(path, revision=None, cache_dir=None):
+def _quant_of(path):
+    """(quant, model key) of a GGUF file's path in a repository: the model key names a file
+    or, for a split, all its splits; quant is None when the name says none."""
+    split = _SPLIT.search(path)
+    stem = path[:split.start()] if split else path[:-len(".gguf")]
+    parts = stem.split("/")
+    # A name that says no quant may sit in a folder named after it.
+    found = _QUANT.search(parts[-1]) or (len(parts) > 1 and _QUANT.search(parts[-2]))
+    return (found.group(1).upper() if found else None), stem
+
+
+def pick_gguf(files, quant, repo="the repository"):
+    """The paths of `files` (a repository's listing) that hold its GGUF model in `quant`:
+    one file, or every split of a split model (in a folder named after the quant, as
+    unsloth and bartowski lay them out, or not). ValueError, naming the quants there are,
+    when none or more than one model matches."""
+    models, present = {}, set()
+    for f in files:
+        if not f.lower().endswith(".gguf") or "mmproj" in f.rsplit("/", 1)[-1].lower():
+            continue  # a vision projector is not a model
+        q, key = _quant_of(f)
+        if q is not None:
+            present.add(q)
+        if q == quant.upper():
+            models.setdefault(key, []).append(f)
+    if not models:
+        listed = ", ".join(sorted(present)) or "none"
+        raise ValueError(f"{repo} has no GGUF file in {quant!r}; quants there: {listed}")
+    if len(models) > 1:
+        raise ValueError(f"{repo} has {len(models)} GGUF models in {quant!r}: "
+                         f"{', '.join(sorted(min(v) for v in models.values()))}; name the one file's path instead")
+    (chosen,) = models.values()
+    chosen.sort()
+    counts = {_SPLIT.search(f).group(2) if _SPLIT.search(f) else None for f in chosen}
+    if counts != {None}:
+        n = int(max(c for c in counts if c))
+        have = {int(_SPLIT.search(f).group(1)) for f in chosen if _SPLIT.search(f)}
+        if len(counts) != 1 or have != set(range(1, n + 1)):
+            raise ValueError(f"{repo}: the splits of {quant!r} are incomplete ({', '.join(chosen)}; "
+                             f"expected 1 to {n} of {n})")
+    return chosen
+
+
+def _hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        return None
+    return huggingface_hub
+
+
+def _gguf_from_hub(repo, quant, revision, cache_dir):
+    """The local path of `repo`'s GGUF model in `quant` (its first split), downloading only
+    its files; offline (HF_HUB_OFFLINE=1), chosen among the files already cached."""
+    hub = _hub()
+    where = f"{repo!r}{'' if revision is None else f' at revision {revision!r}'}"
+    if hub is None:
+        raise ValueError(f"{repo}:{quant} is not a file here; to load it as a Hugging Face Hub id, install "
+                         "huggingface_hub (pip install huggingface_hub)")
+    try:
+        if hub.constants.HF_HUB_OFFLINE:
+            folder = hub.snapshot_download(repo_id=repo, revision=revision, cache_dir=cache_dir,
+                                           allow_patterns=["*.gguf"], local_files_only=True)
+            files = [os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
+                     for d, _, names in os.walk(folder) for f in names]
+        else:
+            files = hub.list_repo_files(repo, revision=revision)
+    except Exception as error:  # offline without the files, unknown repository, no network...
+        raise ValueError(f"cannot list {where} on the Hugging Face Hub: {type(error).__name__}: {error}") from error
+    chosen = pick_gguf(files, quant, repo)
+    try:
+        folder = hub.snapshot_download(repo_id=repo, revision=revision, cache_dir=cache_dir, allow_patterns=chosen,
+                                       local_files_only=bool(hub.constants.HF_HUB_OFFLINE))
+    except Exception as error:
+        raise ValueError(f"cannot get {', '.join(chosen)} of {where} from the Hugging Face Hub: "
+                         f"{type(error).__name__}: {error}") from error
+    return os.path.join(folder, *chosen[0].split("/"))
+
+
+def resolve(path, revision=None, cache_dir=None, gguf=None):
     """The local folder of `path`: itself when it is a folder, else, for a Hugging Face
     Hub id ("org/name"), its snapshot in the Hub cache, downloaded if needed (only the
-    files of HUB_FILES; HF_HUB_OFFLINE=1 and the cache work as for transformers)."""
+    files of HUB_FILES; HF_HUB_OFFLINE=1 and the cache work as for transformers). A GGUF
+    quant of a Hub repository ("org/name:Q4_K_M", or `gguf="Q4_K_M"`) is the local path
+    of that quant's file (or first split), downloaded alone."""
+    if gguf is not None:
+        if not isinstance(gguf, str) or not gguf:
+            raise TypeError(f"gguf must name a quant such as 'Q4_K_M', got {gguf!r}")
+        if not isinstance(path, str) or not _REPO_ID.match(path) or "/" not in path:
+            raise ValueError(f"gguf={gguf!r} needs a Hugging Face Hub id (org/name), got {path!r}")
+        return _gguf_from_hub(path, gguf, revision, cache_dir)
+    if isinstance(path, str) and not os.path.exists(path):
+        quant = _REPO_QUANT.match(path)
+        if quant:
+            return _gguf_from_hub(quant.group(1), quant.group(2), revision, cache_dir)
     if isinstance(path, str) and path.lower().endswith(".gguf") and revision is None:
         return path  # a GGUF file's path, never a Hub id
     if isinstance(path, os.PathLike) or os.path.isdir(path) or revision is None and not (
@@ -77,7 +174,7 @@ def resolve(path, revision=None, cache_dir=None):
 
 
 def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,
-                    copy_weights=False, memory_limit=None, **overrides):
+                    copy_weights=False, memory_limit=None, gguf=None, **overrides):
     """The MoE layer `layer` (index into model.layers, or GGUF's blk.N) of the checkpoint
     `path`, or a dict {index: MoELayer} of all its MoE layers when `layer` is None.
 
@@ -85,7 +182,11 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     ("model-00001-of-00003.gguf": every split is read), or a folder holding one GGUF model;
     llama.cpp's architectures qwen3moe, qwen2moe, llama (with experts: Mixtral), olmoe,
     deepseek2, glm4moe and gpt-oss, their options read from the file's metadata
-    (docs/checkpoints.md, "GGUF").
+    (docs/checkpoints.md, "GGUF"). A GGUF quant of a Hugging Face Hub repository is
+    "org/name:Q4_K_M" (as llama.cpp's -hf and Ollama name it) or "org/name" with
+    `gguf="Q4_K_M"`: the repository's listing gives that quant's file, or its splits (also
+    in a folder named after the quant), and only those are downloaded; an error lists the
+    quants there when none or several match.
 
     `path` holds config.json and model.safetensors (or shards listed in
     model.safetensors.index.json), or is a Hugging Face Hub id ("Qwen/Qwen3-30B-A3B",
@@ -123,7 +224,7 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
         layer = int(layer)
         if not 0 <= layer < 2**31:
             raise ValueError(f"layer must be a layer index (0 <= layer < 2**31), got {layer}")
-    path = os.fsencode(os.fspath(resolve(path, revision, cache_dir)))
+    path = os.fsencode(os.fspath(resolve(path, revision, cache_dir, gguf)))
     if not path:
         raise ValueError("from_pretrained needs the checkpoint folder's path, got an empty path")
     if not isinstance(copy_weights, (bool, np.bool_)):
