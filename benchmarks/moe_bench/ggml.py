@@ -289,44 +289,59 @@ def dequantize(blocks, gtype: str, cols: int):
     return out
 
 
+def new_pool(threads: int):
+    """llama.cpp's threadpool: its defaults (poll 50, not paused), kept for the layers'
+    life; its workers poll between calls as they do through a decode loop."""
+    L = lib()
+    params = L.threadpool_params_default(threads)
+    return L.threadpool_new(C.byref(params))
+
+
+def free_pool(pool):
+    lib().threadpool_free(pool)
+
+
 class GGMLLayer:
     """The routed experts of a `shapes.Weights` in ggml type `gtype`; `route` maps x to
     (ids, weights) (our layer's router). `blocks`: (gate, up, down) already in `gtype`
     as (E, rows, row bytes) uint8 (the blocks ours reads too), else ggml quantizes the
-    float32 weights. `repack`: use the CPU extra buffer types as llama.cpp does (False:
-    every weight in plain host memory, for comparison)."""
+    float32 weights; `gtype` may be a (gate, up, down) triple, as a file mixes them.
+    `repack`: use the CPU extra buffer types as llama.cpp does (False: every weight in
+    plain host memory, for comparison). `pool`: a threadpool of `new_pool` shared by the
+    layers of one model, as llama.cpp's one pool runs them all (None: the layer's own)."""
 
     name = "ggml"
 
-    def __init__(self, w, gtype: str, route, threads: int, blocks=None, repack: bool = True):
+    def __init__(self, w, gtype, route, threads: int, blocks=None, repack: bool = True, pool=None):
         L = self.L = lib()
-        why = supports(w, gtype)
-        if why:
-            raise ValueError(why)
-        self.gtype, self.t = gtype, TYPES[gtype]
+        gtypes = (gtype,) * 3 if isinstance(gtype, str) else tuple(gtype)
+        for g in dict.fromkeys(gtypes):
+            why = supports(w, g)
+            if why:
+                raise ValueError(why)
+        self.gtype = "/".join(dict.fromkeys(gtypes))
         self.route, self.threads = route, threads
         self.H, self.I, self.E, self.k = w.H, w.I, w.E, w.k
         self.oai = w.shape.activation == "swiglu_oai"
         self.alpha, self.limit = options.DEFAULTS["swiglu_alpha"], options.DEFAULTS["swiglu_limit"]
         self._graphs, self._ctxs, self._buffers, self._keep = {}, [], [], []
         if blocks is None:
-            blocks = (quantize_experts(w.gate(), gtype, threads), quantize_experts(w.up(), gtype, threads),
-                      quantize_experts(w.down, gtype, threads))
+            blocks = (quantize_experts(w.gate(), gtypes[0], threads), quantize_experts(w.up(), gtypes[1], threads),
+                      quantize_experts(w.down, gtypes[2], threads))
         self.nbytes = sum(b.nbytes for b in blocks)
         bufts = L.extra_bufts() if repack else []
         self.placement = {}
-        self.tg = self._weight("gate", blocks[0], self.H, self.I, bufts)
-        self.tu = self._weight("up", blocks[1], self.H, self.I, bufts)
-        self.td = self._weight("down", blocks[2], self.I, self.H, bufts)
+        self.tg = self._weight("gate", blocks[0], self.H, self.I, bufts, gtypes[0])
+        self.tu = self._weight("up", blocks[1], self.H, self.I, bufts, gtypes[1])
+        self.td = self._weight("down", blocks[2], self.I, self.H, bufts, gtypes[2])
         self.biases = None
         if w.gate_up_bias is not None:
             self.biases = tuple(self._f32(np.ascontiguousarray(b, dtype=np.float32))
                                 for b in (w.gate_bias(), w.up_bias(), w.down_bias))
-        # llama.cpp's threadpool: its defaults (poll 50, not paused), kept for the layer's
-        # life; its workers poll between calls as they do through a decode loop.
-        params = L.threadpool_params_default(threads)
+        params = L.threadpool_params_default(threads)  # what new_pool starts a pool with
         self.poll, self.paused_at_start = int(params.poll), bool(params.paused)
-        self.pool = L.threadpool_new(C.byref(params))
+        self.own_pool = pool is None
+        self.pool = new_pool(threads) if pool is None else pool
 
     def expert_bytes(self) -> int:
         return self.nbytes // self.E
@@ -361,15 +376,15 @@ class GGMLLayer:
         finally:
             L.free(ctx)
 
-    def _weight(self, name, arr, cols, rows, bufts):
-        L = self.L
-        if arr.nbytes != self.E * rows * L.row_size(self.t, cols):
-            raise ValueError(f"{name}: {arr.nbytes} bytes of {self.gtype} blocks, expected "
-                             f"{self.E} x {rows} rows x {L.row_size(self.t, cols)}")
+    def _weight(self, name, arr, cols, rows, bufts, gtype):
+        L, t_type = self.L, TYPES[gtype]
+        if arr.nbytes != self.E * rows * L.row_size(t_type, cols):
+            raise ValueError(f"{name}: {arr.nbytes} bytes of {gtype} blocks, expected "
+                             f"{self.E} x {rows} rows x {L.row_size(t_type, cols)}")
         arr = np.ascontiguousarray(arr)
         for buft, bname in bufts:
             ctx = self._ctx(1)
-            t = L.new_tensor_3d(ctx, self.t, cols, rows, self.E)
+            t = L.new_tensor_3d(ctx, t_type, cols, rows, self.E)
             buf = L.alloc_ctx_tensors_from_buft(ctx, buft)
             if not buf:
                 continue
@@ -383,7 +398,7 @@ class GGMLLayer:
                 return t
             L.buffer_free(buf)
         ctx = self._ctx(1)
-        t = L.new_tensor_3d(ctx, self.t, cols, rows, self.E)
+        t = L.new_tensor_3d(ctx, t_type, cols, rows, self.E)
         t.contents.data = arr.ctypes.data
         self._keep.append(arr)
         self.placement[name] = "CPU (host memory)"
@@ -457,7 +472,7 @@ class GGMLLayer:
         for g in self._graphs.values():
             L.free(g["ctx"])
         self._graphs.clear()
-        if getattr(self, "pool", None):
+        if getattr(self, "pool", None) and self.own_pool:
             L.threadpool_free(self.pool)
             self.pool = None
         for buf in self._buffers:

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Our layer against ggml's `mul_mat_id` on a real GGUF file: the MoE layers of a file
+(benchmarks/make_gguf_model.py writes a Qwen3-30B-A3B-shaped one in llama.cpp's Q4_K_M
+mix) loaded with `moe_swift.from_pretrained`, and ggml's graph on the very blocks read
+from the same file (the gguf package's memory-mapped reader), per tensor in the file's
+type (Q4_K gate and up; Q6_K or Q4_K down, as Q4_K_M alternates them).
+
+    python benchmarks/make_gguf_model.py /tmp/q4km-8l.gguf --layers 8 --vocab 4096
+    python benchmarks/bench_gguf_file.py /tmp/q4km-8l.gguf
+
+ggml is set up as the benchmark's ggml peer is (benchmarks/moe_bench/ggml.py: the
+weights in the CPU device's extra buffer types where it takes them, i.e. llama.cpp's
+CPU_REPACK, one polling threadpool, here shared by all layers as llama.cpp's is); its
+routing is our layer's `route` on the same float32 router, inside the timed call. Both
+run on the cpu backend with one thread per core.
+
+Each timed call runs the next layer of the file on a fresh input, cycling through all
+layers, so that the experts a call reads were last read a whole pass earlier: from memory,
+not from the cache (a T = 1 pass over 8 Qwen3-30B-A3B layers reads ~170 MB of experts).
+Rounds alternate the order of the two; each round also measures the read bandwidth
+(moe_bench.roofline.stream_read: NumPy and the native library's probe over 1 GiB, best
+taken), and GB/s counts the bytes of the distinct experts a call's tokens chose (gate, up
+and down in their types) and the router. Times are medians per round; the ratio
+(ggml ms / ours ms, above 1: ours is faster) is the median over the rounds of each round's
+ratio. The table is printed and written with its raw numbers (JSON) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # moe_bench, run from a checkout
+
+import moe_swift  # noqa: E402
+from moe_bench import ggml, peers, roofline  # noqa: E402
+from moe_bench.runner import GGML_SAME_BLOCKS_REL_RMS, loadavg  # noqa: E402
+
+
+def file_layers(path, wanted):
+    """{layer: (router float32 (E, H), (gate, up, down) blocks (E, rows, row bytes), their types)}."""
+    import gguf
+    reader = gguf.GGUFReader(path)
+    by_name = {t.name: t for t in reader.tensors}
+    out = {}
+    for i in wanted:
+        p = f"blk.{i}."
+        router = np.asarray(by_name[p + "ffn_gate_inp.weight"].data, np.float32)
+        mats = [by_name[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down")]
+        out[i] = (router, tuple(m.data for m in mats), tuple(m.tensor_type.name for m in mats))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", type=Path, help="a GGUF file of MoE layers (make_gguf_model.py writes one)")
+    ap.add_argument("--layers", type=int, default=0, help="use the first N MoE layers (default: all)")
+    ap.add_argument("--tokens", default="1,8,512")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passes", default="1:4,8:2,512:1", help="passes over the layers per round and T")
+    ap.add_argument("--out", type=Path, default=HERE / "measurements" / f"{time.strftime('%Y-%m-%d', time.gmtime())}"
+                                                                       f"-bench_gguf_file.txt")
+    a = ap.parse_args(argv)
+    why = ggml.status()
+    if why:
+        raise SystemExit(f"bench_gguf_file.py needs ggml: {why}")
+    if not a.path.is_file():
+        raise SystemExit(f"{a.path}: no such file (write one with benchmarks/make_gguf_model.py)")
+    tokens = [int(t) for t in a.tokens.split(",")]
+    passes = {int(k): int(v) for k, v in (p.split(":") for p in a.passes.split(","))}
+    threads = peers.cores()
+    log = lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)  # noqa: E731
+
+    t0 = time.perf_counter()
+    ours = moe_swift.from_pretrained(a.path, backend="cpu", progress=False)
+    wanted = sorted(ours)[:a.layers] if a.layers else sorted(ours)
+    ours = {i: ours[i] for i in wanted}
+    log(f"ours: {len(ours)} layers loaded in {time.perf_counter() - t0:.1f} s")
+    blocks = file_layers(a.path, wanted)
+    pool = ggml.new_pool(threads)
+    peer, expert_bytes = {}, {}
+    t0 = time.perf_counter()
+    for i, (router, mats, types) in blocks.items():
+        E, I, H = mats[0].shape[0], mats[0].shape[1], mats[2].shape[1]
+        w = SimpleNamespace(H=H, I=I, E=E, k=ours[i].top_k, shared=None, gate_up_bias=None,
+                            shape=SimpleNamespace(activation="silu"))
+        peer[i] = ggml.GGMLLayer(w, types, ours[i].route, threads, blocks=mats, pool=pool)
+        expert_bytes[i] = sum(m.nbytes for m in mats) / E
+    log(f"ggml: {len(peer)} layers set up in {time.perf_counter() - t0:.1f} s ({peer[wanted[0]].describe()})")
+    H = blocks[wanted[0]][1][2].shape[1]
+    router_bytes = blocks[wanted[0]][0].nbytes
+
+    rng = np.random.default_rng(0)
+    n = len(wanted)
+    xs = {T: [rng.standard_normal((T, H), dtype=np.float32) for _ in range(n * passes.get(T, 1))] for T in tokens}
+    # Bytes a call reads: the distinct experts its tokens chose, and the router.
+    read = {T: [len(np.unique(ours[wanted[c % n]].route(x)[0])) * expert_bytes[wanted[c % n]] + router_bytes
+                for c, x in enumerate(xs[T])] for T in tokens}
+    checks = {}
+    for T in tokens:
+        x = xs[T][0][:8]
+        y, yg = ours[wanted[0]](x), peer[wanted[0]](x)
+        checks[T] = float(np.sqrt(np.mean((yg - y) ** 2) / np.mean(y ** 2)))
+        if not checks[T] <= GGML_SAME_BLOCKS_REL_RMS:
+            raise SystemExit(f"ggml and ours disagree on layer {wanted[0]}: relative RMS {checks[T]:.3g}")
+    log("outputs agree: relative RMS of ggml vs ours " + ", ".join(f"T={T} {e:.2e}" for T, e in checks.items()))
+
+    probe = np.ones((1 << 30) // 8, np.uint64)
+    impls = {"ours": ours, "ggml": peer}
+    times = {(name, T): [] for name in impls for T in tokens}
+    gbs = {(name, T): [] for name in impls for T in tokens}
+    roofs = []
+    for r in range(a.rounds):
+        roofs.append(roofline.stream_read(probe, runs=3))
+        for T in tokens:
+            order = list(impls) if r % 2 == 0 else list(impls)[::-1]
+            for name in order:
+                layers = impls[name]
+                layers[wanted[(r + 1) % n]](xs[T][0])  # warm-up: graphs, threads
+                per_call, rates = [], []
+                for c, x in enumerate(xs[T]):
+                    f = layers[wanted[c % n]]
+                    s = time.perf_counter()
+                    f(x)
+                    dt = time.perf_counter() - s
+                    per_call.append(dt)
+                    rates.append(read[T][c] / dt / 1e9)
+                times[(name, T)].append(float(np.median(per_call)) * 1e3)
+                gbs[(name, T)].append(float(np.median(rates)))
+        log(f"round {r + 1}/{a.rounds}: read roof {roofs[-1]['best']:.1f} GB/s; "
+            + ", ".join(f"T={T} ours {times[('ours', T)][-1]:.2f} ms ggml {times[('ggml', T)][-1]:.2f} ms" for T in tokens))
+    roof = max(rr["best"] for rr in roofs)
+
+    types = sorted({"/".join(t) for _, _, t in blocks.values()})
+    lines = [f"moe-swift on a GGUF file vs ggml's mul_mat_id on the same blocks ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC)",
+             f"  file: {a.path.name}, {a.path.stat().st_size / 1e9:.2f} GB; {n} MoE layers used (E={blocks[wanted[0]][1][0].shape[0]}, "
+             f"k={ours[wanted[0]].top_k}, H={H}, I={blocks[wanted[0]][1][0].shape[1]}); expert types (gate/up/down): {', '.join(types)}",
+             f"  machine: {platform.machine()}, {threads} cores, ours isa {moe_swift.cpu_instruction_set()}; "
+             f"load average at start {loadavg()}",
+             f"  ggml: {ggml.info()}; layers: {peer[wanted[0]].describe()}; one threadpool for all layers",
+             f"  timing: {a.rounds} rounds; per round and T, the median over {', '.join(f'T={T}: {len(xs[T])}' for T in tokens)} "
+             f"calls cycling through the layers (fresh input each); read roof per round: {roofs[-1]['method']} (best {roof:.1f} GB/s)",
+             f"  ggml vs ours before timing (relative RMS; ggml rounds activations to 8 bits): "
+             + ", ".join(f"T={T} {e:.1e}" for T, e in checks.items()), "",
+             f"{'T':>4}  {'ours ms':>8}  {'GB/s':>5}  {'% roof':>6}  {'ggml ms':>8}  {'GB/s':>5}  {'% roof':>6}  {'ggml/ours':>9}",
+             f"{'-' * 4}  {'-' * 8}  {'-' * 5}  {'-' * 6}  {'-' * 8}  {'-' * 5}  {'-' * 6}  {'-' * 9}"]
+    rows = []
+    for T in tokens:
+        row = dict(T=T)
+        for name in impls:
+            row[name] = dict(ms=float(np.median(times[(name, T)])), GBps=float(np.median(gbs[(name, T)])),
+                             ms_rounds=times[(name, T)], GBps_rounds=gbs[(name, T)])
+        row["ratio"] = float(np.median([g / o for g, o in zip(times[("ggml", T)], times[("ours", T)])]))
+        rows.append(row)
+        cells = []
+        for name in impls:
+            pct = f"{100 * row[name]['GBps'] / roof:5.0f}%" if T <= roofline.DECODE_MAX_T else "     -"
+            cells.append(f"{row[name]['ms']:8.2f}  {row[name]['GBps']:5.1f}  {pct}")
+        lines.append(f"{T:>4}  {cells[0]}  {cells[1]}  {row['ratio']:8.2f}x")
+    text = "\n".join(lines)
+    print(text)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(text + "\n")
+    a.out.with_suffix(".json").write_text(json.dumps(dict(
+        file=a.path.name, file_bytes=a.path.stat().st_size, layers=wanted, types=types, threads=threads,
+        checks_rel_rms=checks, roofs_GBps=[rr["best"] for rr in roofs], roof_method=roofs[-1]["method"], rows=rows,
+        ggml=ggml.info(), loadavg=loadavg()), indent=1) + "\n")
+    print(f"written: {a.out} and {a.out.with_suffix('.json').name}")
+    for layer in peer.values():
+        layer.close()
+    ggml.free_pool(pool)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
