@@ -18,8 +18,8 @@ Each timed call runs the next layer of the file on a fresh input, cycling throug
 layers, so that the experts a call reads were last read a whole pass earlier: from memory,
 not from the cache (a T = 1 pass over 8 Qwen3-30B-A3B layers reads ~170 MB of experts).
 Rounds alternate the order of the two; each round also measures the read bandwidth
-(moe_bench.roofline.stream_read: NumPy and the native library's probe over 1 GiB, best
-taken), and GB/s counts the bytes of the distinct experts a call's tokens chose (gate, up
+(moe_bench.roofline.stream_read: NumPy and the native library's probe over 1 GiB, the
+best counts), and GB/s counts the bytes of the distinct experts a call's tokens chose (gate, up
 and down in their types) and the router. Times are medians per round; the ratio
 (ggml ms / ours ms, above 1: ours is faster) is the median over the rounds of each round's
 ratio. The table is printed and written with its raw numbers (JSON) to --out.
@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="1,8,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", default="1:4,8:2,512:1", help="passes over the layers per round and T")
+    ap.add_argument("--probe-mb", type=int, default=1024, help="size of the read-bandwidth probe's buffer")
     ap.add_argument("--out", type=Path, default=HERE / "measurements" / f"{time.strftime('%Y-%m-%d', time.gmtime())}"
                                                                        f"-bench_gguf_file.txt")
     a = ap.parse_args(argv)
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"ggml and ours disagree on layer {wanted[0]}: relative RMS {checks[T]:.3g}")
     log("outputs agree: relative RMS of ggml vs ours " + ", ".join(f"T={T} {e:.2e}" for T, e in checks.items()))
 
-    probe = np.ones((1 << 30) // 8, np.uint64)
+    probe = np.ones((a.probe_mb << 20) // 8, np.uint64)
     impls = {"ours": ours, "ggml": peer}
     times = {(name, T): [] for name in impls for T in tokens}
     gbs = {(name, T): [] for name in impls for T in tokens}
