@@ -96,7 +96,8 @@ def main(argv=None) -> int:
                             shape=SimpleNamespace(activation="silu"))
         peer[i] = ggml.GGMLLayer(w, types, ours[i].route, threads, blocks=mats, pool=pool)
         expert_bytes[i] = sum(m.nbytes for m in mats) / E
-    log(f"ggml: {len(peer)} layers set up in {time.perf_counter() - t0:.1f} s ({peer[wanted[0]].describe()})")
+    placement = "; ".join(sorted({layer.describe() for layer in peer.values()}))
+    log(f"ggml: {len(peer)} layers set up in {time.perf_counter() - t0:.1f} s ({placement})")
     H = blocks[wanted[0]][1][2].shape[1]
     router_bytes = blocks[wanted[0]][0].nbytes
 
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
              f"k={ours[wanted[0]].top_k}, H={H}, I={blocks[wanted[0]][1][0].shape[1]}); expert types (gate/up/down): {', '.join(types)}",
              f"  machine: {platform.machine()}, {threads} cores, ours isa {moe_swift.cpu_instruction_set()}; "
              f"load average at start {loadavg()}",
-             f"  ggml: {ggml.info()}; layers: {peer[wanted[0]].describe()}; one threadpool for all layers",
+             f"  ggml: {ggml.info()}; layers: {placement}; one threadpool for all layers",
              f"  timing: {a.rounds} rounds; per round and T, the median over {', '.join(f'T={T}: {len(xs[T])}' for T in tokens)} "
              f"calls cycling through the layers (fresh input each); read roof per round: {roofs[-1]['method']} (best {roof:.1f} GB/s)",
              f"  ggml vs ours before timing (relative RMS; ggml rounds activations to 8 bits): "
