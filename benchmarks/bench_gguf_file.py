@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     pool = ggml.new_pool(threads)
     peer, expert_bytes = {}, {}
     t0 = time.perf_counter()
-    for i, (router, mats, types) in blocks.items():
+    for i, (_, mats, types) in blocks.items():
         E, I, H = mats[0].shape[0], mats[0].shape[1], mats[2].shape[1]
         w = SimpleNamespace(H=H, I=I, E=E, k=ours[i].top_k, shared=None, gate_up_bias=None,
                             shape=SimpleNamespace(activation="silu"))

@@ -19,6 +19,7 @@ from moe_swift import checkpoint
 from moe_swift.checkpoint import pick_gguf
 
 hub = pytest.importorskip("huggingface_hub")
+pytest.importorskip("gguf")  # make_gguf writes the split model with it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import make_gguf  # noqa: E402
 
