@@ -18,7 +18,8 @@ layer with the router's weights checked (`route`), the input norm (plain or Gemm
 1 + weight), the residual (none, an array, the input itself) and the next layer's norm each
 on or off; the experts alone (`experts`, moe_layer_forward_routed); two layers in one call
 (`run_layers`) with and without their input norms. Examples are derandomized: CI draws the
-same ones every run."""
+same ones every run. Each of these options also runs alone at one shape past the 256-block
+(test_every_option_across_a_block), so that none of them rests on what the draws reach."""
 
 from __future__ import annotations
 
@@ -297,3 +298,32 @@ Q4_K_M = dict(router="f32", gate="q4_K", up="q4_K", down="q6_K", shared_gate="q8
 def test_real_model_size_in_ggml_blocks(backend, T):
     """Eight and three K-quant super-blocks a row (H = 2048, I = 768), decode and prefill."""
     check_case(backend, real_case("deepseek_v3", "q4_K", T, formats=Q4_K_M))
+
+
+# Each option on its own across a block, whatever the draws above reach: H = 333 crosses the
+# 256-column block with tails of every vector width, I = 290 and the shared expert's 270
+# cross 256 and the tiles.
+NO_CALL = dict(input_norm=None, residual=None, next_norm=None)
+OPTIONS = {
+    **{f"activation {name}": dict(activation=name) for name in ACTIVATIONS},
+    "shared expert": dict(shared_kind="plain"),
+    "shared expert with its sigmoid gate": dict(shared_kind="gated"),
+    "input norm": dict(call={**NO_CALL, "input_norm": 0.0}),
+    "input norm (1 + weight)": dict(call={**NO_CALL, "input_norm": 1.0}),
+    "residual array": dict(call={**NO_CALL, "residual": "array"}),
+    "residual input": dict(call={**NO_CALL, "residual": "input"}),
+    "next norm": dict(call={**NO_CALL, "next_norm": 0.0}),
+    "next norm (1 + weight)": dict(call={**NO_CALL, "next_norm": 1.0}),
+    "experts": dict(mode="experts", call={}),
+    "run_layers": dict(mode="stack", call=dict(input_norm=None)),
+    "run_layers with norms (1 + weight)": dict(mode="stack", call=dict(input_norm=1.0)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T", [3, 9])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_every_option_across_a_block(backend, T, option):
+    case = dict(formats=dict.fromkeys(ROLES, "f32"), H=333, I=290, E=8, k=2, T=T, family="qwen3_moe",
+                activation=None, shared_kind=None, mode="forward", call=NO_CALL, shared=270, seed=11)
+    check_case(backend, {**case, **OPTIONS[option]})
