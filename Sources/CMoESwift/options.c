@@ -85,6 +85,14 @@ const char* moe_specialisation_suffix(int32_t specialisation) {
     return NULL;
 }
 
+/* A block format's code is 100 + its ggml type (moe_options.h promises it, so that a code
+ * names the type GGUF tools print): the two tables write the number twice, this holds them
+ * to one. */
+#define CODE_IS_100_PLUS_TYPE_(FORMAT, type, elems, bytes) \
+    _Static_assert((elems) == 1 || MOE_FORMAT_##FORMAT == 100 + (type), #FORMAT ": code is not 100 + its ggml type");
+MOE_GGML_TYPE_ROWS(CODE_IS_100_PLUS_TYPE_)
+#undef CODE_IS_100_PLUS_TYPE_
+
 int32_t moe_format_of_ggml_type(int32_t ggml_type) {
 #define FORMAT_IF_(FORMAT, type, ...) if (ggml_type == type) return MOE_FORMAT_##FORMAT;
     MOE_GGML_TYPE_ROWS(FORMAT_IF_)
