@@ -147,7 +147,7 @@ def test_every_quantized_format(name):
             grid = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8")
             # The reference's grid: float32 sums, and a's codes may round the other way
             # where the cpu's float32 a and the reference's differ in the last bit.
-            assert np.abs(y - grid).max() <= 2e-3 * np.abs(grid).max() + 1e-5, (T, np.abs(y - grid).max())
+            assert np.abs(y - grid).max() <= 1e-3 * np.abs(grid).max() + 1e-5, (T, np.abs(y - grid).max())
             exact, bound = _layer_bound(args, x)
             assert np.all(np.abs(y - exact) <= bound + _float32_slack(exact)), (T, name)
 
@@ -165,7 +165,20 @@ def test_real_hidden_size():
             assert np.all(np.abs(y - exact) <= bound + _float32_slack(exact))
             ids, _ = layer.route(x)
             grid = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8")
-            assert np.abs(y - grid).max() <= 2e-3 * np.abs(grid).max() + 1e-5
+            assert np.abs(y - grid).max() <= 1e-3 * np.abs(grid).max() + 1e-5
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_non_finite_activation_makes_its_token_nan():
+    rng = np.random.default_rng(6)
+    args = _layer_args("q4_K", rng)
+    H = args["router_weight"].shape[1]
+    with moe_swift.MoELayer(**args, backend="cpu", activation_quantization="q8") as layer:
+        for T in (1, 8):  # integer products, then the grid's float products
+            x = _inputs(rng, T, H)
+            x[0, 5] = np.inf
+            y = layer(x)
+            assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1:]))
 
 
 # --- what it leaves alone ------------------------------------------------------------------

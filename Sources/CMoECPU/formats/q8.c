@@ -8,7 +8,7 @@
 // float32 and in the same order, so that its grid values are these bit for bit: amax,
 // then d = amax / 127 (a division, as the reference divides), then x / d rounded half to
 // even (nearbyintf in the default rounding mode).
-void moe_cpu_q8_quantize(const float* x, int64_t n, int8_t* codes, float* scales, float* grid) {
+void moe_cpu_q8_quantize(const float* x, int64_t n, int8_t* codes, float* scales, float* sums, float* grid) {
     for (int64_t b0 = 0, b = 0; b0 < n; b0 += MOE_Q8_ACTIVATION_BLOCK, b++) {
         int64_t len = MIN((int64_t)MOE_Q8_ACTIVATION_BLOCK, n - b0);
         float amax = 0;
@@ -28,8 +28,45 @@ void moe_cpu_q8_quantize(const float* x, int64_t n, int8_t* codes, float* scales
         }
         if (codes) memcpy(codes + b0, q, (size_t)len);
         if (scales) scales[b] = d;
+        if (sums) {
+            int32_t total = 0;
+            for (int64_t i = 0; i < len; i++) total += q[i];
+            sums[b] = d * (float)total;
+        }
         if (grid) {
             for (int64_t i = 0; i < len; i++) grid[b0 + i] = d * (float)q[i];
         }
     }
+}
+
+int moe_cpu_q8_supported(const moe_cpu_matrix* w) {
+#ifdef MOE_CPU_FORMATS_X86
+    if (moe_cpu_isa_level() < MOE_CPU_ISA_AVX2) return 0;
+    switch (w->format) {
+    case MOE_FORMAT_GGML_Q8_0:
+    case MOE_FORMAT_GGML_Q4_0:
+    case MOE_FORMAT_GGML_IQ4_NL:
+    case MOE_FORMAT_GGML_MXFP4:
+    case MOE_FORMAT_GGML_Q4_K:
+    case MOE_FORMAT_GGML_Q5_K:
+    case MOE_FORMAT_GGML_Q6_K: return 1;
+    default: {
+        // Ours: affine 4- and 8-bit codes and mxfp4, 4-bit ones in the CPU's nibble order.
+        const int kind = kernel_kind(w);
+        return kind == K_Q4 || kind == K_Q8 || kind == K_MXFP4;
+    }
+    }
+#else
+    (void)w;
+    return 0;
+#endif
+}
+
+int moe_cpu_matmul_q8(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w, int64_t row0,
+                      float* c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return 1;
+#ifdef MOE_CPU_FORMATS_X86
+    if (moe_cpu_q8_supported(w)) return moe_cpu_q8_matmul_avx2(m, n, a, w, row0, c, ldc);
+#endif
+    return 0;
 }

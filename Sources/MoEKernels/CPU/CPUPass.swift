@@ -40,12 +40,16 @@ final class CPUPass: MoEPass {
     private let activated: UnsafeMutablePointer<Float>     // (rows, I)
     private let downOut: UnsafeMutablePointer<Float>       // (rows, H), weighted
 
-    // 8-bit activations (MoEActivationQuantization.q8): which products take them, and the
-    // grid values of x (tokens, H) and of the gathered rows (rows, H) for gate and up.
+    // 8-bit activations (MoEActivationQuantization.q8): which products take them; x
+    // (tokens, H) quantized once per token, copied to the gathered rows (rows, H) for the
+    // experts' gate and up; each row of `activated` (rows, I) and `sharedActivated`
+    // (tokens, Is) quantized once for down, its grid values in place.
     private let q8Experts: (gate: Bool, up: Bool, down: Bool)
     private let q8Shared: (gate: Bool, up: Bool, down: Bool)
-    private let xGrid: UnsafeMutablePointer<Float>?
-    private let gatheredGrid: UnsafeMutablePointer<Float>?
+    private let xQ8: Q8Rows?
+    private let gatheredQ8: Q8Rows?
+    private let activatedQ8: Q8Rows?
+    private let sharedActivatedQ8: Q8Rows?
 
     // Shared expert on all tokens.
     private let sharedGateUp: UnsafeMutablePointer<Float>  // (tokens, 2Is)
@@ -70,10 +74,13 @@ final class CPUPass: MoEPass {
         let f = MemoryLayout<Float>.stride
         q8Experts = backend.experts.quantizesActivations(c.activationQuantization)
         q8Shared = backend.shared?.quantizesActivations(c.activationQuantization) ?? (false, false, false)
-        let expertsGrid = q8Experts.gate || q8Experts.up
-        let anyGrid = expertsGrid || q8Shared.gate || q8Shared.up
-        let bytes = ScratchArena.bytes(for: [
-            (anyGrid ? tokens * h : 0, f), (expertsGrid ? rows * h : 0, f),
+        let expertsX = q8Experts.gate || q8Experts.up
+        let anyX = expertsX || q8Shared.gate || q8Shared.up
+        let q8Arrays = (anyX ? Q8Rows.arrays(rows: tokens, cols: h) : [])
+            + (expertsX ? Q8Rows.arrays(rows: rows, cols: h) : [])
+            + (q8Experts.down ? Q8Rows.arrays(rows: rows, cols: inner, grid: false) : [])
+            + (q8Shared.down ? Q8Rows.arrays(rows: tokens, cols: si, grid: false) : [])
+        let bytes = ScratchArena.bytes(for: q8Arrays + [
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
             (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
             (rows * h, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
@@ -81,8 +88,6 @@ final class CPUPass: MoEPass {
         ])
         arena = try backend.scratch.checkOut(bytes: bytes)
         arena.reset()
-        xGrid = anyGrid ? arena.take(Float.self, tokens * h) : nil
-        gatheredGrid = expertsGrid ? arena.take(Float.self, rows * h) : nil
         logits = arena.take(Float.self, tokens * e)
         routeScratch = arena.take(Float.self, chunks * router.scratchCount)
         ids = arena.take(Int32.self, rows)
@@ -98,6 +103,10 @@ final class CPUPass: MoEPass {
         sharedGateUp = arena.take(Float.self, tokens * 2 * si)
         sharedActivated = arena.take(Float.self, tokens * si)
         sharedOut = arena.take(Float.self, tokens * h)
+        xQ8 = anyX ? Q8Rows(arena: arena, rows: tokens, cols: h) : nil
+        gatheredQ8 = expertsX ? Q8Rows(arena: arena, rows: rows, cols: h) : nil
+        activatedQ8 = q8Experts.down ? Q8Rows(arena: arena, rows: rows, cols: inner, grid: activated) : nil
+        sharedActivatedQ8 = q8Shared.down ? Q8Rows(arena: arena, rows: tokens, cols: si, grid: sharedActivated) : nil
         if let inputNorm {
             let normed = arena.take(Float.self, tokens * h)
             self.inputNorm = (inputNorm, input, normed)
@@ -123,7 +132,7 @@ final class CPUPass: MoEPass {
         let scratchCount = router.scratchCount
         let routeScratch = self.routeScratch
         let inputNorm = self.inputNorm
-        let xGrid = self.xGrid
+        let xQ8 = self.xQ8
         parallelFor((tokens + chunk - 1) / chunk) { c in
             let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
             // The input norm where the rows are read anyway: the chunk's normalised rows stay
@@ -136,8 +145,8 @@ final class CPUPass: MoEPass {
                                count: h, into: normed + t * h)
                 }
             }
-            if let xGrid {
-                for t in t0..<t1 { moe_cpu_q8_quantize(x + t * h, Int64(h), nil, nil, xGrid + t * h) }
+            if let xQ8 {
+                for t in t0..<t1 { xQ8.quantize(row: t, from: x + t * h) }
             }
             routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
                                   c: logits + t0 * e, ldc: e, tile: nil)
@@ -181,15 +190,13 @@ final class CPUPass: MoEPass {
         expertStart[0] = 0
 
         let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
-        let (xGrid, gatheredGrid) = (self.xGrid, self.gatheredGrid)
+        let (xQ8, gatheredQ8) = (self.xQ8, self.gatheredQ8)
         let chunk = 64
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
                 let token = Int(rowPair[row]) / k
                 (gathered + row * h).update(from: x + token * h, count: h)
-                if let gatheredGrid, let xGrid {
-                    (gatheredGrid + row * h).update(from: xGrid + token * h, count: h)
-                }
+                if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }
             }
         }
 
@@ -231,20 +238,18 @@ final class CPUPass: MoEPass {
             let (expert, block) = items[n]
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>,
                 activated: UnsafeMutablePointer<Float>, index: Int
-            // The rows each product takes: the grid values where it quantizes activations.
-            var gateInput: UnsafePointer<Float>, upInput: UnsafePointer<Float>
+            // The rows' 8-bit activations (from row `first`) and which products take them.
+            let q8: Q8Rows?, first: Int, q8Gate: Bool, q8Up: Bool
             if expert == Self.sharedExpert {
                 ffn = backend.shared!
                 (rows, input, out, activated, index) = (tokens, x, sharedGateUp, sharedActivated, 0)
-                gateInput = q8Shared.gate ? UnsafePointer(xGrid!) : input
-                upInput = q8Shared.up ? UnsafePointer(xGrid!) : input
+                (q8, first, q8Gate, q8Up) = (xQ8, 0, q8Shared.gate, q8Shared.up)
             } else {
                 ffn = backend.experts
-                let first = expertStart[expert]
+                first = expertStart[expert]
                 rows = expertStart[expert + 1] - first
                 input = UnsafePointer(gathered + first * h)
-                gateInput = q8Experts.gate ? UnsafePointer(gatheredGrid! + first * h) : input
-                upInput = q8Experts.up ? UnsafePointer(gatheredGrid! + first * h) : input
+                (q8, q8Gate, q8Up) = (gatheredQ8, q8Experts.gate, q8Experts.up)
                 out = gateUpOut + first * 2 * inner
                 activated = self.activated + first * inner
                 index = expert
@@ -253,10 +258,16 @@ final class CPUPass: MoEPass {
             let (c0, w) = ffn.blockColumns(block)
             // Block outputs: (rows, 2w) at column 2 * c0 of each row: gate, then up.
             withTile(ffn, rows: rows) { tile in
-                ffn.gate.matrix.multiply(m: rows, rows: ffn.gate.row(expert: index, column: c0), count: w,
-                                         a: gateInput, lda: h, c: out + 2 * c0, ldc: 2 * width, tile: tile)
-                ffn.up.matrix.multiply(m: rows, rows: ffn.up.row(expert: index, column: c0), count: w,
-                                       a: upInput, lda: h, c: out + 2 * c0 + w, ldc: 2 * width, tile: tile)
+                for (part, quantized, column) in [(ffn.gate, q8Gate, 2 * c0), (ffn.up, q8Up, 2 * c0 + w)] {
+                    let row0 = part.row(expert: index, column: c0)
+                    if quantized, let q8 {
+                        part.matrix.multiply(m: rows, rows: row0, count: w, q: q8, first: first,
+                                             c: out + column, ldc: 2 * width, tile: tile)
+                    } else {
+                        part.matrix.multiply(m: rows, rows: row0, count: w, a: input, lda: h,
+                                             c: out + column, ldc: 2 * width, tile: tile)
+                    }
+                }
             }
             let bias = ffn.gateUpBias.map { UnsafePointer($0.pointer + index * 2 * width + c0) }
             for r in 0..<rows {
@@ -272,19 +283,19 @@ final class CPUPass: MoEPass {
     }
 
     func down() {
-        // 8-bit activations: each activation row becomes its grid values once, in place
-        // (nothing reads the float32 rows after this), before any item reads it.
-        let sharedRows = withShared && q8Shared.down ? tokens : 0
-        let expertRows = q8Experts.down ? tokens * k : 0
-        if sharedRows + expertRows > 0 {
-            let (activated, sharedActivated, inner) = (self.activated, self.sharedActivated, self.inner)
-            let sharedInner = backend.shared?.inner ?? 0
-            parallelFor(expertRows + sharedRows) { r in
+        // 8-bit activations: each activation row is quantized once (its grid values in
+        // place: nothing reads the float32 rows after this), before any item reads it.
+        let shared = withShared ? sharedActivatedQ8 : nil
+        let expertRows = activatedQ8 == nil ? 0 : tokens * k
+        if expertRows + (shared == nil ? 0 : tokens) > 0 {
+            let (activated, sharedActivated, inner, activatedQ8) = (self.activated, self.sharedActivated, self.inner,
+                                                                   self.activatedQ8)
+            parallelFor(expertRows + (shared == nil ? 0 : tokens)) { r in
                 if r < expertRows {
-                    moe_cpu_q8_quantize(activated + r * inner, Int64(inner), nil, nil, activated + r * inner)
+                    activatedQ8!.quantize(row: r, from: activated + r * inner)
                 } else {
-                    let row = sharedActivated + (r - expertRows) * sharedInner
-                    moe_cpu_q8_quantize(row, Int64(sharedInner), nil, nil, row)
+                    let t = r - expertRows
+                    shared!.quantize(row: t, from: sharedActivated + t * shared!.cols)
                 }
             }
         }
@@ -305,9 +316,15 @@ final class CPUPass: MoEPass {
                 index = expert
             }
             let width = ffn.inner
+            let q8 = expert == Self.sharedExpert ? sharedActivatedQ8 : activatedQ8
             withTile(ffn, rows: rows) { tile in
-                ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, a: input, lda: width,
-                                  c: out + h0, ldc: h, tile: tile)
+                if let q8 {
+                    ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, q: q8, first: first,
+                                      c: out + h0, ldc: h, tile: tile)
+                } else {
+                    ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, a: input, lda: width,
+                                      c: out + h0, ldc: h, tile: tile)
+                }
             }
             let bias = ffn.downBias.map { $0.pointer + index * h + h0 }
             for r in 0..<rows {
