@@ -425,13 +425,18 @@ def test_native_read_probe():
         assert words in ffi.string(lib.moe_last_error()).decode()
 
 
-def test_cli_formats(tmp_path, monkeypatch, capsys):
+def _tiny_cli(monkeypatch):
+    """The CLI with the shape "tiny-qwen" and a fixed roofline (no measuring)."""
     import moe_bench.__main__ as cli
     monkeypatch.setitem(cli.SHAPES, "tiny-qwen", replace(tiny_formats(), name="tiny-qwen"))
     monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
         gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, stream_GBps_best=12.0,
         stream_GBps_median=11.0, stream_method="test", gemm_n=64, gemm_GFLOPs_best=100.0,
         gemm_GFLOPs_median=90.0, gemv_GBps_all=[10.0], gemm_GFLOPs_all=[100.0]))
+
+
+def test_cli_formats(tmp_path, monkeypatch, capsys):
+    _tiny_cli(monkeypatch)
     out = tmp_path / "f.json"
     rc = main(["--shapes", "tiny-qwen", "--tokens", "1", "--formats", "f32,q4", "--peers", "ours,numpy",
                "--json", str(out), "--repeats", "1", "--budget", "0.02", "--settle", "0", "--rounds", "1",
@@ -447,12 +452,7 @@ def test_cli_formats(tmp_path, monkeypatch, capsys):
 def test_cli_activations(tmp_path, monkeypatch, capsys):
     """--activations none,q8: ours-q8 is timed in the same rounds as ours, checked against
     ours, with the peers' paired ratios against it too."""
-    import moe_bench.__main__ as cli
-    monkeypatch.setitem(cli.SHAPES, "tiny-qwen", replace(tiny_formats(), name="tiny-qwen"))
-    monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
-        gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, stream_GBps_best=12.0,
-        stream_GBps_median=11.0, stream_method="test", gemm_n=64, gemm_GFLOPs_best=100.0,
-        gemm_GFLOPs_median=90.0, gemv_GBps_all=[10.0], gemm_GFLOPs_all=[100.0]))
+    _tiny_cli(monkeypatch)
     out = tmp_path / "a.json"
     rc = main(["--shapes", "tiny-qwen", "--tokens", "1", "--formats", "q4", "--peers", "ours,numpy",
                "--activations", "none,q8", "--json", str(out), "--repeats", "1", "--budget", "0.02",

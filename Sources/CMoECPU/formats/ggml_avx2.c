@@ -197,16 +197,7 @@ static void chunk_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
 T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                   int64_t row0, float* c, int64_t ldc) {
     const int F = w->format;
-    switch (F) {
-    case MOE_FORMAT_GGML_Q8_0:
-    case MOE_FORMAT_GGML_Q4_0:
-    case MOE_FORMAT_GGML_IQ4_NL:
-    case MOE_FORMAT_GGML_MXFP4:
-    case MOE_FORMAT_GGML_Q4_K:
-    case MOE_FORMAT_GGML_Q5_K:
-    case MOE_FORMAT_GGML_Q6_K: break;
-    default: return 0;
-    }
+    if (!ggml_avx2_has_products(F)) return 0;
     const int64_t chunks = w->cols / 32;
     const int mins = F == MOE_FORMAT_GGML_Q4_K || F == MOE_FORMAT_GGML_Q5_K;
     if (mins && chunks * MAX_ROWS > CHUNK_SUMS) return 0;
@@ -227,12 +218,7 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break; \
     default: row_q6_k(MM, w, row0 + j, ai, lda, ci + j, ldc); break;                                                \
     }
-            switch (mm) {
-            case 1: ROW_(1) break;
-            case 2: ROW_(2) break;
-            case 3: ROW_(3) break;
-            default: ROW_(4) break;
-            }
+            ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
         }
     }

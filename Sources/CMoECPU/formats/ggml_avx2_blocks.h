@@ -9,6 +9,30 @@
 
 #define T256 __attribute__((target("avx2,fma,f16c")))
 
+// The ggml types with AVX2 products of their own (ggml_avx2.c, q8_avx2.c).
+INLINE int ggml_avx2_has_products(int format) {
+    switch (format) {
+    case MOE_FORMAT_GGML_Q8_0:
+    case MOE_FORMAT_GGML_Q4_0:
+    case MOE_FORMAT_GGML_IQ4_NL:
+    case MOE_FORMAT_GGML_MXFP4:
+    case MOE_FORMAT_GGML_Q4_K:
+    case MOE_FORMAT_GGML_Q5_K:
+    case MOE_FORMAT_GGML_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+// ROW(MM) with MM the constant (1 to 4) that mm is, so that each row kernel is compiled
+// for its number of activation rows.
+#define ROWS_AS_CONSTANT(mm, ROW) \
+    switch (mm) {                 \
+    case 1: ROW(1) break;         \
+    case 2: ROW(2) break;         \
+    case 3: ROW(3) break;         \
+    default: ROW(4) break;        \
+    }
+
 INLINE T256 float half_to_float(const uint8_t* p) { return _cvtsh_ss(load_u16(p, 0)); }
 
 // 16 bytes of split nibbles (low: elements 0-15, high: 16-31) as 32 unsigned codes.

@@ -2,7 +2,7 @@
 // every backend's integer products and the grid values share. Each row is cut into blocks
 // of MOE_Q8_ACTIVATION_BLOCK elements, each quantized on its own so that one outlier
 // channel coarsens only its own block.
-#include "internal.h"
+#include "ggml_avx2_blocks.h"
 
 // The block's operations are the reference's (reference.quantize_activations_q8), in
 // float32 and in the same order, so that its grid values are these bit for bit: amax,
@@ -42,20 +42,10 @@ void moe_cpu_q8_quantize(const float* x, int64_t n, int8_t* codes, float* scales
 int moe_cpu_q8_supported(const moe_cpu_matrix* w) {
 #ifdef MOE_CPU_FORMATS_X86
     if (moe_cpu_isa_level() < MOE_CPU_ISA_AVX2) return 0;
-    switch (w->format) {
-    case MOE_FORMAT_GGML_Q8_0:
-    case MOE_FORMAT_GGML_Q4_0:
-    case MOE_FORMAT_GGML_IQ4_NL:
-    case MOE_FORMAT_GGML_MXFP4:
-    case MOE_FORMAT_GGML_Q4_K:
-    case MOE_FORMAT_GGML_Q5_K:
-    case MOE_FORMAT_GGML_Q6_K: return 1;
-    default: {
-        // Ours: affine 4- and 8-bit codes and mxfp4, 4-bit ones in the CPU's nibble order.
-        const int kind = kernel_kind(w);
-        return kind == K_Q4 || kind == K_Q8 || kind == K_MXFP4;
-    }
-    }
+    if (ggml_avx2_has_products(w->format)) return 1;
+    // Ours: affine 4- and 8-bit codes and mxfp4, 4-bit ones in the CPU's nibble order.
+    const int kind = kernel_kind(w);
+    return kind == K_Q4 || kind == K_Q8 || kind == K_MXFP4;
 #else
     (void)w;
     return 0;

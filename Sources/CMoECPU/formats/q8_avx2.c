@@ -176,12 +176,7 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
     default: row_q6_k(MM, w, row0 + j, &ai, ci + j, ldc); break;                                                 \
     }
-            switch (mm) {
-            case 1: ROW_(1) break;
-            case 2: ROW_(2) break;
-            case 3: ROW_(3) break;
-            default: ROW_(4) break;
-            }
+            ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
         }
     }
