@@ -14,6 +14,8 @@
 #ifdef MOE_CPU_FORMATS_X86
 
 enum { Q8_ROWS = 4 };
+// Bytes ahead of the weight block being read that a row prefetches.
+enum { Q8_PREFETCH = 1024 };
 
 // sum over the block of w_i * x_i, w signed bytes (-128 included: |-128| reads as the
 // unsigned 128 in vpmaddubsw), as 8 int32 lanes.
@@ -64,24 +66,24 @@ INLINE T256 void row_b32(const int F, const int MM, const moe_cpu_matrix* w, int
             const int64_t g = k >> gc.shift;
             d = scalar_at_f16c(gc.scales, gc.type, g);
             if (w->bits == 8) {
-                _mm_prefetch((const char*)row + k + 512, _MM_HINT_T0);
+                _mm_prefetch((const char*)row + k + Q8_PREFETCH, _MM_HINT_T0);
                 codes = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(row + k)), _mm256_set1_epi8((char)0x80));
                 b = fmaf(128.0f, d, scalar_at_f16c(gc.biases, gc.type, g));
             } else {
-                _mm_prefetch((const char*)row + k / 2 + 512, _MM_HINT_T0);
+                _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
                 codes = split_nibbles(row + k / 2);
                 b = scalar_at_f16c(gc.biases, gc.type, g);
             }
             break;
         }
         case MOE_FORMAT_MXFP4:
-            _mm_prefetch((const char*)row + k / 2 + 512, _MM_HINT_T0);
+            _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
             d = e8m0_half_scale(gc.scales[k >> 5]);
             codes = lookup(mxfp4_table, split_nibbles(row + k / 2));
             break;
         default: {
             const uint8_t* blk = row + k / 32 * bytes;
-            _mm_prefetch((const char*)blk + 512, _MM_HINT_T0);
+            _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
             codes = block32(F, blk, &d);
             break;
         }
@@ -104,7 +106,7 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
     float mins[Q8_ROWS];
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.0f;
     for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
-        _mm_prefetch((const char*)b + 512, _MM_HINT_T0);
+        _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
         const float d = half_to_float(b), dmin = half_to_float(b + 2);
         for (int sub = 0; sub < 8; sub++) {
             int sc, m;
@@ -131,7 +133,7 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
     for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
     const __m256i offset = _mm256_set1_epi8(32);
     for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
-        _mm_prefetch((const char*)b + 512, _MM_HINT_T0);
+        _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
         const float d = half_to_float(b + 208);
         const int8_t* sc = (const int8_t*)(b + 192);
         for (int half = 0; half < 2; half++) {
