@@ -47,54 +47,61 @@ INLINE float e8m0_half_scale(uint8_t s) {
     return from_bits(s < 2 ? 0x00200000u << s : (uint32_t)(s - 1) << 23);
 }
 
-// Block-of-32 formats: per block, signed codes, a scale, and a bias multiplying the
-// activation block's sum (0 for all but affine).
+// Block-of-32 formats: the block at element k as signed codes, its scale d and the bias b
+// that multiplies the activation block's sum (0 for all but affine).
+INLINE T256 __m256i b32_codes(const int F, const moe_cpu_matrix* w, const uint8_t* row, const group_cursor* gc,
+                              int64_t k, float* d, float* b) {
+    *b = 0.0f;
+    switch (F) {
+    case MOE_FORMAT_AFFINE: {
+        const int64_t g = k >> gc->shift;
+        *d = scalar_at_f16c(gc->scales, gc->type, g);
+        if (w->bits == 8) {
+            _mm_prefetch((const char*)row + k + Q8_PREFETCH, _MM_HINT_T0);
+            *b = fmaf(128.0f, *d, scalar_at_f16c(gc->biases, gc->type, g));
+            return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(row + k)), _mm256_set1_epi8((char)0x80));
+        }
+        _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
+        *b = scalar_at_f16c(gc->biases, gc->type, g);
+        return split_nibbles(row + k / 2);
+    }
+    case MOE_FORMAT_MXFP4:
+        _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
+        *d = e8m0_half_scale(gc->scales[k >> 5]);
+        return lookup(mxfp4_table, split_nibbles(row + k / 2));
+    default: {
+        const uint8_t* blk = row + k / 32 * ggml_block_shape_of(F).bytes;
+        _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
+        return block32(F, blk, d);
+    }
+    }
+}
+
+// Two accumulators per activation row (even and odd blocks), so that consecutive blocks'
+// multiply-adds do not wait on each other's latency.
 INLINE T256 void row_b32(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                          float* c, int64_t ldc) {
     const uint8_t* row = row_data(w, r);
-    const int bytes = ggml_block_shape_of(F).bytes;
     group_cursor gc = {0};
     if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) gc = group_cursor_for(w, r);
-    __m256 acc[Q8_ROWS];
+    __m256 acc[2][Q8_ROWS];
     float bias[Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps(), bias[i] = 0.0f;
-    for (int64_t k = 0; k < w->cols; k += 32) {
-        __m256i codes;
-        float d, b = 0.0f;
-        switch (F) {
-        case MOE_FORMAT_AFFINE: {
-            const int64_t g = k >> gc.shift;
-            d = scalar_at_f16c(gc.scales, gc.type, g);
-            if (w->bits == 8) {
-                _mm_prefetch((const char*)row + k + Q8_PREFETCH, _MM_HINT_T0);
-                codes = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(row + k)), _mm256_set1_epi8((char)0x80));
-                b = fmaf(128.0f, d, scalar_at_f16c(gc.biases, gc.type, g));
-            } else {
-                _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
-                codes = split_nibbles(row + k / 2);
-                b = scalar_at_f16c(gc.biases, gc.type, g);
+    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps(), bias[i] = 0.0f;
+    for (int64_t k0 = 0; k0 < w->cols; k0 += 64) {
+#pragma clang loop unroll(full)
+        for (int u = 0; u < 2; u++) {
+            const int64_t k = k0 + 32 * u;
+            if (u == 1 && k >= w->cols) break;
+            float d, b;
+            const __m256i codes = b32_codes(F, w, row, &gc, k, &d, &b);
+            for (int i = 0; i < MM; i++) {
+                const __m256 s = _mm256_set1_ps(d * x_scale(a, i, k));
+                acc[u][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_signed(codes, load_x(a, i, k))), s, acc[u][i]);
+                if (F == MOE_FORMAT_AFFINE) bias[i] = fmaf(b, x_sum(a, i, k), bias[i]);
             }
-            break;
-        }
-        case MOE_FORMAT_MXFP4:
-            _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
-            d = e8m0_half_scale(gc.scales[k >> 5]);
-            codes = lookup(mxfp4_table, split_nibbles(row + k / 2));
-            break;
-        default: {
-            const uint8_t* blk = row + k / 32 * bytes;
-            _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
-            codes = block32(F, blk, &d);
-            break;
-        }
-        }
-        for (int i = 0; i < MM; i++) {
-            const __m256 s = _mm256_set1_ps(d * x_scale(a, i, k));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_signed(codes, load_x(a, i, k))), s, acc[i]);
-            if (F == MOE_FORMAT_AFFINE) bias[i] = fmaf(b, x_sum(a, i, k), bias[i]);
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]) + bias[i];
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) + bias[i];
 }
 
 // Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned.
@@ -102,12 +109,13 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
                            float* c, int64_t ldc) {
     const int bytes = ggml_block_shape_of(F).bytes;
     const uint8_t* b = row_data(w, r);
-    __m256 acc[Q8_ROWS];
+    __m256 acc[2][Q8_ROWS];
     float mins[Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.0f;
+    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps(), mins[i] = 0.0f;
     for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
         _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
         const float d = half_to_float(b), dmin = half_to_float(b + 2);
+#pragma clang loop unroll(full)
         for (int sub = 0; sub < 8; sub++) {
             int sc, m;
             k_scale_min(sub, b + 4, &sc, &m);
@@ -116,12 +124,13 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
             const float ds = d * (float)sc, dm = dmin * (float)m;
             for (int i = 0; i < MM; i++) {
                 const __m256 s = _mm256_set1_ps(ds * x_scale(a, i, e));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(codes, load_x(a, i, e))), s, acc[i]);
+                acc[sub & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(codes, load_x(a, i, e))), s,
+                                                  acc[sub & 1][i]);
                 mins[i] = fmaf(dm, x_sum(a, i, e), mins[i]);
             }
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]) - mins[i];
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - mins[i];
 }
 
 // Q6_K: d * sc * (q - 32), a signed 8-bit scale per 16 elements: the int16 pairs of each
@@ -129,8 +138,8 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
 INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                           float* c, int64_t ldc) {
     const uint8_t* b = row_data(w, r);
-    __m256 acc[Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[2][Q8_ROWS];
+    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
     const __m256i offset = _mm256_set1_epi8(32);
     for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
         _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
@@ -139,6 +148,7 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
         for (int half = 0; half < 2; half++) {
             __m256i q[4];
             q6_k_codes(b, half, q);
+#pragma clang loop unroll(full)
             for (int p = 0; p < 4; p++) {
                 const __m256i codes = _mm256_sub_epi8(q[p], offset);
                 const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[8 * half + 2 * p + 1]),
@@ -148,12 +158,13 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
                     const __m256i x = load_x(a, i, e);
                     const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(x, codes));
                     const __m256 s = _mm256_set1_ps(d * x_scale(a, i, e));
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scales)), s, acc[i]);
+                    acc[p & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scales)), s,
+                                                    acc[p & 1][i]);
                 }
             }
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]);
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
 T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,

@@ -258,7 +258,7 @@ final class CPUPass: MoEPass {
             let (c0, w) = ffn.blockColumns(block)
             // Block outputs: (rows, 2w) at column 2 * c0 of each row: gate, then up.
             withTile(ffn, rows: rows) { tile in
-                for (part, quantized, column) in [(ffn.gate, q8Gate, 2 * c0), (ffn.up, q8Up, 2 * c0 + w)] {
+                func product(_ part: PackedFFN.Rows, _ quantized: Bool, column: Int) {
                     let row0 = part.row(expert: index, column: c0)
                     if quantized, let q8 {
                         part.matrix.multiply(m: rows, rows: row0, count: w, q: q8, first: first,
@@ -268,6 +268,8 @@ final class CPUPass: MoEPass {
                                              c: out + column, ldc: 2 * width, tile: tile)
                     }
                 }
+                product(ffn.gate, q8Gate, column: 2 * c0)
+                product(ffn.up, q8Up, column: 2 * c0 + w)
             }
             let bias = ffn.gateUpBias.map { UnsafePointer($0.pointer + index * 2 * width + c0) }
             for r in 0..<rows {
