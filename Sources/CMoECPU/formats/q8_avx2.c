@@ -38,8 +38,9 @@ INLINE T256 float hsum8(__m256 v) {
 INLINE T256 __m256i load_x(const moe_cpu_q8_rows* a, int i, int64_t k) {
     return _mm256_loadu_si256((const __m256i*)(a->codes + i * a->stride + k));
 }
-INLINE float x_scale(const moe_cpu_q8_rows* a, int i, int64_t k) { return a->scales[(i * a->stride + k) / 32]; }
-INLINE float x_sum(const moe_cpu_q8_rows* a, int i, int64_t k) { return a->sums[(i * a->stride + k) / 32]; }
+// Element offsets are never negative: shifts, not the signed division's extra instructions.
+INLINE float x_scale(const moe_cpu_q8_rows* a, int i, int64_t k) { return a->scales[(uint64_t)(i * a->stride + k) >> 5]; }
+INLINE float x_sum(const moe_cpu_q8_rows* a, int i, int64_t k) { return a->sums[(uint64_t)(i * a->stride + k) >> 5]; }
 
 // Our MLX mxfp4 (E8M0 scale per 32, 255 NaN) against doubled E2M1 codes: 2^(s - 128).
 INLINE float e8m0_half_scale(uint8_t s) {
@@ -61,16 +62,16 @@ INLINE T256 __m256i b32_codes(const int F, const moe_cpu_matrix* w, const uint8_
             *b = fmaf(128.0f, *d, scalar_at_f16c(gc->biases, gc->type, g));
             return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(row + k)), _mm256_set1_epi8((char)0x80));
         }
-        _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char*)row + ((uint64_t)k >> 1) + Q8_PREFETCH, _MM_HINT_T0);
         *b = scalar_at_f16c(gc->biases, gc->type, g);
-        return split_nibbles(row + k / 2);
+        return split_nibbles(row + ((uint64_t)k >> 1));
     }
     case MOE_FORMAT_MXFP4:
-        _mm_prefetch((const char*)row + k / 2 + Q8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char*)row + ((uint64_t)k >> 1) + Q8_PREFETCH, _MM_HINT_T0);
         *d = e8m0_half_scale(gc->scales[k >> 5]);
-        return lookup(mxfp4_table, split_nibbles(row + k / 2));
+        return lookup(mxfp4_table, split_nibbles(row + ((uint64_t)k >> 1)));
     default: {
-        const uint8_t* blk = row + k / 32 * ggml_block_shape_of(F).bytes;
+        const uint8_t* blk = row + ((uint64_t)k >> 5) * ggml_block_shape_of(F).bytes;
         _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
         return block32(F, blk, d);
     }
