@@ -181,6 +181,22 @@ def test_a_non_finite_activation_makes_its_token_nan():
             assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1:]))
 
 
+def test_given_routing():
+    """MoELayer.experts (the routing given: the router does not run) quantizes x too."""
+    rng = np.random.default_rng(8)
+    args = _layer_args("q4_0", rng)
+    H, E, K = args["router_weight"].shape[1], args["router_weight"].shape[0], args["top_k"]
+    experts = {k: v for k, v in args.items() if k in ("gate_proj", "up_proj", "down_proj")}
+    for T in (1, 8):
+        x = _inputs(rng, T, H)
+        ids = np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int32)
+        w = rng.uniform(0.1, 1.0, (T, K)).astype(np.float32)
+        with moe_swift.MoELayer(**args, backend="cpu", activation_quantization="q8") as layer:
+            y = layer.experts(x, ids, w)
+        grid = reference.experts_forward(x, ids, w, **experts, activation_quantization="q8")
+        assert np.abs(y - grid).max() <= 1e-3 * np.abs(grid).max() + 1e-5
+
+
 # --- what it leaves alone ------------------------------------------------------------------
 
 

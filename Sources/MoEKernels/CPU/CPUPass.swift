@@ -50,6 +50,8 @@ final class CPUPass: MoEPass {
     private let gatheredQ8: Q8Rows?
     private let activatedQ8: Q8Rows?
     private let sharedActivatedQ8: Q8Rows?
+    /// Whether `route` has quantized x (with the routing given it does not run).
+    private var xQuantized = false
 
     // Shared expert on all tokens.
     private let sharedGateUp: UnsafeMutablePointer<Float>  // (tokens, 2Is)
@@ -133,6 +135,7 @@ final class CPUPass: MoEPass {
         let routeScratch = self.routeScratch
         let inputNorm = self.inputNorm
         let xQ8 = self.xQ8
+        xQuantized = xQ8 != nil
         parallelFor((tokens + chunk - 1) / chunk) { c in
             let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
             // The input norm where the rows are read anyway: the chunk's normalised rows stay
@@ -191,6 +194,10 @@ final class CPUPass: MoEPass {
 
         let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
         let (xQ8, gatheredQ8) = (self.xQ8, self.gatheredQ8)
+        if let xQ8, !xQuantized {
+            parallelFor(tokens) { t in xQ8.quantize(row: t, from: x + t * h) }
+            xQuantized = true
+        }
         let chunk = 64
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
