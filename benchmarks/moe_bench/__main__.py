@@ -7,6 +7,7 @@
     python benchmarks/run.py --experts mixtral-8x7b=8 --json /tmp/b.json --plot /tmp/b.png
     python benchmarks/run.py --formats f32,bf16,q8,q4,mxfp4 --shapes qwen3-30b-a3b --tokens 1,8,512
     python benchmarks/run.py --formats q4_K,q6_K,q8_0,mxfp4_ggml --peers ours,ggml --tokens 1,8,512
+    python benchmarks/run.py --formats q4_0,q4_K,q8_0 --activations none,q8 --peers ours,ggml --tokens 1,8
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def parse_args(argv):
                                      + ", ".join(f"{k} ({v.describe})" for k, v in weightformats.FORMATS.items())
                                      + "; default: float32 only, the plain table (--quick with --formats: "
                                      + ",".join(QUICK_FORMAT_SHAPES) + " only)")
+    p.add_argument("--activations", default="none",
+                   help="comma list of ours' activation quantizations (moe_swift's activation_quantization: "
+                        "none, q8): the first is \"ours\", each other one an implementation \"ours-<mode>\" "
+                        "timed in the same rounds, with ggml's ratio against it too (default: none)")
     p.add_argument("--ggml-threads", type=int, default=None,
                    help="threads of the ggml peer (default: all cores, as llama.cpp's -t)")
     p.add_argument("--ggml-no-repack", action="store_true",
@@ -130,7 +135,16 @@ def parse_args(argv):
     for n in selected:
         if n not in peers.PEERS:
             p.error(f"unknown peer {n!r}; known: {', '.join(peers.PEERS)}")
-    selected = ["ours"] + [n for n in peers.PEERS if n in selected and n != "ours"]
+    from moe_swift.options import ACTIVATION_QUANTIZATIONS
+    modes = args.activations.split(",")
+    for m in modes:
+        if m not in ACTIVATION_QUANTIZATIONS:
+            p.error(f"--activations: unknown mode {m!r}; known: {', '.join(ACTIVATION_QUANTIZATIONS)}")
+    if len(set(modes)) != len(modes):
+        p.error("--activations: each mode once")
+    args.activations = modes
+    selected = (["ours"] + [f"ours-{m}" for m in modes[1:]]
+                + [n for n in peers.PEERS if n in selected and n != "ours"])
     experts = {s: QUICK_EXPERTS for s in shapes} if q else {}
     for item in args.experts:
         try:
@@ -170,6 +184,11 @@ def main(argv=None) -> int:
         out("  " + line)
         print(line, file=sys.stderr)
     out("  implementations:")
+    for m in args.activations[1:]:
+        out(f"    {'ours-' + m:14s} ours with activation_quantization={m!r} (on quantized formats; timed in the "
+            "same rounds)")
+    if args.activations[0] != "none":
+        out(f"    (ours runs with activation_quantization={args.activations[0]!r})")
     for n in peers.PEERS:
         if n not in args.selected:
             out(f"    {n:14s} not selected (--peers)")
@@ -252,7 +271,7 @@ def main(argv=None) -> int:
                       settle_s=args.settle, warmup_s=args.warmup, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
                       seed=args.seed, decode_max_T=roofline.DECODE_MAX_T, formats=args.formats,
                       ggml_threads=args.ggml_threads or peers.cores(), ggml_repack=not args.ggml_no_repack,
-                      flush_bytes=fb, clock=args.clock),
+                      flush_bytes=fb, clock=args.clock, activations=args.activations),
         formats=None if not args.formats else {f: dict(describe=weightformats.FORMATS[f].describe,
                                                        bits_per_weight=weightformats.FORMATS[f].bits_per_weight,
                                                        ggml=[t for t in weightformats.FORMATS[f].ggml if t])

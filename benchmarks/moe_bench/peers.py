@@ -163,11 +163,12 @@ def _mlx_blas() -> str:
 class Ours:
     name = "ours"
 
-    def __init__(self, w, fw=None):
-        """`fw`: a weightformats.FormatWeights (the experts in that format), else float32."""
+    def __init__(self, w, fw=None, activation_quantization="none"):
+        """`fw`: a weightformats.FormatWeights (the experts in that format), else float32;
+        `activation_quantization`: MoELayer's (--activations)."""
         import moe_swift
         kw = (fw or w).layer_kwargs()
-        self.layer = moe_swift.MoELayer(**kw, backend="cpu")
+        self.layer = moe_swift.MoELayer(**kw, backend="cpu", activation_quantization=activation_quantization)
 
     def __call__(self, x):
         return self.layer(x)

@@ -104,7 +104,7 @@ def tables(rows, peer_names, roof) -> str:
     """The main table (times, ratios, ours' roofline fraction), the roofline table of
     every implementation, and the footnotes naming what did not run and why."""
     names = [n for n in peer_names if n != "ours"]
-    head = ["shape", "T", "ours ms", "tok/s", "roof", "attain"] + [SHORT[n] for n in names]
+    head = ["shape", "T", "ours ms", "tok/s", "roof", "attain"] + [SHORT.get(n, n) for n in names]
     lines = []
     for r in rows:
         o = r["impl"]["ours"]
@@ -119,7 +119,7 @@ def tables(rows, peer_names, roof) -> str:
     out.append("")
     out.append(f"Roofline: {roof['GBps']:.1f} GB/s (read bandwidth: best of the read probe and GEMV), {roof['GFLOPs']:.0f} GFLOP/s (SGEMM); "
                "fraction of it reached by each implementation (T <= 8: bandwidth, T > 8: GEMM peak)")
-    head = ["shape", "T", "bound", "work/call", "roof ms"] + [SHORT[n] for n in peer_names]
+    head = ["shape", "T", "bound", "work/call", "roof ms"] + [SHORT.get(n, n) for n in peer_names]
     lines = []
     for r in rows:
         work = (f"{r['bytes_read'] / 1e6:.0f} MB ({r['distinct_experts']:.1f} exp.)" if r["bound"] == "bandwidth"
@@ -163,8 +163,11 @@ Columns (--formats):
                 weights with matching bits per weight: f32 F32, bf16 BF16, q8 Q8_0, q4 Q4_0 (ggml) and
                 Q4_K (ggml-k), mxfp4 MXFP4; in ggml's block formats on the very blocks ours reads
   err           relative RMS error of the output against the float32 layer (same routing): ours in the
-                format / ggml in its type (ggml also quantizes the activations to 8 bits); in ggml's
+                format (/ ours-q8 with --activations) / ggml in its type (ggml also quantizes the activations to 8 bits); in ggml's
                 block formats ggml's is against ours on the same blocks (its 8-bit activations alone)
+  ours-q8       with --activations none,q8: ours with 8-bit activations (activation_quantization="q8"), timed
+                in the same rounds: its ms, % roof and % now as ours'; in the ggml columns, "a | b": ggml's
+                time over ours' (a) and over ours-q8's (b), each paired per round
   /R            ggml's expert weights were in the CPU_REPACK buffer type (interleaved for its GEMV/GEMM)
   !             a peer whose effective bandwidth (its own bytes) is above the roof (the roof is not a ceiling)
 """
@@ -182,11 +185,14 @@ def _ratio(r, name):
 def formats_tables(rows, peer_names, roof) -> str:
     """The per-format table (rows with a "format"), the effective bandwidth of every
     implementation, and the footnotes."""
-    names = [n for n in peer_names if n not in ("ours", "reference")]
+    modes = [n for n in peer_names if n.startswith("ours-")]
+    names = [n for n in peer_names if n not in ("ours", "reference") and n not in modes]
     head = ["shape", "format", "T", "ours ms", "GB/s", "% roof", "% now"]
+    for m in modes:
+        head += [f"{m} ms", "% roof", "% now"]
     for n in names:
-        head.append(SHORT[n])
-    head.append("err ours/ggml")
+        head.append(SHORT.get(n, n) + "".join(f" | /{m}" for m in modes if n.startswith("ggml")))
+    head.append("err " + "/".join(["ours"] + modes + ["ggml"]))
     lines = []
     for r in rows:
         o = r["impl"]["ours"]
@@ -195,12 +201,23 @@ def formats_tables(rows, peer_names, roof) -> str:
         gtype = g.get("ggml_type")
         err_o = o.get("rel_rms_vs_f32")
         err_g = g.get("check", {}).get("rel_rms")
-        err = ("-" if err_o is None else f"{err_o:.1e}") + " / " + ("-" if err_g is None else f"{err_g:.1e}")
+        errs = [err_o] + [r["impl"].get(m, {}).get("rel_rms_vs_f32") for m in modes] + [err_g]
+        err = " / ".join("-" if e is None else f"{e:.1e}" for e in errs)
         cells = []
+        for m in modes:
+            d = r["impl"].get(m, {})
+            if "ms" in d:
+                cells += [f"{d['ms']:.2f}" if d["ms"] < 100 else f"{d['ms']:.0f}", f"{d['bw_fraction'] * 100:.0f}%",
+                          f"{d['point_probe_fraction'] * 100:.0f}%" if "point_probe_fraction" in d else "-"]
+            else:
+                cells += [_untimed(d) if d else "-", "-", "-"]
         for n in names:
             c = _ratio(r, n)
             if n.startswith("ggml") and "ms" in r["impl"].get(n, {}):
                 d = r["impl"][n]
+                for m in modes:
+                    v = d.get("paired_ratio_vs", {}).get(m)
+                    c += f" | {v:.2f}x" if v else " | -"
                 c = f"{c} {d['ggml_type']}" + ("/R" if "CPU_REPACK" in d.get("placement", {}).values() else "")
             cells.append(c)
         lines.append([_shape_label(r), r.get("format", "f32"), r["T"],
@@ -214,7 +231,7 @@ def formats_tables(rows, peer_names, roof) -> str:
                f"{roof['GBps']:.1f} GB/s (read probe {roof.get('stream_GBps', float('nan')):.1f}, "
                f"NumPy GEMV {roof.get('GEMV_GBps', float('nan')):.1f}); ! = above the roof")
     names = [n for n in peer_names if n != "reference"]
-    head = ["shape", "format", "T", "MB/call"] + [SHORT[n] for n in names]
+    head = ["shape", "format", "T", "MB/call"] + [SHORT.get(n, n) for n in names]
     lines = []
     for r in rows:
         cells = []

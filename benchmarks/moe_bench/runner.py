@@ -204,8 +204,14 @@ def build(w, fw, selected, args, log):
     shape = w.shape
     tag = shape.name + ("" if fw is None else f" [{fw.name}]")
     impls, state = {}, {}
-    t, impls["ours"] = timed(peers.Ours, w, fw)
+    modes = getattr(args, "activations", ["none"])
+    t, impls["ours"] = timed(peers.Ours, w, fw, modes[0])
     log(f"{tag}: ours built in {t:.1f} s (native copy)")
+    for m in modes[1:]:
+        if fw is None or fw.fmt.dense:
+            state[f"ours-{m}"] = "n/a (dense weights take float32 activations)"
+        else:
+            impls[f"ours-{m}"] = peers.Ours(w, fw, m)
     if "numpy" in selected:
         impls["numpy"] = peers.NumPyGrouped(w if fw is None else fw.deq)
     torch_names = [n for n in peers.TORCH_IMPLEMENTATIONS if n in selected]
@@ -396,6 +402,10 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
         elif name in ("ggml", "ggml-k"):
             ref_y = y_f32 if y_f32 is not None else y_ours
             loose = ("float32 layer", ref_y, GGML_REL_RMS[fn.gtype])
+        elif name.startswith("ours-"):
+            # Another activation quantization of the same weights: what sets it apart from
+            # ours is what sets ggml apart on the same blocks.
+            loose = ("ours (same weights)", y_ours, GGML_SAME_BLOCKS_REL_RMS)
         elif name == "mlx" and fw is not None and fw.fmt.dense == "bfloat16":
             loose = ("ours", y_ours, MLX_BF16_REL_RMS)
         if loose is None:
@@ -415,6 +425,8 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             log(f"{tag}: {name} DISAGREES ({bad}); not timed")
             continue
         res[name] = dict(status="ok", t_check=t, check=check)
+        if name.startswith("ours-") and y_f32 is not None:
+            res[name]["rel_rms_vs_f32"] = rel_rms(y, y_f32, keep) if keep.any() else 0.0
         if name in ("ggml", "ggml-k"):
             res[name]["ggml_type"] = fn.gtype
             res[name]["expert_bytes"] = fn.expert_bytes()
@@ -502,6 +514,13 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             if pairs:
                 r["paired_ratio"] = float(np.median(pairs))
                 r["paired_ratio_rounds"] = pairs
+        # Peer / ours-<mode> too, paired per round in the same way (--activations).
+        for other in selected:
+            other_rounds = res.get(other, {}).get("ms_rounds") if other.startswith("ours-") else None
+            if other != name and other_rounds and r.get("ms_rounds"):
+                pairs = [m / o for m, o in zip(r["ms_rounds"], other_rounds) if m and o]
+                if pairs:
+                    r.setdefault("paired_ratio_vs", {})[other] = float(np.median(pairs))
         if "expert_bytes" in r:  # ggml: its own type's bytes
             r["bytes_read"] = n_exp * r["expert_bytes"] + w.fixed_bytes()
         row["impl"][name] = r

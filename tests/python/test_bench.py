@@ -425,13 +425,18 @@ def test_native_read_probe():
         assert words in ffi.string(lib.moe_last_error()).decode()
 
 
-def test_cli_formats(tmp_path, monkeypatch, capsys):
+def _tiny_cli(monkeypatch):
+    """The CLI with the shape "tiny-qwen" and a fixed roofline (no measuring)."""
     import moe_bench.__main__ as cli
     monkeypatch.setitem(cli.SHAPES, "tiny-qwen", replace(tiny_formats(), name="tiny-qwen"))
     monkeypatch.setattr(cli.roofline, "measure", lambda **kw: dict(
         gemv_matrix_bytes=1 << 20, gemv_GBps_best=10.0, gemv_GBps_median=9.0, stream_GBps_best=12.0,
         stream_GBps_median=11.0, stream_method="test", gemm_n=64, gemm_GFLOPs_best=100.0,
         gemm_GFLOPs_median=90.0, gemv_GBps_all=[10.0], gemm_GFLOPs_all=[100.0]))
+
+
+def test_cli_formats(tmp_path, monkeypatch, capsys):
+    _tiny_cli(monkeypatch)
     out = tmp_path / "f.json"
     rc = main(["--shapes", "tiny-qwen", "--tokens", "1", "--formats", "f32,q4", "--peers", "ours,numpy",
                "--json", str(out), "--repeats", "1", "--budget", "0.02", "--settle", "0", "--rounds", "1",
@@ -442,6 +447,25 @@ def test_cli_formats(tmp_path, monkeypatch, capsys):
     data = json.loads(out.read_text())
     assert [r["format"] for r in data["rows"]] == ["f32", "q4"]
     assert data["settings"]["formats"] == ["f32", "q4"] and data["roofline"]["used"]["GBps"] == 12.0
+
+
+def test_cli_activations(tmp_path, monkeypatch, capsys):
+    """--activations none,q8: ours-q8 is timed in the same rounds as ours, checked against
+    ours, with the peers' paired ratios against it too."""
+    _tiny_cli(monkeypatch)
+    out = tmp_path / "a.json"
+    rc = main(["--shapes", "tiny-qwen", "--tokens", "1", "--formats", "q4", "--peers", "ours,numpy",
+               "--activations", "none,q8", "--json", str(out), "--repeats", "1", "--budget", "0.02",
+               "--settle", "0", "--rounds", "1", "--quiet", "--no-plot"])
+    assert rc == 0
+    assert "ours-q8 ms" in capsys.readouterr().out
+    q4, = json.loads(out.read_text())["rows"]
+    q8 = q4["impl"]["ours-q8"]
+    assert q8["status"] == "ok" and q8["ms"] > 0 and 0 < q8["check"]["rel_rms"] <= q8["check"]["tol_rel_rms"]
+    assert q8["rel_rms_vs_f32"] > 0
+    assert "ours-q8" in q4["impl"]["numpy"]["paired_ratio_vs"]
+    with pytest.raises(SystemExit):
+        parse_args(["--activations", "q4"])
 
 
 def test_the_old_entry_point_says_where_the_suite_went():

@@ -325,3 +325,22 @@ def test_random_corruptions_of_the_header(tmp_path):
         except ValueError:
             errors += 1
     assert errors > 200  # most corruptions are errors, not silent loads
+
+
+def test_activation_quantization_reaches_every_layer(tmp_path):
+    """from_pretrained(..., activation_quantization="q8") gives every layer 8-bit activations:
+    each output moves off the float-exact one by about what 8 bits allow, no further."""
+    path, layers = fixtures.make("qwen2moe", tmp_path, types=Q4_K_M)
+    tensors = read_tensors(path)
+    exact = moe_swift.from_pretrained(path, backend="cpu")
+    q8 = moe_swift.from_pretrained(path, backend="cpu", activation_quantization="q8")
+    assert sorted(q8) == sorted(exact) == sorted(layers)
+    x = np.random.default_rng(1).standard_normal((3, fixtures.H)).astype(np.float32)
+    for index in layers:
+        (router, gate, up, down), kw = reference_layer(tensors, index, layers[index])
+        want = reference.moe_forward(x, router, gate, up, down, **kw)
+        got, float_exact = q8[index](x), exact[index](x)
+        assert not np.array_equal(got, float_exact)
+        assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+    with pytest.raises(ValueError, match="activation_quantization must be one of"):
+        moe_swift.from_pretrained(path, backend="cpu", activation_quantization="int8")

@@ -89,6 +89,26 @@ def test_gradients_are_switch_glu_ones(quantized):
     np.testing.assert_allclose(np.array(mx.grad(block(patched))(x)), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_activation_quantization_reaches_the_layers_and_their_copies():
+    """patch(..., activation_quantization="q8"): 8-bit activations for the quantized experts,
+    close to the float-exact patch, kept by copies."""
+    import copy
+
+    def quantized():
+        model = tiny("qwen3_moe")
+        nn.quantize(model, group_size=64, bits=4,
+                    class_predicate=lambda path, m: hasattr(m, "to_quantized") and not path.endswith("gate"))
+        return model
+
+    exact, q8 = quantized(), quantized()
+    moe_mlx.patch(exact, backend="cpu")
+    moe_mlx.patch(q8, backend="cpu", activation_quantization="q8")
+    ref, got = logits(exact), logits(q8)
+    assert not np.array_equal(got, ref)
+    np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.05 * np.abs(ref).max())
+    np.testing.assert_array_equal(logits(copy.deepcopy(q8)), got)
+
+
 def test_updated_weights_are_seen_and_models_copy():
     import copy
     import pickle

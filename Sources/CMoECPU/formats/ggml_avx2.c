@@ -5,17 +5,15 @@
 // terms taken from each activation row's sums over 32 elements. The tiles are ggml's
 // values bit for bit (the same float32 operations as ggml.c's decoders). The other types
 // (and rows too long for the stack's sums) go through ggml.c's portable code.
-#include "internal.h"
+#include "ggml_avx2_blocks.h"
 
 #ifdef MOE_CPU_FORMATS_X86
 
-#define T256 __attribute__((target("avx2,fma,f16c")))
 
 enum { MAX_ROWS = 4 };
 // Floats of 32-element activation sums kept on the stack (K-quants' minimum terms).
 enum { CHUNK_SUMS = 4096 };
 
-INLINE T256 float half_to_float(const uint8_t* p) { return _cvtsh_ss(load_u16(p, 0)); }
 
 INLINE T256 float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -51,39 +49,7 @@ INLINE T256 void codes_nibbles(const uint8_t* p, int offset, __m256 f[4]) {
     f[3] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(b1, 4), off));
 }
 
-// 16 bytes of split nibbles (low: elements 0-15, high: 16-31) as 32 unsigned codes.
-INLINE T256 __m256i split_nibbles(const uint8_t* p) {
-    const __m128i x = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), mask), _mm_and_si128(x, mask));
-}
 
-static const int8_t iq4nl_table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static const int8_t mxfp4_table[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-INLINE T256 __m256i lookup(const int8_t* table, __m256i nibbles) {
-    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)table));
-    return _mm256_shuffle_epi8(t, nibbles);
-}
-
-// One 32-element block of format F: its codes as signed bytes and its scale.
-INLINE T256 __m256i block32(const int F, const uint8_t* b, float* d) {
-    switch (F) {
-    case MOE_FORMAT_GGML_Q8_0:
-        *d = half_to_float(b);
-        return _mm256_loadu_si256((const __m256i*)(b + 2));
-    case MOE_FORMAT_GGML_Q4_0:
-        *d = half_to_float(b);
-        return _mm256_sub_epi8(split_nibbles(b + 2), _mm256_set1_epi8(8));
-    case MOE_FORMAT_GGML_IQ4_NL:
-        *d = half_to_float(b);
-        return lookup(iq4nl_table, split_nibbles(b + 2));
-    default: {  // MXFP4: 2^(e - 128) times doubled E2M1 values, as ggml scales them
-        const uint8_t e = b[0];
-        *d = from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
-        return lookup(mxfp4_table, split_nibbles(b + 1));
-    }
-    }
-}
 
 // Block b of a 32-element type as float codes (its scale is block_scale's).
 INLINE T256 void block32_floats(const int F, const uint8_t* b, __m256 f[4]) {
@@ -138,20 +104,6 @@ INLINE T256 void row_block32(const int F, const int MM, const moe_cpu_matrix* w,
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]);
 }
 
-// The 32 codes of sub-block `sub` of a Q4_K or Q5_K block: nibbles of 32 bytes (low ones
-// for even sub-blocks), and for Q5_K bit `sub` of each of the 32 high-bit bytes above them.
-INLINE T256 __m256i k_codes(const int F, const uint8_t* b, int sub) {
-    const __m256i mask = _mm256_set1_epi8(0x0f);
-    const uint8_t* qs = b + (F == MOE_FORMAT_GGML_Q5_K ? 48 : 16) + 32 * (sub / 2);
-    const __m256i q = _mm256_loadu_si256((const __m256i*)qs);
-    __m256i codes = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
-    if (F == MOE_FORMAT_GGML_Q5_K) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
-        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sub)), _mm256_set1_epi8(1));
-        codes = _mm256_or_si256(codes, _mm256_slli_epi16(bit, 4));
-    }
-    return codes;
-}
 
 // Q4_K / Q5_K: per 32-element sub-block j, value = (d * sc_j) * q - (dmin * m_j), so the
 // row's product is sum_j (d * sc_j) * (q . x)_j - (dmin * m_j) * (sum of x)_j;
@@ -200,18 +152,6 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]) - mins[i];
 }
 
-// The unsigned 6-bit codes of half `half` (128 elements) of a Q6_K block, 32 per vector
-// in element order: low nibbles from 64 bytes, high bit pairs from 32.
-INLINE T256 void q6_k_codes(const uint8_t* b, int half, __m256i q[4]) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
-    const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
-    const __m256i l0 = _mm256_loadu_si256((const __m256i*)ql), l1 = _mm256_loadu_si256((const __m256i*)(ql + 32));
-    const __m256i h = _mm256_loadu_si256((const __m256i*)qh);
-    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, top2));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
-}
 
 // Q6_K: per 128 elements, 64 bytes of low nibbles, 32 bytes of 2-bit high parts; 16
 // signed 8-bit scales per super-block, one per 16 elements: value = d * sc * (q - 32).
@@ -257,16 +197,7 @@ static void chunk_sums(const float* a, int64_t lda, int64_t rows, int64_t cols, 
 T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                   int64_t row0, float* c, int64_t ldc) {
     const int F = w->format;
-    switch (F) {
-    case MOE_FORMAT_GGML_Q8_0:
-    case MOE_FORMAT_GGML_Q4_0:
-    case MOE_FORMAT_GGML_IQ4_NL:
-    case MOE_FORMAT_GGML_MXFP4:
-    case MOE_FORMAT_GGML_Q4_K:
-    case MOE_FORMAT_GGML_Q5_K:
-    case MOE_FORMAT_GGML_Q6_K: break;
-    default: return 0;
-    }
+    if (!ggml_avx2_has_products(F)) return 0;
     const int64_t chunks = w->cols / 32;
     const int mins = F == MOE_FORMAT_GGML_Q4_K || F == MOE_FORMAT_GGML_Q5_K;
     if (mins && chunks * MAX_ROWS > CHUNK_SUMS) return 0;
@@ -287,12 +218,7 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break; \
     default: row_q6_k(MM, w, row0 + j, ai, lda, ci + j, ldc); break;                                                \
     }
-            switch (mm) {
-            case 1: ROW_(1) break;
-            case 2: ROW_(2) break;
-            case 3: ROW_(3) break;
-            default: ROW_(4) break;
-            }
+            ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
         }
     }

@@ -13,6 +13,9 @@
 //                   AVX-512 machines too)
 //   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
 //                   with VNNI and GFNI where the CPU has them (called by avx512.c)
+//   q8.c            8-bit activations: the quantizer, and moe_cpu_matmul_q8's choice
+//   q8_avx2.c       integer products of weight codes and 8-bit activations (AVX2)
+//   ggml_avx2_blocks.h  ggml's block types unpacked with AVX2 (ggml_avx2.c, q8_avx2.c)
 //   drivers.h       the loops over rows and activation rows of avx2.c and avx512.c,
 //                   written once over each file's row kernels
 //
@@ -290,6 +293,9 @@ HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx2;
 HIDDEN int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                     int64_t row0, float* c, int64_t ldc);
 HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx512;
+// q8_avx2.c: moe_cpu_matmul_q8's integer products; 0 (nothing done) for other formats.
+HIDDEN int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
+                                  int64_t row0, float* c, int64_t ldc);
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 

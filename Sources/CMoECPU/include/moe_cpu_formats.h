@@ -65,4 +65,33 @@ __attribute__((visibility("hidden")))
 void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
                               const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc);
 
+/* 8-bit activations (moe_options.h, MOE_ACTIVATION_QUANTIZATION_ROWS' Q8) of the n floats
+ * of x: per block b of MOE_Q8_ACTIVATION_BLOCK elements (the last may be shorter), codes
+ * q (int8, |q| <= 127), the scale scales[b] = d, the block's sum sums[b] = d * sum q, and
+ * the grid values d * q; a block with a non-finite element gets d = NaN, codes 0 (grid
+ * NaN). Any output may be NULL; grid may be x. */
+__attribute__((visibility("hidden")))
+void moe_cpu_q8_quantize(const float* x, int64_t n, int8_t* codes, float* scales, float* sums, float* grid);
+
+/* Rows of 8-bit activations: row i's codes at codes + i * stride, its blocks' scales and
+ * sums at scales / sums + i * stride / 32 (stride a multiple of 32). */
+typedef struct moe_cpu_q8_rows {
+    const int8_t* codes;
+    const float* scales;
+    const float* sums;
+    int64_t stride;
+} moe_cpu_q8_rows;
+
+/* 1 if moe_cpu_matmul_q8 multiplies w's format with integer products on this CPU. */
+__attribute__((visibility("hidden")))
+int moe_cpu_q8_supported(const moe_cpu_matrix* w);
+
+/* c[i * ldc + j] = sum over blocks of row row0 + j of w times the grid values of row i of
+ * a (m <= 4 is what it is made for, decode), with the codes multiplied in integers per
+ * block; returns 0 without doing anything where moe_cpu_q8_supported is 0 (the caller
+ * then multiplies the grid values with moe_cpu_matmul_formatted: the same meaning). */
+__attribute__((visibility("hidden")))
+int moe_cpu_matmul_q8(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w, int64_t row0,
+                      float* c, int64_t ldc);
+
 #endif

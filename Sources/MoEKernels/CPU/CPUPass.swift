@@ -1,3 +1,4 @@
+import CMoECPU
 #if canImport(Darwin)
 import Darwin
 #else
@@ -39,6 +40,19 @@ final class CPUPass: MoEPass {
     private let activated: UnsafeMutablePointer<Float>     // (rows, I)
     private let downOut: UnsafeMutablePointer<Float>       // (rows, H), weighted
 
+    // 8-bit activations (MoEActivationQuantization.q8): which products take them; x
+    // (tokens, H) quantized once per token, copied to the gathered rows (rows, H) for the
+    // experts' gate and up; each row of `activated` (rows, I) and `sharedActivated`
+    // (tokens, Is) quantized once for down, its grid values in place.
+    private let q8Experts: (gate: Bool, up: Bool, down: Bool)
+    private let q8Shared: (gate: Bool, up: Bool, down: Bool)
+    private let xQ8: Q8Rows?
+    private let gatheredQ8: Q8Rows?
+    private let activatedQ8: Q8Rows?
+    private let sharedActivatedQ8: Q8Rows?
+    /// Whether `route` has quantized x (with the routing given it does not run).
+    private var xQuantized = false
+
     // Shared expert on all tokens.
     private let sharedGateUp: UnsafeMutablePointer<Float>  // (tokens, 2Is)
     private let sharedActivated: UnsafeMutablePointer<Float> // (tokens, Is)
@@ -60,7 +74,15 @@ final class CPUPass: MoEPass {
         let chunks = (tokens + Self.routerChunk - 1) / Self.routerChunk
         let router = backend.tokenRouter
         let f = MemoryLayout<Float>.stride
-        let bytes = ScratchArena.bytes(for: [
+        q8Experts = backend.experts.quantizesActivations(c.activationQuantization)
+        q8Shared = backend.shared?.quantizesActivations(c.activationQuantization) ?? (false, false, false)
+        let expertsX = q8Experts.gate || q8Experts.up
+        let anyX = expertsX || q8Shared.gate || q8Shared.up
+        let q8Arrays = (anyX ? Q8Rows.arrays(rows: tokens, cols: h) : [])
+            + (expertsX ? Q8Rows.arrays(rows: rows, cols: h) : [])
+            + (q8Experts.down ? Q8Rows.arrays(rows: rows, cols: inner, grid: false) : [])
+            + (q8Shared.down ? Q8Rows.arrays(rows: tokens, cols: si, grid: false) : [])
+        let bytes = ScratchArena.bytes(for: q8Arrays + [
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
             (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
             (rows * h, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
@@ -83,6 +105,10 @@ final class CPUPass: MoEPass {
         sharedGateUp = arena.take(Float.self, tokens * 2 * si)
         sharedActivated = arena.take(Float.self, tokens * si)
         sharedOut = arena.take(Float.self, tokens * h)
+        xQ8 = anyX ? Q8Rows(arena: arena, rows: tokens, cols: h) : nil
+        gatheredQ8 = expertsX ? Q8Rows(arena: arena, rows: rows, cols: h) : nil
+        activatedQ8 = q8Experts.down ? Q8Rows(arena: arena, rows: rows, cols: inner, grid: activated) : nil
+        sharedActivatedQ8 = q8Shared.down ? Q8Rows(arena: arena, rows: tokens, cols: si, grid: sharedActivated) : nil
         if let inputNorm {
             let normed = arena.take(Float.self, tokens * h)
             self.inputNorm = (inputNorm, input, normed)
@@ -108,6 +134,8 @@ final class CPUPass: MoEPass {
         let scratchCount = router.scratchCount
         let routeScratch = self.routeScratch
         let inputNorm = self.inputNorm
+        let xQ8 = self.xQ8
+        xQuantized = xQ8 != nil
         parallelFor((tokens + chunk - 1) / chunk) { c in
             let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
             // The input norm where the rows are read anyway: the chunk's normalised rows stay
@@ -119,6 +147,9 @@ final class CPUPass: MoEPass {
                     norm.apply(v, inverse: RMSNorm.inverseRMS(sumOfSquares: sum, count: h, eps: norm.eps),
                                count: h, into: normed + t * h)
                 }
+            }
+            if let xQ8 {
+                for t in t0..<t1 { xQ8.quantize(row: t, from: x + t * h) }
             }
             routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
                                   c: logits + t0 * e, ldc: e, tile: nil)
@@ -162,11 +193,17 @@ final class CPUPass: MoEPass {
         expertStart[0] = 0
 
         let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
+        let (xQ8, gatheredQ8) = (self.xQ8, self.gatheredQ8)
+        if let xQ8, !xQuantized {
+            parallelFor(tokens) { t in xQ8.quantize(row: t, from: x + t * h) }
+            xQuantized = true
+        }
         let chunk = 64
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
                 let token = Int(rowPair[row]) / k
                 (gathered + row * h).update(from: x + token * h, count: h)
+                if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }
             }
         }
 
@@ -208,14 +245,18 @@ final class CPUPass: MoEPass {
             let (expert, block) = items[n]
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>,
                 activated: UnsafeMutablePointer<Float>, index: Int
+            // The rows' 8-bit activations (from row `first`) and which products take them.
+            let q8: Q8Rows?, first: Int, q8Gate: Bool, q8Up: Bool
             if expert == Self.sharedExpert {
                 ffn = backend.shared!
                 (rows, input, out, activated, index) = (tokens, x, sharedGateUp, sharedActivated, 0)
+                (q8, first, q8Gate, q8Up) = (xQ8, 0, q8Shared.gate, q8Shared.up)
             } else {
                 ffn = backend.experts
-                let first = expertStart[expert]
+                first = expertStart[expert]
                 rows = expertStart[expert + 1] - first
                 input = UnsafePointer(gathered + first * h)
+                (q8, q8Gate, q8Up) = (gatheredQ8, q8Experts.gate, q8Experts.up)
                 out = gateUpOut + first * 2 * inner
                 activated = self.activated + first * inner
                 index = expert
@@ -224,10 +265,18 @@ final class CPUPass: MoEPass {
             let (c0, w) = ffn.blockColumns(block)
             // Block outputs: (rows, 2w) at column 2 * c0 of each row: gate, then up.
             withTile(ffn, rows: rows) { tile in
-                ffn.gate.matrix.multiply(m: rows, rows: ffn.gate.row(expert: index, column: c0), count: w,
-                                         a: input, lda: h, c: out + 2 * c0, ldc: 2 * width, tile: tile)
-                ffn.up.matrix.multiply(m: rows, rows: ffn.up.row(expert: index, column: c0), count: w,
-                                       a: input, lda: h, c: out + 2 * c0 + w, ldc: 2 * width, tile: tile)
+                func product(_ part: PackedFFN.Rows, _ quantized: Bool, column: Int) {
+                    let row0 = part.row(expert: index, column: c0)
+                    if quantized, let q8 {
+                        part.matrix.multiply(m: rows, rows: row0, count: w, q: q8, first: first,
+                                             c: out + column, ldc: 2 * width, tile: tile)
+                    } else {
+                        part.matrix.multiply(m: rows, rows: row0, count: w, a: input, lda: h,
+                                             c: out + column, ldc: 2 * width, tile: tile)
+                    }
+                }
+                product(ffn.gate, q8Gate, column: 2 * c0)
+                product(ffn.up, q8Up, column: 2 * c0 + w)
             }
             let bias = ffn.gateUpBias.map { UnsafePointer($0.pointer + index * 2 * width + c0) }
             for r in 0..<rows {
@@ -243,6 +292,22 @@ final class CPUPass: MoEPass {
     }
 
     func down() {
+        // 8-bit activations: each activation row is quantized once (its grid values in
+        // place: nothing reads the float32 rows after this), before any item reads it.
+        let shared = withShared ? sharedActivatedQ8 : nil
+        let expertRows = activatedQ8 == nil ? 0 : tokens * k
+        if expertRows + (shared == nil ? 0 : tokens) > 0 {
+            let (activated, sharedActivated, inner, activatedQ8) = (self.activated, self.sharedActivated, self.inner,
+                                                                   self.activatedQ8)
+            parallelFor(expertRows + (shared == nil ? 0 : tokens)) { r in
+                if r < expertRows {
+                    activatedQ8!.quantize(row: r, from: activated + r * inner)
+                } else {
+                    let t = r - expertRows
+                    shared!.quantize(row: t, from: sharedActivated + t * shared!.cols)
+                }
+            }
+        }
         let items = downItems
         parallelFor(items.count) { n in
             let (expert, block) = items[n]
@@ -260,9 +325,15 @@ final class CPUPass: MoEPass {
                 index = expert
             }
             let width = ffn.inner
+            let q8 = expert == Self.sharedExpert ? sharedActivatedQ8 : activatedQ8
             withTile(ffn, rows: rows) { tile in
-                ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, a: input, lda: width,
-                                  c: out + h0, ldc: h, tile: tile)
+                if let q8 {
+                    ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, q: q8, first: first,
+                                      c: out + h0, ldc: h, tile: tile)
+                } else {
+                    ffn.down.multiply(m: rows, rows: index * h + h0, count: bh, a: input, lda: width,
+                                      c: out + h0, ldc: h, tile: tile)
+                }
             }
             let bias = ffn.downBias.map { $0.pointer + index * h + h0 }
             for r in 0..<rows {

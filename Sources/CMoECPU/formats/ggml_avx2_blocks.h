@@ -1,0 +1,102 @@
+// ggml's common block types unpacked with AVX2 into their codes (signed or unsigned bytes)
+// and scales: shared by ggml_avx2.c (float activations) and q8_avx2.c (8-bit ones).
+#ifndef MOE_CPU_GGML_AVX2_BLOCKS_H
+#define MOE_CPU_GGML_AVX2_BLOCKS_H
+
+#include "internal.h"
+
+#ifdef MOE_CPU_FORMATS_X86
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+
+// The ggml types with AVX2 products of their own (ggml_avx2.c, q8_avx2.c).
+INLINE int ggml_avx2_has_products(int format) {
+    switch (format) {
+    case MOE_FORMAT_GGML_Q8_0:
+    case MOE_FORMAT_GGML_Q4_0:
+    case MOE_FORMAT_GGML_IQ4_NL:
+    case MOE_FORMAT_GGML_MXFP4:
+    case MOE_FORMAT_GGML_Q4_K:
+    case MOE_FORMAT_GGML_Q5_K:
+    case MOE_FORMAT_GGML_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+// ROW(MM) with MM the constant (1 to 4) that mm is, so that each row kernel is compiled
+// for its number of activation rows.
+#define ROWS_AS_CONSTANT(mm, ROW) \
+    switch (mm) {                 \
+    case 1: ROW(1) break;         \
+    case 2: ROW(2) break;         \
+    case 3: ROW(3) break;         \
+    default: ROW(4) break;        \
+    }
+
+INLINE T256 float half_to_float(const uint8_t* p) { return _cvtsh_ss(load_u16(p, 0)); }
+
+// 16 bytes of split nibbles (low: elements 0-15, high: 16-31) as 32 unsigned codes.
+INLINE T256 __m256i split_nibbles(const uint8_t* p) {
+    const __m128i x = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), mask), _mm_and_si128(x, mask));
+}
+
+static const int8_t iq4nl_table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t mxfp4_table[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+INLINE T256 __m256i lookup(const int8_t* table, __m256i nibbles) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)table));
+    return _mm256_shuffle_epi8(t, nibbles);
+}
+
+// One 32-element block of format F: its codes as signed bytes and its scale.
+INLINE T256 __m256i block32(const int F, const uint8_t* b, float* d) {
+    switch (F) {
+    case MOE_FORMAT_GGML_Q8_0:
+        *d = half_to_float(b);
+        return _mm256_loadu_si256((const __m256i*)(b + 2));
+    case MOE_FORMAT_GGML_Q4_0:
+        *d = half_to_float(b);
+        return _mm256_sub_epi8(split_nibbles(b + 2), _mm256_set1_epi8(8));
+    case MOE_FORMAT_GGML_IQ4_NL:
+        *d = half_to_float(b);
+        return lookup(iq4nl_table, split_nibbles(b + 2));
+    default: {  // MXFP4: 2^(e - 128) times doubled E2M1 values, as ggml scales them
+        const uint8_t e = b[0];
+        *d = from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+        return lookup(mxfp4_table, split_nibbles(b + 1));
+    }
+    }
+}
+
+// The 32 codes of sub-block `sub` of a Q4_K or Q5_K block: nibbles of 32 bytes (low ones
+// for even sub-blocks), and for Q5_K bit `sub` of each of the 32 high-bit bytes above them.
+INLINE T256 __m256i k_codes(const int F, const uint8_t* b, int sub) {
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    const uint8_t* qs = b + (F == MOE_FORMAT_GGML_Q5_K ? 48 : 16) + 32 * (sub / 2);
+    const __m256i q = _mm256_loadu_si256((const __m256i*)qs);
+    __m256i codes = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
+    if (F == MOE_FORMAT_GGML_Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sub)), _mm256_set1_epi8(1));
+        codes = _mm256_or_si256(codes, _mm256_slli_epi16(bit, 4));
+    }
+    return codes;
+}
+
+// The unsigned 6-bit codes of half `half` (128 elements) of a Q6_K block, 32 per vector
+// in element order: low nibbles from 64 bytes, high bit pairs from 32.
+INLINE T256 void q6_k_codes(const uint8_t* b, int half, __m256i q[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+    const __m256i l0 = _mm256_loadu_si256((const __m256i*)ql), l1 = _mm256_loadu_si256((const __m256i*)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i*)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, top2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
+}
+
+#endif
+
+#endif
