@@ -16,6 +16,8 @@ const char* moe_option_name(moe_option_table table, int32_t code) {
     case MOE_OPTION_TABLE_ACTIVATION: switch (code) { MOE_ACTIVATION_ROWS(NAME_CASE_) } break;
     case MOE_OPTION_TABLE_DTYPE: switch (code) { MOE_DTYPE_ROWS(NAME_CASE_) } break;
     case MOE_OPTION_TABLE_FORMAT: switch (code) { MOE_FORMAT_ROWS(NAME_CASE_) } break;
+    case MOE_OPTION_TABLE_ACTIVATION_QUANTIZATION:
+        switch (code) { MOE_ACTIVATION_QUANTIZATION_ROWS(NAME_CASE_) } break;
     }
     return NULL;
 }
@@ -27,6 +29,7 @@ int32_t moe_option_code(moe_option_table table, const char* text) {
     case MOE_OPTION_TABLE_ACTIVATION: MOE_ACTIVATION_ROWS(CODE_IF_) break;
     case MOE_OPTION_TABLE_DTYPE: MOE_DTYPE_ROWS(CODE_IF_) break;
     case MOE_OPTION_TABLE_FORMAT: MOE_FORMAT_ROWS(CODE_IF_) break;
+    case MOE_OPTION_TABLE_ACTIVATION_QUANTIZATION: MOE_ACTIVATION_QUANTIZATION_ROWS(CODE_IF_) break;
     }
     return -1;
 }

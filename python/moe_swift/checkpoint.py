@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from . import _native
-from .layer import ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _memory_limit, _real
+from .layer import ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _memory_limit, _real
 from .progress import Progress
 
 __all__ = ["from_pretrained", "OVERRIDES"]
@@ -45,6 +45,7 @@ OVERRIDES = {
     "activation": lambda name, v: _choice(name, v, ACTIVATIONS),
     "swiglu_alpha": _real,
     "swiglu_limit": _real,
+    "activation_quantization": lambda name, v: _choice(name, v, ACTIVATION_QUANTIZATIONS),
 }
 
 
@@ -96,7 +97,8 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     3-D, gpt-oss's bf16 and MXFP4) and mlx-lm's (quantized too). Weights keep their stored
     format. `overrides` replace config.json options: top_k, norm_topk_prob,
     routed_scaling_factor, scoring ("softmax"/"sigmoid"), n_group, topk_group, activation,
-    swiglu_alpha, swiglu_limit. Errors (dense layer, unknown model_type, missing tensor...)
+    swiglu_alpha, swiglu_limit, and activation_quantization ("none"/"q8", MoELayer's),
+    which config.json never sets. Errors (dense layer, unknown model_type, missing tensor...)
     raise ValueError with the library's message.
 
     The safetensors files stay mapped and each layer reads its tensors there in place

@@ -13,7 +13,7 @@ from . import _native
 from .arrays import as_float32 as _array
 from .arrays import as_numpy, check_shape as _check_shape, output_like as _output_like
 from .formats import GGMLQuantized, Quantized
-from .options import ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, MAPPED_ALIGNMENT, SCORINGS
+from .options import ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, MAPPED_ALIGNMENT, SCORINGS
 
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
 _SHARED_KEYS = {"gate_proj", "up_proj", "down_proj", "sigmoid_gate"}
@@ -303,6 +303,12 @@ class MoELayer:
     must be multiples of 16 KiB (`moe_swift.aligned_buffer` makes such memory); the layer
     keeps a reference to it until the library no longer reads it. Weights changed in the
     memory are seen by the layer's next call where they are read in place.
+
+    activation_quantization: "none" (the default: float32 activations, the exact product
+    of the weights' values) or "q8": the activations entering every quantized-format
+    expert product (not the router's, not dense weights') become 8-bit per block of 32
+    elements of a row, as ggml's dot products take them (docs/formats.md, "8-bit
+    activations"; reference.quantize_activations_q8 gives the values).
     """
 
     def __init__(
@@ -333,6 +339,7 @@ class MoELayer:
         shared_expert=None,
         memory_limit=None,
         weight_memory=None,
+        activation_quantization=DEFAULTS["activation_quantization"],
     ):
         self._handle = None
         self._closed = True
@@ -397,6 +404,8 @@ class MoELayer:
         desc.activation = _choice("activation", activation, ACTIVATIONS)
         desc.swiglu_alpha = _real("swiglu_alpha", swiglu_alpha)
         desc.swiglu_limit = _real("swiglu_limit", swiglu_limit)
+        desc.activation_quantization = _choice("activation_quantization", activation_quantization,
+                                               ACTIVATION_QUANTIZATIONS)
         for field, matrix in (("gate_proj", gate), ("up_proj", up), ("gate_up_proj", gate_up), ("down_proj", down)):
             if matrix is not None:
                 matrix.set(ffi, desc, field, keep)

@@ -42,6 +42,7 @@ def _named(table: str) -> dict[str, int]:
 BACKENDS = _named("BACKEND")
 SCORINGS = _named("SCORING")
 ACTIVATIONS = _named("ACTIVATION")
+ACTIVATION_QUANTIZATIONS = _named("ACTIVATION_QUANTIZATION")
 DTYPES = _named("DTYPE")
 FORMATS = _named("FORMAT")
 DTYPE_SIZES = {_string(row[2]): int(row[3]) for row in _rows("DTYPE")}
@@ -50,6 +51,8 @@ HIDDEN_ACT = {alias: _string(row[2]) for row in _rows("ACTIVATION") for alias in
 AFFINE_BITS = tuple(int(row[0]) for row in _rows("AFFINE_BITS"))
 AFFINE_GROUP_SIZES = tuple(int(row[0]) for row in _rows("AFFINE_GROUP_SIZE"))
 MXFP4_GROUP_SIZE = int(_DEFINES["MOE_MXFP4_GROUP_SIZE"])
+# Elements per block of 8-bit activations (activation_quantization "q8").
+Q8_ACTIVATION_BLOCK = int(_DEFINES["MOE_Q8_ACTIVATION_BLOCK"])
 # Address and length alignment of memory whose weights a layer reads in place.
 MAPPED_ALIGNMENT = int(_DEFINES["MOE_MAPPED_ALIGNMENT"])
 # (suffix, format name, bits or 0 for any) per kernel specialisation, in row order; a row
@@ -63,7 +66,7 @@ GGML_TYPES = {int(row[1]): (_FORMAT_BY_NAME[row[0]], int(row[2]), int(row[3])) f
 
 # "MOE_SCORING_SOFTMAX" -> "softmax", for the defaults that name a row.
 _ROW_NAMES = {f"MOE_{table}_{row[0]}": _string(row[2])
-              for table in ("BACKEND", "SCORING", "ACTIVATION") for row in _rows(table)}
+              for table in ("BACKEND", "SCORING", "ACTIVATION", "ACTIVATION_QUANTIZATION") for row in _rows(table)}
 
 
 def _default(name: str):
@@ -76,7 +79,7 @@ def _default(name: str):
 # The defaults of moe_layer_desc_init, by option name (MoELayer's and the reference's).
 DEFAULTS = {name: _default(name) for name in (
     "backend", "scoring", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group",
-    "activation", "swiglu_alpha", "swiglu_limit")}
+    "activation", "swiglu_alpha", "swiglu_limit", "activation_quantization")}
 DEFAULTS["norm_topk_prob"] = bool(DEFAULTS["norm_topk_prob"])
 
 
@@ -84,7 +87,8 @@ def cdef_enums() -> str:
     """The C enums of the tables as cffi declarations (cffi cannot expand the X-macros)."""
     out = []
     for table, c_name in (("BACKEND", "moe_backend"), ("SCORING", "moe_scoring"), ("ACTIVATION", "moe_activation"),
-                          ("DTYPE", "moe_dtype"), ("FORMAT", "moe_format")):
+                          ("DTYPE", "moe_dtype"), ("FORMAT", "moe_format"),
+                           ("ACTIVATION_QUANTIZATION", "moe_activation_quantization")):
         rows = ", ".join(f"MOE_{table}_{row[0]} = {int(row[1])}" for row in _rows(table))
         out.append(f"typedef enum {c_name} {{ {rows} }} {c_name};")
     return "\n".join(out) + "\n"

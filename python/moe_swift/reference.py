@@ -11,9 +11,10 @@ import math
 import numpy as np
 
 from . import formats
-from .options import DEFAULTS
+from .options import ACTIVATION_QUANTIZATIONS, DEFAULTS, Q8_ACTIVATION_BLOCK
 
-__all__ = ["moe_forward", "experts_forward", "route", "expert_ffn", "rms_norm", "ACTIVATIONS"]
+__all__ = ["moe_forward", "experts_forward", "route", "expert_ffn", "rms_norm", "ACTIVATIONS",
+           "quantize_activations_q8"]
 
 
 def _f64(a):
@@ -25,6 +26,48 @@ def _f64(a):
         return formats.dequantize(a)
     array, dtype = formats.as_numpy(a, "array")
     return formats.to_float64(array, dtype)
+
+
+def _quantized(a):
+    """Whether weight `a` is in a quantized format (the products that take 8-bit activations)."""
+    return isinstance(a, (formats.Quantized, formats.GGMLQuantized))
+
+
+# --- 8-bit activations ------------------------------------------------------------
+
+
+def quantize_activations_q8(x):
+    """The grid values of activation_quantization="q8" (moe_options.h): each row of x
+    (..., n) in blocks of 32 consecutive elements (the last block may be shorter); per
+    block, in float32, amax = max |x_i|, d = amax / 127, q_i = round-half-even(x_i / d)
+    (clamped to +-127, which acts only where d is subnormal), value d * q_i; d = 0 (a block of zeros, or amax / 127 underflowing) gives codes 0; a
+    non-finite element makes its whole block NaN. Returns float32 of x's shape."""
+    x = np.asarray(x, dtype=np.float32)
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)
+    out = np.empty_like(rows)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for b0 in range(0, n, Q8_ACTIVATION_BLOCK):
+            block = rows[:, b0:b0 + Q8_ACTIVATION_BLOCK]
+            amax = np.max(np.abs(block), axis=1, keepdims=True)
+            d = amax / np.float32(127)
+            q = np.where(d == 0, np.float32(0), np.rint(block / np.where(d == 0, np.float32(1), d)))
+            q = np.clip(q, np.float32(-127), np.float32(127))  # acts only where d is subnormal
+            value = (d * q).astype(np.float32)
+            finite = np.all(np.isfinite(block), axis=1, keepdims=True)
+            out[:, b0:b0 + Q8_ACTIVATION_BLOCK] = np.where(finite, value, np.float32(np.nan))
+    return out.reshape(x.shape)
+
+
+def _activations(x, quantized, activation_quantization):
+    """x as it enters a product with a weight: its q8 grid values (as float64) for a
+    quantized-format weight when activation_quantization is "q8", else x."""
+    if activation_quantization not in ACTIVATION_QUANTIZATIONS:
+        raise ValueError(f"activation_quantization must be one of {sorted(ACTIVATION_QUANTIZATIONS)}, "
+                         f"got {activation_quantization!r}")
+    if activation_quantization == "q8" and quantized:
+        return quantize_activations_q8(x).astype(np.float64)
+    return x
 
 
 # --- Router -----------------------------------------------------------------------
@@ -144,14 +187,21 @@ ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai
 
 
 def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation=DEFAULTS["activation"],
-               alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"]):
-    """g = Wg x (+ bg), u = Wu x (+ bu), a = act(g, u), y = Wd a (+ bd); x is (..., H)."""
+               alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"],
+               activation_quantization=DEFAULTS["activation_quantization"], quantized=(False, False, False)):
+    """g = Wg x (+ bg), u = Wu x (+ bu), a = act(g, u), y = Wd a (+ bd); x is (..., H).
+    With activation_quantization "q8", x (for Wg, Wu) and a (for Wd) enter the products
+    whose weight is quantized (`quantized`: of Wg, Wu, Wd) as their q8 grid values; a is
+    the float32 the backends hold before it is quantized."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    g = x @ wg.T + (0.0 if bg is None else bg)
-    u = x @ wu.T + (0.0 if bu is None else bu)
+    q = activation_quantization
+    g = _activations(x, quantized[0], q) @ wg.T + (0.0 if bg is None else bg)
+    u = _activations(x, quantized[1], q) @ wu.T + (0.0 if bu is None else bu)
     a = ACTIVATIONS[activation](g, u, alpha=alpha, limit=limit)
-    return a @ wd.T + (0.0 if bd is None else bd)
+    if q == "q8" and quantized[2]:
+        a = a.astype(np.float32)
+    return _activations(a, quantized[2], q) @ wd.T + (0.0 if bd is None else bd)
 
 
 # --- RMSNorm ----------------------------------------------------------------------
@@ -171,10 +221,15 @@ def rms_norm(x, weight, eps, offset=0.0):
 def experts_forward(x, ids, weights, gate_proj=None, up_proj=None, down_proj=None, *, gate_up_proj=None,
                     gate_up_bias=None, gate_bias=None, up_bias=None, down_bias=None,
                     activation=DEFAULTS["activation"], swiglu_alpha=DEFAULTS["swiglu_alpha"],
-                    swiglu_limit=DEFAULTS["swiglu_limit"]):
+                    swiglu_limit=DEFAULTS["swiglu_limit"],
+                    activation_quantization=DEFAULTS["activation_quantization"]):
     """The routed experts with the routing given: y[t] = sum_j weights[t, j] *
     expert_{ids[t, j]}(x[t]), slots in order (what MoELayer.experts computes). x (T, H),
     ids and weights (T, k); returns (T, H) float64."""
+    if gate_up_proj is not None:
+        quantized = (_quantized(gate_up_proj),) * 2 + (_quantized(down_proj),)
+    else:
+        quantized = (_quantized(gate_proj), _quantized(up_proj), _quantized(down_proj))
     x2 = _f64(x)
     x2 = x2.reshape(-1, x2.shape[-1])
     if gate_up_proj is not None:
@@ -191,7 +246,8 @@ def experts_forward(x, ids, weights, gate_proj=None, up_proj=None, down_proj=Non
     ids = np.asarray(ids)
     ids = ids.reshape(x2.shape[0], ids.size // max(x2.shape[0], 1) if x2.shape[0] else 0)
     w = _f64(weights).reshape(ids.shape)
-    act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit)
+    act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit,
+               activation_quantization=activation_quantization, quantized=quantized)
 
     y = np.zeros(x2.shape)
     # the sum runs over slots in order j = 0..k-1 ...
@@ -238,13 +294,16 @@ def moe_forward(
     input_norm_offset=0.0,
     next_norm=None,
     next_norm_offset=0.0,
+    activation_quantization=DEFAULTS["activation_quantization"],
 ):
     """y = sum_j w_j expert_{id_j}(x) + f_s(x) shared(x) (+ residual), in float64.
 
     x is (..., H); the result has x's shape. `ids` (T, k) forces the routing choice.
     A decoder's post-attention block: input_norm=(weight, eps) runs the layer on
     rms_norm(x); residual="input" adds x itself (before the norm); next_norm=(weight, eps)
-    returns (y, rms_norm(y))."""
+    returns (y, rms_norm(y)). activation_quantization="q8": the activations entering
+    quantized-format expert products are 8-bit (quantize_activations_q8); the router's
+    product and dense weights take them as they are."""
     x = _f64(x)
     if isinstance(residual, str):
         if residual != "input":
@@ -262,16 +321,19 @@ def moe_forward(
         selection_bias=selection_bias, n_group=n_group, topk_group=topk_group,
         per_expert_scale=per_expert_scale, ids=ids,
     )
-    act = dict(activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+    act = dict(activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+               activation_quantization=activation_quantization)
     y = experts_forward(x2, ids, w, gate_proj, up_proj, down_proj, gate_up_proj=gate_up_proj,
                         gate_up_bias=gate_up_bias, gate_bias=gate_bias, up_bias=up_bias,
                         down_bias=down_bias, **act)
-    act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit)
+    act = dict(activation=activation, alpha=swiglu_alpha, limit=swiglu_limit,
+               activation_quantization=activation_quantization)
 
     # ... then the shared expert, with its sigmoid gate factor ...
     if shared_expert is not None:
+        quantized = tuple(_quantized(shared_expert[name]) for name in ("gate_proj", "up_proj", "down_proj"))
         se = {k: _f64(v) for k, v in shared_expert.items()}
-        shared = expert_ffn(x2, se["gate_proj"], se["up_proj"], se["down_proj"], **act)
+        shared = expert_ffn(x2, se["gate_proj"], se["up_proj"], se["down_proj"], **act, quantized=quantized)
         gate = se.get("sigmoid_gate")
         factor = 1.0 if gate is None else 1.0 / (1.0 + np.exp(-(x2 @ gate)))[:, None]
         y = y + factor * shared

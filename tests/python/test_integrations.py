@@ -203,7 +203,7 @@ def test_the_op_passes_torch_opcheck():
     index = torch.stack([torch.randperm(model.config.num_local_experts, generator=g)[:k] for _ in range(T)])
     weights = torch.rand(T, k, generator=g)
     key = moe_tf._module_key(experts)
-    args = (hidden, index, weights, list(experts.parameters(recurse=False)), key, "cpu", -1)
+    args = (hidden, index, weights, list(experts.parameters(recurse=False)), key, "cpu", -1, "none")
     torch.library.opcheck(torch.ops.moe_swift.experts.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 

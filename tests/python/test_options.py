@@ -83,6 +83,24 @@ def _formats():
             random_blocks(np.random.default_rng(w.size), n, w.shape, float(np.abs(w).max())), type=n)
 
 
+# The metal backends join when their kernels quantize activations (issue 26's q8metal part).
+@pytest.mark.parametrize("backend", selected_backends(("cpu",)))
+@pytest.mark.parametrize("mode", list(options.ACTIVATION_QUANTIZATIONS))
+def test_every_activation_quantization(backend, mode):
+    rng = np.random.default_rng(4)
+    H2, I2 = 256, 128
+    q = lambda *s: GGMLQuantized(random_blocks(rng, "q4_0", s, 2 * s[-1] ** -0.5), type="q4_0")
+    args = dict(router_weight=rng.standard_normal((E, H2)).astype(np.float32), gate_proj=q(E, I2, H2),
+                up_proj=q(E, I2, H2), down_proj=q(E, H2, I2), top_k=K)
+    x = rng.standard_normal((T, H2)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend=backend, activation_quantization=mode) as layer:
+        y = layer(x)
+        ids, _ = layer.route(x)
+    ref = reference.moe_forward(x, **args, ids=ids, activation_quantization=mode)
+    # q8: a's codes may round the other way where float32 and float64 a differ in the last bit.
+    assert np.abs(y - ref).max() <= (spec_tolerance(ref) if mode == "none" else 2e-3 * np.abs(ref).max())
+
+
 def test_the_formats_cover_every_row():
     names = {name.split("/")[0] for name, _ in _formats()}
     assert names == set(options.FORMATS)

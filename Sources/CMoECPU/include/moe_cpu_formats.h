@@ -65,4 +65,12 @@ __attribute__((visibility("hidden")))
 void moe_cpu_matmul_formatted(int64_t m, int64_t n, const float* a, int64_t lda,
                               const moe_cpu_matrix* w, int64_t row0, float* c, int64_t ldc);
 
+/* 8-bit activations (moe_options.h, MOE_ACTIVATION_QUANTIZATION_ROWS' Q8) of the n floats
+ * of x: per block b of MOE_Q8_ACTIVATION_BLOCK elements (the last may be shorter), codes
+ * q (int8, |q| <= 127) and the scale d[b], and the grid values d * q; a block with a
+ * non-finite element gets d = NaN, codes 0 (grid NaN). Any output may be NULL; grid may
+ * be x. */
+__attribute__((visibility("hidden")))
+void moe_cpu_q8_quantize(const float* x, int64_t n, int8_t* codes, float* scales, float* grid);
+
 #endif

@@ -44,6 +44,22 @@
     X(GELU, 3, "gelu", "gelu gelu_python") \
     X(RELU, 4, "relu", "relu")
 
+/* The activations that enter a quantized-format weight product (gate/up, down, the shared
+ * expert's; never the router's logits, never dense f32/f16/bf16 weights). X(NAME, code, "name")
+ *   NONE: float32 as they are (the exact product of the weights' values)
+ *   Q8:   8-bit, as ggml's dot products take them (docs/formats.md, "8-bit activations"):
+ *         each row is cut into blocks of MOE_Q8_ACTIVATION_BLOCK consecutive elements; per
+ *         block, in float32, amax = max |x_i|, d = amax / 127 (a block of zeros: d = 0,
+ *         codes 0), q_i = round-to-nearest-even(x_i / d) (|q_i| <= 127; clamped there
+ *         where a subnormal d has lost bits), and the block's
+ *         values become d * q_i; the product is that of these grid values (a kernel may
+ *         compute d_w * d_x * sum q_w q_x per block in integers). A non-finite element
+ *         makes the products of its block NaN. Per element the error is at most
+ *         d / 2 = amax / 254 of its own block, so an outlier channel spoils only its block. */
+#define MOE_ACTIVATION_QUANTIZATION_ROWS(X) \
+    X(NONE, 0, "none") \
+    X(Q8, 1, "q8")
+
 /* Element types: dense weights, affine scales and biases. X(NAME, code, "name", bytes) */
 #define MOE_DTYPE_ROWS(X) \
     X(F32, 0, "float32", 4) \
@@ -133,7 +149,10 @@
 #define MOE_DEFAULT_ACTIVATION MOE_ACTIVATION_SILU
 #define MOE_DEFAULT_SWIGLU_ALPHA 1.702f
 #define MOE_DEFAULT_SWIGLU_LIMIT 7.0f
+#define MOE_DEFAULT_ACTIVATION_QUANTIZATION MOE_ACTIVATION_QUANTIZATION_NONE
 #define MOE_MXFP4_GROUP_SIZE 32
+/* The elements per block of 8-bit activations (MOE_ACTIVATION_QUANTIZATION_ROWS' Q8). */
+#define MOE_Q8_ACTIVATION_BLOCK 32
 /* The alignment (address and length) of weights read in place (moe_layer_desc's
  * mapped_memory): Apple silicon's page, Metal's rule for bytesNoCopy buffers. */
 #define MOE_MAPPED_ALIGNMENT 16384
@@ -143,6 +162,7 @@
 #define MOE_OPTION_ENUM_BACKEND_(NAME, code, ...) MOE_BACKEND_##NAME = code,
 #define MOE_OPTION_ENUM_SCORING_(NAME, code, ...) MOE_SCORING_##NAME = code,
 #define MOE_OPTION_ENUM_ACTIVATION_(NAME, code, ...) MOE_ACTIVATION_##NAME = code,
+#define MOE_OPTION_ENUM_ACTIVATION_QUANTIZATION_(NAME, code, ...) MOE_ACTIVATION_QUANTIZATION_##NAME = code,
 #define MOE_OPTION_ENUM_DTYPE_(NAME, code, ...) MOE_DTYPE_##NAME = code,
 #define MOE_OPTION_ENUM_FORMAT_(NAME, code, ...) MOE_FORMAT_##NAME = code,
 #define MOE_OPTION_ENUM_SPECIALISATION_(suffix, ...) MOE_SPECIALISATION_##suffix,
@@ -150,6 +170,9 @@
 typedef enum moe_backend { MOE_BACKEND_ROWS(MOE_OPTION_ENUM_BACKEND_) } moe_backend;
 typedef enum moe_scoring { MOE_SCORING_ROWS(MOE_OPTION_ENUM_SCORING_) } moe_scoring;
 typedef enum moe_activation { MOE_ACTIVATION_ROWS(MOE_OPTION_ENUM_ACTIVATION_) } moe_activation;
+typedef enum moe_activation_quantization {
+    MOE_ACTIVATION_QUANTIZATION_ROWS(MOE_OPTION_ENUM_ACTIVATION_QUANTIZATION_)
+} moe_activation_quantization;
 typedef enum moe_dtype { MOE_DTYPE_ROWS(MOE_OPTION_ENUM_DTYPE_) } moe_dtype;
 typedef enum moe_format { MOE_FORMAT_ROWS(MOE_OPTION_ENUM_FORMAT_) } moe_format;
 /* Indices of MOE_SPECIALISATION_ROWS, in row order (not part of the C ABI). */
@@ -162,7 +185,8 @@ typedef enum moe_specialisation {
 enum moe_option_default_codes {
     MOE_DEFAULT_BACKEND_CODE = MOE_DEFAULT_BACKEND,
     MOE_DEFAULT_SCORING_CODE = MOE_DEFAULT_SCORING,
-    MOE_DEFAULT_ACTIVATION_CODE = MOE_DEFAULT_ACTIVATION
+    MOE_DEFAULT_ACTIVATION_CODE = MOE_DEFAULT_ACTIVATION,
+    MOE_DEFAULT_ACTIVATION_QUANTIZATION_CODE = MOE_DEFAULT_ACTIVATION_QUANTIZATION
 };
 
 #endif /* MOE_OPTIONS_H */

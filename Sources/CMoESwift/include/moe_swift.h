@@ -144,6 +144,10 @@ typedef struct moe_layer_desc {
     int64_t mapped_length;
     void (*mapped_release)(void* context);
     void* mapped_context;
+    /* Appended later: the activations that enter quantized-format weight products
+     * (moe_activation_quantization; moe_options.h gives the exact meaning of Q8). Dense
+     * weights and the router always take float32 activations. */
+    int32_t activation_quantization;
 } moe_layer_desc;
 
 typedef struct moe_layer moe_layer;   /* opaque */
@@ -390,7 +394,8 @@ moe_status moe_checkpoint_moe_layers(const moe_checkpoint* checkpoint, int32_t* 
  * config.json may be overridden by name: override_names[i] = override_values[i] for
  * i < num_overrides (both NULL when 0). Names: top_k, norm_topk_prob (0/1),
  * routed_scaling_factor, scoring (moe_scoring), n_group, topk_group, activation
- * (moe_activation), swiglu_alpha, swiglu_limit. */
+ * (moe_activation), swiglu_alpha, swiglu_limit, activation_quantization
+ * (moe_activation_quantization). */
 moe_status moe_layer_create_from_checkpoint(const moe_checkpoint* checkpoint, int32_t layer, int32_t backend,
                                             int32_t num_overrides, const char* const* override_names,
                                             const double* override_values, moe_layer** out);

@@ -22,7 +22,8 @@ typedef enum moe_option_table {
     MOE_OPTION_TABLE_SCORING,
     MOE_OPTION_TABLE_ACTIVATION,
     MOE_OPTION_TABLE_DTYPE,
-    MOE_OPTION_TABLE_FORMAT
+    MOE_OPTION_TABLE_FORMAT,
+    MOE_OPTION_TABLE_ACTIVATION_QUANTIZATION
 } moe_option_table;
 
 /* The name of a row by its code; NULL if no row has it (a static string). */

@@ -16,6 +16,7 @@ struct LayerDescriptor {
         d.activation = c.activation.rawValue
         d.swiglu_alpha = c.swigluAlpha
         d.swiglu_limit = c.swigluLimit
+        d.activation_quantization = c.activationQuantization.rawValue
         return d
     }
 
@@ -65,8 +66,13 @@ struct LayerDescriptor {
         guard let activation = MoEActivation(rawValue: d.activation) else {
             throw MoEError.invalidArgument("activation \(d.activation) is not a moe_activation value")
         }
+        guard let activationQuantization = MoEActivationQuantization(rawValue: d.activation_quantization) else {
+            throw MoEError.invalidArgument(
+                "activation_quantization \(d.activation_quantization) is not a moe_activation_quantization value")
+        }
         c.scoring = scoring
         c.activation = activation
+        c.activationQuantization = activationQuantization
         c.normTopKProb = d.norm_topk_prob != 0
         c.routedScalingFactor = d.routed_scaling_factor
         c.nGroup = Int(d.n_group)

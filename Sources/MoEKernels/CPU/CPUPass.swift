@@ -1,3 +1,4 @@
+import CMoECPU
 #if canImport(Darwin)
 import Darwin
 #else
@@ -39,6 +40,13 @@ final class CPUPass: MoEPass {
     private let activated: UnsafeMutablePointer<Float>     // (rows, I)
     private let downOut: UnsafeMutablePointer<Float>       // (rows, H), weighted
 
+    // 8-bit activations (MoEActivationQuantization.q8): which products take them, and the
+    // grid values of x (tokens, H) and of the gathered rows (rows, H) for gate and up.
+    private let q8Experts: (gate: Bool, up: Bool, down: Bool)
+    private let q8Shared: (gate: Bool, up: Bool, down: Bool)
+    private let xGrid: UnsafeMutablePointer<Float>?
+    private let gatheredGrid: UnsafeMutablePointer<Float>?
+
     // Shared expert on all tokens.
     private let sharedGateUp: UnsafeMutablePointer<Float>  // (tokens, 2Is)
     private let sharedActivated: UnsafeMutablePointer<Float> // (tokens, Is)
@@ -60,7 +68,12 @@ final class CPUPass: MoEPass {
         let chunks = (tokens + Self.routerChunk - 1) / Self.routerChunk
         let router = backend.tokenRouter
         let f = MemoryLayout<Float>.stride
+        q8Experts = backend.experts.quantizesActivations(c.activationQuantization)
+        q8Shared = backend.shared?.quantizesActivations(c.activationQuantization) ?? (false, false, false)
+        let expertsGrid = q8Experts.gate || q8Experts.up
+        let anyGrid = expertsGrid || q8Shared.gate || q8Shared.up
         let bytes = ScratchArena.bytes(for: [
+            (anyGrid ? tokens * h : 0, f), (expertsGrid ? rows * h : 0, f),
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
             (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
             (rows * h, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
@@ -68,6 +81,8 @@ final class CPUPass: MoEPass {
         ])
         arena = try backend.scratch.checkOut(bytes: bytes)
         arena.reset()
+        xGrid = anyGrid ? arena.take(Float.self, tokens * h) : nil
+        gatheredGrid = expertsGrid ? arena.take(Float.self, rows * h) : nil
         logits = arena.take(Float.self, tokens * e)
         routeScratch = arena.take(Float.self, chunks * router.scratchCount)
         ids = arena.take(Int32.self, rows)
@@ -108,6 +123,7 @@ final class CPUPass: MoEPass {
         let scratchCount = router.scratchCount
         let routeScratch = self.routeScratch
         let inputNorm = self.inputNorm
+        let xGrid = self.xGrid
         parallelFor((tokens + chunk - 1) / chunk) { c in
             let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
             // The input norm where the rows are read anyway: the chunk's normalised rows stay
@@ -119,6 +135,9 @@ final class CPUPass: MoEPass {
                     norm.apply(v, inverse: RMSNorm.inverseRMS(sumOfSquares: sum, count: h, eps: norm.eps),
                                count: h, into: normed + t * h)
                 }
+            }
+            if let xGrid {
+                for t in t0..<t1 { moe_cpu_q8_quantize(x + t * h, Int64(h), nil, nil, xGrid + t * h) }
             }
             routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
                                   c: logits + t0 * e, ldc: e, tile: nil)
@@ -162,11 +181,15 @@ final class CPUPass: MoEPass {
         expertStart[0] = 0
 
         let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
+        let (xGrid, gatheredGrid) = (self.xGrid, self.gatheredGrid)
         let chunk = 64
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
                 let token = Int(rowPair[row]) / k
                 (gathered + row * h).update(from: x + token * h, count: h)
+                if let gatheredGrid, let xGrid {
+                    (gatheredGrid + row * h).update(from: xGrid + token * h, count: h)
+                }
             }
         }
 
@@ -208,14 +231,20 @@ final class CPUPass: MoEPass {
             let (expert, block) = items[n]
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>,
                 activated: UnsafeMutablePointer<Float>, index: Int
+            // The rows each product takes: the grid values where it quantizes activations.
+            var gateInput: UnsafePointer<Float>, upInput: UnsafePointer<Float>
             if expert == Self.sharedExpert {
                 ffn = backend.shared!
                 (rows, input, out, activated, index) = (tokens, x, sharedGateUp, sharedActivated, 0)
+                gateInput = q8Shared.gate ? UnsafePointer(xGrid!) : input
+                upInput = q8Shared.up ? UnsafePointer(xGrid!) : input
             } else {
                 ffn = backend.experts
                 let first = expertStart[expert]
                 rows = expertStart[expert + 1] - first
                 input = UnsafePointer(gathered + first * h)
+                gateInput = q8Experts.gate ? UnsafePointer(gatheredGrid! + first * h) : input
+                upInput = q8Experts.up ? UnsafePointer(gatheredGrid! + first * h) : input
                 out = gateUpOut + first * 2 * inner
                 activated = self.activated + first * inner
                 index = expert
@@ -225,9 +254,9 @@ final class CPUPass: MoEPass {
             // Block outputs: (rows, 2w) at column 2 * c0 of each row: gate, then up.
             withTile(ffn, rows: rows) { tile in
                 ffn.gate.matrix.multiply(m: rows, rows: ffn.gate.row(expert: index, column: c0), count: w,
-                                         a: input, lda: h, c: out + 2 * c0, ldc: 2 * width, tile: tile)
+                                         a: gateInput, lda: h, c: out + 2 * c0, ldc: 2 * width, tile: tile)
                 ffn.up.matrix.multiply(m: rows, rows: ffn.up.row(expert: index, column: c0), count: w,
-                                       a: input, lda: h, c: out + 2 * c0 + w, ldc: 2 * width, tile: tile)
+                                       a: upInput, lda: h, c: out + 2 * c0 + w, ldc: 2 * width, tile: tile)
             }
             let bias = ffn.gateUpBias.map { UnsafePointer($0.pointer + index * 2 * width + c0) }
             for r in 0..<rows {
@@ -243,6 +272,22 @@ final class CPUPass: MoEPass {
     }
 
     func down() {
+        // 8-bit activations: each activation row becomes its grid values once, in place
+        // (nothing reads the float32 rows after this), before any item reads it.
+        let sharedRows = withShared && q8Shared.down ? tokens : 0
+        let expertRows = q8Experts.down ? tokens * k : 0
+        if sharedRows + expertRows > 0 {
+            let (activated, sharedActivated, inner) = (self.activated, self.sharedActivated, self.inner)
+            let sharedInner = backend.shared?.inner ?? 0
+            parallelFor(expertRows + sharedRows) { r in
+                if r < expertRows {
+                    moe_cpu_q8_quantize(activated + r * inner, Int64(inner), nil, nil, activated + r * inner)
+                } else {
+                    let row = sharedActivated + (r - expertRows) * sharedInner
+                    moe_cpu_q8_quantize(row, Int64(sharedInner), nil, nil, row)
+                }
+            }
+        }
         let items = downItems
         parallelFor(items.count) { n in
             let (expert, block) = items[n]

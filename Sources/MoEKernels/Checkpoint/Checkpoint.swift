@@ -70,9 +70,11 @@ public final class Checkpoint {
 
     /// The options a caller may override after config.json, by their Python names.
     public static let overridableOptions = ["top_k", "norm_topk_prob", "routed_scaling_factor", "scoring",
-                                            "n_group", "topk_group", "activation", "swiglu_alpha", "swiglu_limit"]
+                                            "n_group", "topk_group", "activation", "swiglu_alpha", "swiglu_limit",
+                                            "activation_quantization"]
 
-    /// Sets options by name (numbers; booleans 0/1; scoring and activation as their enum codes).
+    /// Sets options by name (numbers; booleans 0/1; scoring, activation and
+    /// activation_quantization as their enum codes).
     static func apply(_ overrides: [String: Double], to c: inout MoEConfiguration) throws {
         for (name, value) in overrides.sorted(by: { $0.key < $1.key }) {
             func integer() throws -> Int {
@@ -99,6 +101,12 @@ public final class Checkpoint {
                     throw MoEError.invalidArgument("override activation \(value) is not a moe_activation value")
                 }
                 c.activation = a
+            case "activation_quantization":
+                guard let q = MoEActivationQuantization(rawValue: Int32(clamping: try integer())) else {
+                    throw MoEError.invalidArgument(
+                        "override activation_quantization \(value) is not a moe_activation_quantization value")
+                }
+                c.activationQuantization = q
             default:
                 throw MoEError.invalidArgument(
                     "unknown override \"\(name)\"; overridable: \(overridableOptions.joined(separator: ", "))")

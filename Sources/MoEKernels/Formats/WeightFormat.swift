@@ -184,6 +184,12 @@ public enum WeightFormat: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// Whether this is a quantized format (the products that 8-bit activations apply to).
+    var isQuantized: Bool {
+        if case .quantized = self { return true }
+        return false
+    }
+
     /// Bits per code of a quantized format (0 for dense ones).
     var bits: Int {
         if case .quantized(let q, _) = self { return q.bits }

@@ -68,6 +68,25 @@ public enum MoEActivation: MoEOptionRow, CustomStringConvertible {
     public var description: String { optionName(MOE_OPTION_TABLE_ACTIVATION, rawValue) }
 }
 
+/// The activations that enter a quantized-format weight product (moe_options.h,
+/// MOE_ACTIVATION_QUANTIZATION_ROWS): float32 as they are, or 8-bit in blocks of
+/// `MOE_Q8_ACTIVATION_BLOCK` as ggml's dot products take them. Dense weights and the router
+/// always take float32.
+public enum MoEActivationQuantization: MoEOptionRow, CustomStringConvertible {
+    /// float32 activations: the exact product of the weights' values.
+    case none
+    /// Per block of 32 elements of a row: `d = max|x| / 127`, `x ≈ d * round(x / d)`.
+    case q8
+
+    public var rawValue: Int32 {
+        switch self {
+        case .none: return Int32(MOE_ACTIVATION_QUANTIZATION_NONE.rawValue)
+        case .q8: return Int32(MOE_ACTIVATION_QUANTIZATION_Q8.rawValue)
+        }
+    }
+    public var description: String { optionName(MOE_OPTION_TABLE_ACTIVATION_QUANTIZATION, rawValue) }
+}
+
 /// Where a layer runs.
 public enum MoEBackendKind: MoEOptionRow {
     /// The best backend available in this process.
@@ -109,6 +128,9 @@ public struct MoEConfiguration: Sendable, Equatable {
     public var activation = MoEActivation(rawValue: Int32(MOE_DEFAULT_ACTIVATION_CODE.rawValue))!
     public var swigluAlpha: Float = MOE_DEFAULT_SWIGLU_ALPHA
     public var swigluLimit: Float = MOE_DEFAULT_SWIGLU_LIMIT
+    /// The activations of quantized-format weight products.
+    public var activationQuantization = MoEActivationQuantization(
+        rawValue: Int32(MOE_DEFAULT_ACTIVATION_QUANTIZATION_CODE.rawValue))!
 
     /// Width of the shared expert; 0 when the layer has none.
     public var sharedIntermediateSize: Int = 0

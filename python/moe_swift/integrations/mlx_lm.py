@@ -31,8 +31,9 @@ def _unpatched(item):
     return isinstance(item, SwitchGLU) and not isinstance(item, FusedSwitchGLU)
 
 
-def patch(model, backend: str = "auto", progress=None) -> int:
+def patch(model, backend: str = "auto", progress=None, activation_quantization: str = "none") -> int:
     """Replaces every SwitchGLU in `model` (in place); returns how many were replaced.
+    `activation_quantization` is MoELayer's ("q8": 8-bit activations for quantized weights).
 
     Each replacement builds its layer (reading the weights, which a lazily loaded model
     only then loads): when that lasts over two seconds, a bar of the layers shows on a
@@ -48,7 +49,7 @@ def patch(model, backend: str = "auto", progress=None) -> int:
                 places.extend((child, i) for i, item in enumerate(child) if _unpatched(item))
     with Progress("moe_swift: patching the SwitchGLU layers", len(places), progress=progress) as bar:
         for container, key in places:
-            container[key] = FusedSwitchGLU(container[key], backend)
+            container[key] = FusedSwitchGLU(container[key], backend, activation_quantization)
             bar.update()
     return len(places)
 
@@ -86,12 +87,13 @@ class FusedSwitchGLU(SwitchGLU):
     forward is the layer's, its vector-Jacobian product mlx-lm's computation.
     """
 
-    def __init__(self, glu, backend="auto"):
+    def __init__(self, glu, backend="auto", activation_quantization="none"):
         nn.Module.__init__(self)
         self.gate_proj, self.up_proj, self.down_proj = glu.gate_proj, glu.up_proj, glu.down_proj
         self.activation = glu.activation
         # Plain attributes (not in the parameter tree): the native layer and what it was built from.
         object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "_activation_quantization", activation_quantization)
         object.__setattr__(self, "_built", None)
         object.__setattr__(self, "_fused", mx.custom_function(self._forward))
         self._fused.vjp(self._vjp)
@@ -117,7 +119,8 @@ class FusedSwitchGLU(SwitchGLU):
         # top_k = 1 with every pair a row of its own, weighted 1: the layer returns the
         # per-slot outputs that the block then weighs and sums as before.
         layer = MoELayer(np.zeros((E, H), np.float32), gate_w, _weight(up, "up_proj"), _weight(down, "down_proj"),
-                         top_k=1, backend=self._backend, **kwargs)
+                         top_k=1, backend=self._backend, activation_quantization=self._activation_quantization,
+                         **kwargs)
         object.__setattr__(self, "_built", (leaves, layer, H))
         return layer
 
@@ -156,9 +159,10 @@ class FusedSwitchGLU(SwitchGLU):
 
     # Copies (copy.deepcopy, pickle) carry the children and build their own native layer.
     def __reduce__(self):
-        return _rebuild, (self.gate_proj, self.up_proj, self.down_proj, self.activation, self._backend)
+        return _rebuild, (self.gate_proj, self.up_proj, self.down_proj, self.activation, self._backend,
+                          self._activation_quantization)
 
 
-def _rebuild(gate_proj, up_proj, down_proj, activation, backend):
+def _rebuild(gate_proj, up_proj, down_proj, activation, backend, activation_quantization="none"):
     return FusedSwitchGLU(SimpleNamespace(gate_proj=gate_proj, up_proj=up_proj, down_proj=down_proj,
-                                          activation=activation), backend)
+                                          activation=activation), backend, activation_quantization)

@@ -58,15 +58,17 @@ _next_key = itertools.count(1)
 _building = None
 
 
-def register(name: str = NAME, backend: str = "auto", progress=None) -> str:
+def register(name: str = NAME, backend: str = "auto", progress=None, activation_quantization: str = "none") -> str:
     """Registers the experts backend `name` with transformers and returns it. `progress`
-    (None, True or False, as moe_swift.progress says) is for the building of the layers."""
+    (None, True or False, as moe_swift.progress says) is for the building of the layers;
+    `activation_quantization` is MoELayer's (it changes only quantized-format weights)."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     setting(progress)  # a wrong value fails here, not in the middle of a forward
 
     def forward(module, hidden_states, top_k_index, top_k_weights):
-        return experts_forward(module, hidden_states, top_k_index, top_k_weights, backend=backend, progress=progress)
+        return experts_forward(module, hidden_states, top_k_index, top_k_weights, backend=backend, progress=progress,
+                               activation_quantization=activation_quantization)
 
     ALL_EXPERTS_FUNCTIONS.register(name, forward)
     return name
@@ -167,18 +169,19 @@ def _in_place_buffer(module):
     return buffer
 
 
-def _layer(module, top_k: int, backend: str, progress):
+def _layer(module, top_k: int, backend: str, progress, activation_quantization: str = "none"):
     """The module's MoELayer, built on its first call and rebuilt when a parameter changed."""
     global _building
     buffer = _in_place_buffer(module)
-    signature = (_signature(module), backend)
+    signature = (_signature(module), backend, activation_quantization)
     entry = _LAYERS.get(module)
     if entry is None or entry[0] != signature:
         if entry is not None:
             entry[1].close()
         if _building is None:
             _building = Progress("moe_swift: building the experts layers", progress=progress)
-        entry = (signature, layer_from_module(module, top_k=top_k, backend=backend, weight_memory=buffer))
+        entry = (signature, layer_from_module(module, top_k=top_k, backend=backend, weight_memory=buffer,
+                                              activation_quantization=activation_quantization))
         _LAYERS[module] = entry
         _building.update()
     elif _building is not None:
@@ -194,16 +197,17 @@ _PROGRESS_SETTING = {code: setting for setting, code in _PROGRESS.items()}
 
 @torch.library.custom_op("moe_swift::experts", mutates_args=())
 def _experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                parameters: list[torch.Tensor], key: int, backend: str, progress: int) -> torch.Tensor:
+                parameters: list[torch.Tensor], key: int, backend: str, progress: int,
+                activation_quantization: str) -> torch.Tensor:
     # `parameters` (the module's own, in its order) are inputs so that autograd and a
     # compiled graph see what the result depends on; the layer reads them through the module.
     module = _module(key)
-    layer = _layer(module, top_k_index.shape[-1], backend, _PROGRESS_SETTING[progress])
+    layer = _layer(module, top_k_index.shape[-1], backend, _PROGRESS_SETTING[progress], activation_quantization)
     return layer.experts(hidden_states, top_k_index, top_k_weights)
 
 
 @_experts_op.register_fake
-def _(hidden_states, top_k_index, top_k_weights, parameters, key, backend, progress):
+def _(hidden_states, top_k_index, top_k_weights, parameters, key, backend, progress, activation_quantization):
     return torch.empty_like(hidden_states)
 
 
@@ -233,7 +237,7 @@ def _(grad, hidden_states, top_k_index, top_k_weights, parameters, key):
 
 
 def _setup_context(ctx, inputs, output):
-    hidden_states, top_k_index, top_k_weights, parameters, key, _, _ = inputs
+    hidden_states, top_k_index, top_k_weights, parameters, key, _, _, _ = inputs
     ctx.key = key
     ctx.save_for_backward(hidden_states, top_k_index, top_k_weights, *parameters)
 
@@ -241,17 +245,19 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad):
     hidden_states, top_k_index, top_k_weights, *parameters = ctx.saved_tensors
     grads = torch.ops.moe_swift.experts_backward(grad, hidden_states, top_k_index, top_k_weights, parameters, ctx.key)
-    return grads[0], None, grads[1], list(grads[2:]), None, None, None
+    return grads[0], None, grads[1], list(grads[2:]), None, None, None, None
 
 
 _experts_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto", progress=None):
+def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto", progress=None,
+                    activation_quantization="none"):
     """One call of the experts through the registered op `moe_swift::experts`."""
     key = _module_key(module)
     return torch.ops.moe_swift.experts(hidden_states, top_k_index, top_k_weights,
-                                       list(module.parameters(recurse=False)), key, backend, _PROGRESS[progress])
+                                       list(module.parameters(recurse=False)), key, backend, _PROGRESS[progress],
+                                       activation_quantization)
 
 
 def _first_attribute(module, names):
@@ -306,7 +312,8 @@ def _activation(module, interleaved):
         + f"); it has {', '.join(ACTIVATIONS)} (swiglu_oai: gpt-oss's clamped SwiGLU)")
 
 
-def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memory=None, memory_limit=None) -> MoELayer:
+def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memory=None, memory_limit=None,
+                      activation_quantization: str = "none") -> MoELayer:
     """A MoELayer holding `module`'s experts (its router is unused: `experts()` takes the
     routing transformers computed). Matrices inside `weight_memory` are read there in place
     (MoELayer's argument); memory_limit bounds the layer's own copies."""
@@ -344,7 +351,7 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memor
         E, H = down.shape[0], down.shape[1]
         router = torch.zeros((E, H), dtype=torch.float32)
         return MoELayer(router, down_proj=down, top_k=top_k, backend=backend, weight_memory=weight_memory,
-                        memory_limit=memory_limit, **kwargs)
+                        memory_limit=memory_limit, activation_quantization=activation_quantization, **kwargs)
 
 
 # Importing this module is the one line of glue: "moe_swift" is then a valid

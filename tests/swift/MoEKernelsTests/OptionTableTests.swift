@@ -17,6 +17,8 @@ final class OptionTableTests: XCTestCase {
         XCTAssertEqual(rows(MOE_OPTION_TABLE_BACKEND), Dictionary(uniqueKeysWithValues: MoEBackendKind.allCases.map { ($0.rawValue, $0.name) }))
         XCTAssertEqual(rows(MOE_OPTION_TABLE_SCORING), Dictionary(uniqueKeysWithValues: MoEScoring.allCases.map { ($0.rawValue, $0.description) }))
         XCTAssertEqual(rows(MOE_OPTION_TABLE_ACTIVATION), Dictionary(uniqueKeysWithValues: MoEActivation.allCases.map { ($0.rawValue, $0.description) }))
+        XCTAssertEqual(rows(MOE_OPTION_TABLE_ACTIVATION_QUANTIZATION),
+                       Dictionary(uniqueKeysWithValues: MoEActivationQuantization.allCases.map { ($0.rawValue, $0.description) }))
         XCTAssertEqual(rows(MOE_OPTION_TABLE_DTYPE), Dictionary(uniqueKeysWithValues: ScalarType.allCases.map { ($0.rawValue, $0.description) }))
         // Every format row is a dense dtype, one of MLX's quantizations or a ggml block type.
         let mlx: [Int32: String] = [Int32(MOE_FORMAT_AFFINE.rawValue): "affine", Int32(MOE_FORMAT_MXFP4.rawValue): "mxfp4"]
