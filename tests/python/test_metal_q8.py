@@ -12,7 +12,7 @@ import pytest
 import moe_swift
 from moe_swift import GGMLQuantized, formats, reference
 from moe_swift.ggml_blocks import random_blocks
-from families import selected_backends, spec_tolerance
+from families import selected_backends
 
 METAL = selected_backends(("metal", "softmetal"))
 BACKEND = METAL[0] if METAL else "softmetal"
@@ -81,18 +81,25 @@ def _code_step(args, x, ids, w):
 
 
 def _check_q8(args, x, flips=2):
-    """The q8 layer against the reference's q8 grid: float32 sums (the spec tolerance) and
-    at most `flips` codes of a per token on the other side of a tie. The float-exact
-    reference must be farther away than that tolerance, so that the check sees the option."""
+    """The q8 layer against the reference's q8 grid, per element: float32 sums (the spec
+    tolerance, per token) and at most `flips` codes of a per token on the other side of a
+    tie."""
     with moe_swift.MoELayer(**args, backend=BACKEND, activation_quantization="q8") as layer:
         y = layer(x)
         ids, w = layer.route(x)
     grid = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8")
     exact = reference.moe_forward(x, **args, ids=ids)
-    tol = spec_tolerance(grid) + flips * _code_step(args, x, ids, w)[:, None]
+    # The spec's float32 tolerance per token (an outlier token's scale is its own).
+    rows = 1e-4 * np.abs(grid).max(axis=1) + 1e-5
+    tol = (rows + flips * _code_step(args, x, ids, w))[:, None]
     err = np.abs(y - grid)
     assert np.all(err <= tol), (float(err.max()), float(tol.min()))
-    assert np.any(np.abs(exact - grid) > 2 * tol), "the q8 grid is within the tolerance of float-exact"
+    # The option is seen: q8's own error (grid vs exact, every element) dwarfs the device's
+    # distance from the grid (float32 sums, a rare code on the other side of a tie: one
+    # such code at T = 1 is about a tenth of it), where not quantizing x or a would leave
+    # half or more of it.
+    rms = lambda v: float(np.sqrt(np.mean(v ** 2)))
+    assert rms(y - grid) <= 0.3 * rms(exact - grid), (rms(y - grid), rms(exact - grid))
     return y
 
 
