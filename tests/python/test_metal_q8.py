@@ -52,7 +52,7 @@ def _quantized(m):
     return isinstance(m, (formats.Quantized, GGMLQuantized))
 
 
-def _code_step(args, x, ids, w):
+def _code_step(args, x, ids, w, shared=True):
     """Per token, what one code of a's grid taking the other neighbour moves the output by,
     at most: |routing weight| * d of a's row * max |W_down| per pair, summed, and the shared
     expert's. a is float32 on the device and float64 in the reference, so where a / d lies
@@ -70,7 +70,8 @@ def _code_step(args, x, ids, w):
         return np.abs(a).max(axis=-1) / 127 * np.abs(wd).max() * 1.01
 
     s = args["shared_expert"]
-    out = step(s["gate_proj"], s["up_proj"], s["down_proj"], *(f(s[k]) for k in ("gate_proj", "up_proj", "down_proj")))
+    out = (step(s["gate_proj"], s["up_proj"], s["down_proj"], *(f(s[k]) for k in ("gate_proj", "up_proj", "down_proj")))
+           if shared else np.zeros(len(x)))
     gate, up, down = args["gate_proj"], args["up_proj"], args["down_proj"]
     wg, wu, wd = f(gate), f(up), f(down)
     for j in range(K):
@@ -89,9 +90,15 @@ def _check_q8(args, x, flips=2):
         ids, w = layer.route(x)
     grid = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8")
     exact = reference.moe_forward(x, **args, ids=ids)
+    _assert_near_grid(y, grid, exact, flips * _code_step(args, x, ids, w))
+    return y
+
+
+def _assert_near_grid(y, grid, exact, steps):
+    """y within the float32 tolerance and `steps` (per token) of the q8 grid, and far closer
+    to it than the float-exact result is."""
     # The spec's float32 tolerance per token (an outlier token's scale is its own).
-    rows = 1e-4 * np.abs(grid).max(axis=1) + 1e-5
-    tol = (rows + flips * _code_step(args, x, ids, w))[:, None]
+    tol = (1e-4 * np.abs(grid).max(axis=1) + 1e-5 + steps)[:, None]
     err = np.abs(y - grid)
     assert np.all(err <= tol), (float(err.max()), float(tol.min()))
     # The option is seen: q8's own error (grid vs exact, every element) dwarfs the device's
@@ -100,7 +107,6 @@ def _check_q8(args, x, flips=2):
     # half or more of it.
     rms = lambda v: float(np.sqrt(np.mean(v ** 2)))
     assert rms(y - grid) <= 0.3 * rms(exact - grid), (rms(y - grid), rms(exact - grid))
-    return y
 
 
 def _metal_available():
@@ -138,6 +144,24 @@ def test_q8_outlier_spoils_only_its_block():
     x = rng.standard_normal((3, H)).astype(np.float32)
     x[1, 100] = 1e4
     _check_q8(args, x)
+
+
+def test_q8_experts_call():
+    """The routing given (MoELayer.experts: no router, no shared expert), prefill: x's
+    grid values for the routed experts only, then a's."""
+    _metal_available()
+    rng = np.random.default_rng(14)
+    args = _args(rng, "q4_K")
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    ids = np.stack([np.arange(5) % E, (np.arange(5) + 1) % E], axis=1).astype(np.int32)
+    w = rng.random((5, K)).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend=BACKEND, activation_quantization="q8") as layer:
+        y = layer.experts(x, ids, w)
+        assert moe_swift.last_stats()["dispatches"] == 4 + 2
+    routed = {k: args[k] for k in ("gate_proj", "up_proj", "down_proj")}
+    grid = reference.experts_forward(x, ids, w, **routed, activation_quantization="q8")
+    _assert_near_grid(y, grid, reference.experts_forward(x, ids, w, **routed),
+                      2 * _code_step(args, x, ids, w, shared=False))
 
 
 def test_default_and_dense_layers_unchanged():

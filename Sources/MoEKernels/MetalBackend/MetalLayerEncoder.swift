@@ -137,9 +137,10 @@ struct MetalLayerEncoder {
     func gateUp() {
         let c = configuration
         let q8 = backend.q8
-        // x's grid values, for every gate/up product (routed and shared) that takes them.
-        let xq = q8.x ? MetalBinding(scratch.xQuantized!) : input
-        if q8.x { quantize(input, rows: tokens, cols: c.hiddenSize, into: xq) }
+        // x's grid values, once for every gate/up product (routed and shared) that takes them.
+        let quantizeX = q8.gate || q8.up || (withShared && (q8.sharedGate || q8.sharedUp))
+        let xq = quantizeX ? MetalBinding(scratch.xQuantized!) : input
+        if quantizeX { quantize(input, rows: tokens, cols: c.hiddenSize, into: xq) }
         var p = ffnParams(shared: false, inner: c.intermediateSize)
         p.has_bias = backend.gateUpBias == nil ? 0 : 1
         p.w0 = backend.gate.desc
