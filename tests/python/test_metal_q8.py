@@ -146,6 +146,26 @@ def test_q8_outlier_spoils_only_its_block():
     _check_q8(args, x)
 
 
+def test_q8_with_input_norm():
+    """A decoder block's input norm (phase 0 of the router): the products take the grid
+    values of the normalised rows. Those rows are float32 on the device and float64 in the
+    reference, so x's codes too may sit on either side of a tie: q8cpu's relative
+    tolerance for the grid, and the RMS check that sees the option."""
+    _metal_available()
+    rng = np.random.default_rng(15)
+    args = _args(rng, "q4")
+    norm = (rng.uniform(0.5, 1.5, H).astype(np.float32), 1e-6)
+    for T in (1, 9):
+        x = 3 * rng.standard_normal((T, H)).astype(np.float32)
+        with moe_swift.MoELayer(**args, backend=BACKEND, activation_quantization="q8") as layer:
+            y = layer(x, input_norm=norm)
+        grid = reference.moe_forward(x, **args, input_norm=norm, activation_quantization="q8")
+        exact = reference.moe_forward(x, **args, input_norm=norm)
+        assert np.abs(y - grid).max() <= 2e-3 * np.abs(grid).max() + 1e-5
+        rms = lambda v: float(np.sqrt(np.mean(v ** 2)))
+        assert rms(y - grid) <= 0.3 * rms(exact - grid), (rms(y - grid), rms(exact - grid))
+
+
 def test_q8_experts_call():
     """The routing given (MoELayer.experts: no router, no shared expert), prefill: x's
     grid values for the routed experts only, then a's."""
