@@ -656,3 +656,28 @@ def test_activation_conversions(lib, dtype):
     lib.launch(f"moe_load_activations_{dtype}", {0: p, 1: stored, 2: back}, threadgroups=groups,
                threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_order=True, check_memory=True)
     same_bits(back, widened, dtype)
+
+
+def test_quantize_q8(lib):
+    """moe_quantize_q8 writes reference.quantize_activations_q8's grid values (NaN where
+    the reference has it): a block of zeros, exact ties (d = 1: to even), an
+    outlier of 1e4, +-inf and NaN (their whole block NaN), tiny normal values, a row longer
+    than a threadgroup with a short last block (300 = 9 * 32 + 12); under the order and
+    memory checks."""
+    T, H = 3, 300
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    x[0, :32] = 0
+    x[0, 32:64] = np.arange(32) - 15.5
+    x[0, 63] = 127
+    x[0, 64:96] *= 1e-30
+    x[1, 40] = 1e4
+    x[1, 70], x[1, 130], x[2, 290] = np.inf, -np.inf, np.nan
+    want = reference.quantize_activations_q8(x)
+    assert np.isnan(want[1, 64:96]).all() and np.isnan(want[2, 288:]).all()
+    p = params("moe_convert_params", tokens=T, hidden=H)
+    out = np.full((T, H), 7, np.float32)
+    lib.launch("moe_quantize_q8", {0: p, 1: x, 2: out}, threadgroups=(-(-H // CONST["MOE_CONVERT_THREADS"]), T),
+               threads_per_threadgroup=(CONST["MOE_CONVERT_THREADS"],), check_order=True, check_memory=True)
+    # The same floats; a code of 0 is +0 here and may be -0 in the reference's d * rint(x / d).
+    np.testing.assert_array_equal(out, want)

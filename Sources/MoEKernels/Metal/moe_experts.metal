@@ -13,6 +13,18 @@
 #include "moe_common.h"
 #include "moe_formats.h"
 
+// The gate/up epilogue: act = activation(g, u) into `out`, or by p.gate_up_pass only the
+// gate product (first of two dispatches), or the activation of the gate product kept there
+// and this dispatch's u (second). The same thread reads and writes the element.
+static inline void moe_gate_up_store(constant moe_ffn_params& p, float g, float u, device float* out) {
+    if (p.gate_up_pass == MOE_GATE_UP_KEEP_GATE) {
+        *out = g;
+        return;
+    }
+    if (p.gate_up_pass == MOE_GATE_UP_WITH_KEPT_GATE) g = *out;
+    *out = moe_activate(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
+}
+
 // --- decode: matrix-vector ----------------------------------------------------------
 //
 // Grid: (ceil(rows / MOE_GEMV_ROWS), pairs) threadgroups of MOE_GEMV_THREADS threads
@@ -171,7 +183,7 @@ template <typename L>
                         gs += bias[(ulong)expert * 2 * I + r];
                         us += bias[(ulong)expert * 2 * I + I + r];
                     }
-                    act[(ulong)rows[i] * I + r] = moe_activate(p.activation, gs, us, p.swiglu_alpha, p.swiglu_limit);
+                    moe_gate_up_store(p, gs, us, act + (ulong)rows[i] * I + r);
                 }
             }
         }
@@ -439,7 +451,7 @@ template <typename L>
             g += bias[(ulong)t.expert * 2 * I + n];
             u += bias[(ulong)t.expert * 2 * I + I + n];
         }
-        act[(ulong)moe_gemm_row(p, rows, t, r) * I + n] = moe_activate(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
+        moe_gate_up_store(p, g, u, act + (ulong)moe_gemm_row(p, rows, t, r) * I + n);
     }
 }
 

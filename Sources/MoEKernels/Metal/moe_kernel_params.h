@@ -70,13 +70,21 @@ typedef int32_t moe_i32;
 #define MOE_COMBINE_THREADS 256
 
 /* Activation conversion (a caller's float16 / bfloat16 buffers, or float32 ones the
- * stages cannot bind in place): MOE_CONVERT_THREADS consecutive elements of one token
- * per threadgroup. */
+ * stages cannot bind in place; 8-bit activation grid values): MOE_CONVERT_THREADS
+ * consecutive elements of one row per threadgroup. */
 #define MOE_CONVERT_THREADS 256
 
 /* moe_ffn_params.mode */
 #define MOE_FFN_ROUTED 0   /* rows are (token, slot) pairs, experts from the router */
 #define MOE_FFN_SHARED 1   /* rows are tokens, expert 0 of the shared-expert weights */
+
+/* moe_ffn_params.gate_up_pass (gate/up kernels): gate and up in one dispatch, or in two
+ * when their products read different inputs (8-bit activations for the quantized one of a
+ * dense / quantized pair): the first keeps the gate product (with its bias) in the output,
+ * the second reads it back there for the activation. */
+#define MOE_GATE_UP_BOTH 0
+#define MOE_GATE_UP_KEEP_GATE 1
+#define MOE_GATE_UP_WITH_KEPT_GATE 2
 
 /* One weight matrix as a kernel reads it, in its stored format (Formats/WeightFormat.swift):
  * three buffers - codes (or the dense values), scales, biases - and where the matrix's
@@ -200,7 +208,7 @@ typedef struct moe_ffn_params {
     float swiglu_alpha;
     float swiglu_limit;
     moe_u32 has_bias;
-    moe_u32 _pad0;
+    moe_u32 gate_up_pass;         /* MOE_GATE_UP_* */
     moe_u32 _pad1;
     moe_u32 _pad2;
     moe_weight_desc w0;           /* gate (gate/up kernels) or down */
@@ -221,7 +229,9 @@ typedef struct moe_combine_params {
 } moe_combine_params;
 
 /* moe_load_activations_<dtype> / moe_store_activations_<dtype>: grid
- * (ceil(hidden / MOE_CONVERT_THREADS), tokens); element (t, h) of SRC converted to DST. */
+ * (ceil(hidden / MOE_CONVERT_THREADS), tokens); element (t, h) of SRC converted to DST.
+ * moe_quantize_q8 takes the same grid over any float32 rows (x: tokens rows of H; the
+ * expert activations: pairs or tokens rows of I or Is), `hidden` their length. */
 typedef struct moe_convert_params {
     moe_u32 tokens;
     moe_u32 hidden;

@@ -23,7 +23,33 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     let shared: (gate: MetalWeight, up: MetalWeight, down: MetalWeight)?   // (Is, H), (Is, H), (H, Is)
     let sharedGate: (any MTLBuffer)?          // (H)
     let pipelines: Pipelines
+    let q8: Q8Inputs
     let pool = MetalBufferPool()
+
+    /// The products whose input is 8-bit activations' grid values (moe_options.h,
+    /// MOE_ACTIVATION_QUANTIZATION_Q8): with `activationQuantization == .q8`, those of
+    /// quantized-format weights, never dense ones (nor the router, which takes x as it is).
+    struct Q8Inputs {
+        var gate = false, up = false, down = false
+        var sharedGate = false, sharedUp = false, sharedDown = false
+
+        init() {}
+
+        init(_ c: MoEConfiguration, gate: MetalWeight, up: MetalWeight, down: MetalWeight,
+             shared: (gate: MetalWeight, up: MetalWeight, down: MetalWeight)?) {
+            guard c.activationQuantization == .q8 else { return }
+            self.gate = gate.isQuantized
+            self.up = up.isQuantized
+            self.down = down.isQuantized
+            sharedGate = shared?.gate.isQuantized ?? false
+            sharedUp = shared?.up.isQuantized ?? false
+            sharedDown = shared?.down.isQuantized ?? false
+        }
+
+        /// Some gate/up product reads x's grid values (made once per forward, for all of them).
+        var x: Bool { gate || up || sharedGate || sharedUp }
+        var any: Bool { x || down || sharedDown }
+    }
 
     /// The kernel instances that read this layer's weight formats.
     struct Pipelines {
@@ -31,6 +57,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         let router, routerGemv: any MTLComputePipelineState
         let routed: Experts
         let shared: Experts?
+        /// The grid values of 8-bit activations, if some product takes them.
+        let quantize: (any MTLComputePipelineState)?
     }
 
     struct Experts {
@@ -107,11 +135,14 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
             sharedGate = nil
         }
 
+        q8 = Q8Inputs(c, gate: gate, up: up, down: down, shared: shared)
         pipelines = Pipelines(router: try context.pipeline(MetalKernels.router(router.kernelSuffix), threads: MOE_ROUTER_THREADS),
                               routerGemv: try context.pipeline(MetalKernels.routerGemv(router.kernelSuffix),
                                                                threads: MOE_ROUTER_GEMV_THREADS),
                               routed: try Experts(context, gate: gate, up: up, down: down),
-                              shared: try shared.map { try Experts(context, gate: $0.gate, up: $0.up, down: $0.down) })
+                              shared: try shared.map { try Experts(context, gate: $0.gate, up: $0.up, down: $0.down) },
+                              quantize: q8.any ? try context.pipeline(MetalKernels.quantizeQ8, threads: MOE_CONVERT_THREADS)
+                                               : nil)
     }
 
     func makePass(input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws -> any MoEPass {
@@ -126,7 +157,7 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     /// A scratch set for `tokens` tokens from the pool (allocating only when none fits).
     func checkOutScratch(tokens: Int) throws -> MetalScratch {
         try pool.checkOut(tokens: tokens) { capacity in
-            try MetalScratch(context: context, configuration: configuration, capacity: capacity)
+            try MetalScratch(context: context, configuration: configuration, capacity: capacity, quantizedX: q8.x)
         }
     }
 }

@@ -30,8 +30,11 @@ final class MetalScratch {
     let xNormed: any MTLBuffer
     let nextNormWeight: any MTLBuffer
     let normed: any MTLBuffer
+    /// (capacity, H): the grid values of x's 8-bit activations, when some gate/up product
+    /// takes them (the expert activations are quantized in place).
+    let xQuantized: (any MTLBuffer)?
 
-    init(context: MetalContext, configuration c: MoEConfiguration, capacity: Int) throws {
+    init(context: MetalContext, configuration c: MoEConfiguration, capacity: Int, quantizedX: Bool) throws {
         self.capacity = capacity
         let (h, e, k, i) = (c.hiddenSize, c.numExperts, c.topK, c.intermediateSize)
         let pairs = capacity * k
@@ -62,6 +65,7 @@ final class MetalScratch {
         xNormed = try make(capacity * h, "normalised activations")
         nextNormWeight = try make(h, "the next norm's weight")
         normed = try make(capacity * h, "normed outputs")
+        xQuantized = quantizedX ? try make(capacity * h, "8-bit activations") : nil
     }
 
     /// Copies a norm's weight (H floats) into `buffer`.

@@ -13,6 +13,7 @@ enum MetalKernels {
     static let bucket = "moe_bucket"
     static let combine = "moe_combine"
     static let routerTopK = "moe_router_topk"
+    static let quantizeQ8 = "moe_quantize_q8"
     static func router(_ suffix: String) -> String { "moe_router_" + suffix }
     static func routerGemv(_ suffix: String) -> String { "moe_router_gemv_" + suffix }
     static func gateUpGemv(_ suffix: String) -> String { "moe_gate_up_gemv_" + suffix }

@@ -7,7 +7,11 @@ import CMoESwift
 ///   prefill: router, bucket, gate/up GEMM, down GEMM (both indirect), combine = 5
 ///   a shared expert adds its gate/up and down through the same kernels = +2;
 ///   the experts-only call (routing given, uploaded with the input) has no router and no
-///   shared expert: 3 in decode, 4 in prefill.
+///   shared expert: 3 in decode, 4 in prefill;
+///   8-bit activations add one `moe_quantize_q8` before the gate/up products that take
+///   them (x's grid values, once for routed and shared) and one before each down product
+///   that takes them (in place); a gate/up pair of which only one is quantized takes two
+///   gate/up dispatches (MOE_GATE_UP_KEEP_GATE).
 /// The norms of a decoder block cost no dispatch: the input norm runs in the router, the
 /// next layer's norm in the combine.
 struct MetalLayerEncoder {
@@ -132,40 +136,70 @@ struct MetalLayerEncoder {
 
     func gateUp() {
         let c = configuration
+        let q8 = backend.q8
+        // x's grid values, once for every gate/up product (routed and shared) that takes them.
+        let quantizeX = q8.gate || q8.up || (withShared && (q8.sharedGate || q8.sharedUp))
+        let xq = quantizeX ? MetalBinding(scratch.xQuantized!) : input
+        if quantizeX { quantize(input, rows: tokens, cols: c.hiddenSize, into: xq) }
         var p = ffnParams(shared: false, inner: c.intermediateSize)
         p.has_bias = backend.gateUpBias == nil ? 0 : 1
         p.w0 = backend.gate.desc
         p.w1 = backend.up.desc
         let routed = backend.pipelines.routed
         encoder.setComputePipelineState(decode ? routed.gateUpGemv : routed.gateUpGemm)
-        setParams(&p)
-        set(MOE_FFN_BUF_INPUT, input)
         set(backend.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
         set(backend.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
         set(MOE_FFN_BUF_BIAS, backend.gateUpBias)
         set(MOE_FFN_BUF_OUTPUT, scratch.act)
         if decode {
             set(MOE_FFN_BUF_IDS, ids)
-            dispatch(groups: (rowGroups(c.intermediateSize), tokens * c.topK), threads: MOE_GEMV_THREADS)
         } else {
             setBuckets()
-            dispatchIndirect(offset: 0, threads: MOE_GEMM_THREADS)
+        }
+        dispatchGateUp(&p, gate: q8.gate ? xq : input, up: q8.up ? xq : input) {
+            if decode {
+                dispatch(groups: (rowGroups(c.intermediateSize), tokens * c.topK), threads: MOE_GEMV_THREADS)
+            } else {
+                dispatchIndirect(offset: 0, threads: MOE_GEMM_THREADS)
+            }
         }
         if withShared, let weights = backend.shared, let kernels = backend.pipelines.shared, let act = scratch.sharedAct {
             var s = ffnParams(shared: true, inner: c.sharedIntermediateSize)
             s.w0 = weights.gate.desc
             s.w1 = weights.up.desc
             encoder.setComputePipelineState(decode ? kernels.gateUpGemv : kernels.gateUpGemm)
-            setParams(&s)
             set(weights.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
             set(weights.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
             set(MOE_FFN_BUF_BIAS, nil)
             set(MOE_FFN_BUF_OUTPUT, act)
-            // The input is still bound; ids, rows, tiles and offsets are not read for the shared expert.
-            dispatch(groups: decode ? (rowGroups(c.sharedIntermediateSize), 1)
-                                    : sharedTiles(c.sharedIntermediateSize, MOE_GEMM_GATE_UP_BN),
-                     threads: decode ? MOE_GEMV_THREADS : MOE_GEMM_THREADS)
+            // ids, rows, tiles and offsets are not read for the shared expert.
+            dispatchGateUp(&s, gate: q8.sharedGate ? xq : input, up: q8.sharedUp ? xq : input) {
+                dispatch(groups: decode ? (rowGroups(c.sharedIntermediateSize), 1)
+                                        : sharedTiles(c.sharedIntermediateSize, MOE_GEMM_GATE_UP_BN),
+                         threads: decode ? MOE_GEMV_THREADS : MOE_GEMM_THREADS)
+            }
         }
+    }
+
+    /// A gate/up kernel (pipeline and weights bound) over `gate`'s and `up`'s inputs: one
+    /// dispatch when they are the same rows, else two (MOE_GATE_UP_KEEP_GATE, then
+    /// MOE_GATE_UP_WITH_KEPT_GATE), each with its input bound.
+    private func dispatchGateUp(_ p: inout moe_ffn_params, gate: MetalBinding, up: MetalBinding, _ run: () -> Void) {
+        if gate.isSame(as: up) {
+            p.gate_up_pass = UInt32(MOE_GATE_UP_BOTH)
+            setParams(&p)
+            set(MOE_FFN_BUF_INPUT, gate)
+            run()
+            return
+        }
+        p.gate_up_pass = UInt32(MOE_GATE_UP_KEEP_GATE)
+        setParams(&p)
+        set(MOE_FFN_BUF_INPUT, gate)
+        run()
+        p.gate_up_pass = UInt32(MOE_GATE_UP_WITH_KEPT_GATE)
+        setParams(&p)
+        set(MOE_FFN_BUF_INPUT, up)
+        run()
     }
 
     func down() {
@@ -173,6 +207,7 @@ struct MetalLayerEncoder {
         var p = ffnParams(shared: false, inner: c.intermediateSize)
         p.has_bias = backend.downBias == nil ? 0 : 1
         p.w0 = backend.down.desc
+        if backend.q8.down { quantize(MetalBinding(scratch.act), rows: tokens * c.topK, cols: c.intermediateSize) }
         let routed = backend.pipelines.routed
         encoder.setComputePipelineState(decode ? routed.downGemv : routed.downGemm)
         setParams(&p)
@@ -190,6 +225,7 @@ struct MetalLayerEncoder {
         }
         if withShared, let weights = backend.shared, let kernels = backend.pipelines.shared,
            let act = scratch.sharedAct, let out = scratch.sharedOut {
+            if backend.q8.sharedDown { quantize(MetalBinding(act), rows: tokens, cols: c.sharedIntermediateSize) }
             var s = ffnParams(shared: true, inner: c.sharedIntermediateSize)
             s.w0 = weights.down.desc
             encoder.setComputePipelineState(decode ? kernels.downGemv : kernels.downGemm)
@@ -237,15 +273,26 @@ struct MetalLayerEncoder {
     /// MetalContext.activationKernel's (a load reads the dtype and writes float32, a store
     /// the other way round).
     func convert(_ kernel: any MTLComputePipelineState, from source: MetalBinding, to destination: MetalBinding) {
+        convert(kernel, from: source, to: destination, rows: tokens, cols: configuration.hiddenSize)
+    }
+
+    /// `rows` rows of `cols` float32 activations replaced by their 8-bit grid values
+    /// (`moe_quantize_q8`), into `destination` (nil: in place).
+    private func quantize(_ source: MetalBinding, rows: Int, cols: Int, into destination: MetalBinding? = nil) {
+        convert(backend.pipelines.quantize!, from: source, to: destination ?? source, rows: rows, cols: cols)
+    }
+
+    private func convert(_ kernel: any MTLComputePipelineState, from source: MetalBinding, to destination: MetalBinding,
+                         rows: Int, cols: Int) {
         var p = moe_convert_params()
-        p.tokens = UInt32(tokens)
-        p.hidden = UInt32(configuration.hiddenSize)
+        p.tokens = UInt32(rows)
+        p.hidden = UInt32(cols)
         encoder.setComputePipelineState(kernel)
         setParams(&p)
         set(MOE_CONVERT_BUF_SRC, source)
         set(MOE_CONVERT_BUF_DST, destination)
         let threads = Int(MOE_CONVERT_THREADS)
-        dispatch(groups: ((configuration.hiddenSize + threads - 1) / threads, tokens), threads: MOE_CONVERT_THREADS)
+        dispatch(groups: ((cols + threads - 1) / threads, rows), threads: MOE_CONVERT_THREADS)
     }
 
     // MARK: Helpers

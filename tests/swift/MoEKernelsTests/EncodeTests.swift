@@ -251,6 +251,47 @@ final class EncodeTests: XCTestCase {
         }
     }
 
+    /// 8-bit activations through the encode API: the same recording as `forward` (bit for
+    /// bit) with q8's dispatches — x's grid values once, a's before the routed and the
+    /// shared down — and not the float-exact result. ggml's q8_0 blocks for every expert
+    /// matrix; decode (GEMVs) and prefill (GEMMs).
+    func testQ8ActivationsEncodeAsForward() throws {
+        let app = try EncodeApp()
+        var config = makeConfig(h: 256, i: 64, e: 4, k: 2) { $0.sharedIntermediateSize = 32 }
+        let d = LayerData.random(config, seed: 40)
+        let matrices = [d.gate, d.up, d.down, d.sharedGate!, d.sharedUp!, d.sharedDown!]
+        let blocks = matrices.map { m -> UnsafeMutableRawBufferPointer in
+            let bytes = PackedGGML(m, q8: true, log2Scale: -9).bytes
+            let b = UnsafeMutableRawBufferPointer.allocate(byteCount: bytes.count, alignment: 16)
+            b.copyBytes(from: bytes)
+            return b
+        }
+        defer { blocks.forEach { $0.deallocate() } }
+        let q8 = GGMLType(name: "q8_0")!
+        func ggml(_ i: Int) -> WeightData { .quantized(QuantizedWeightData(ggml: q8, blocks: UnsafeRawBufferPointer(blocks[i]))) }
+        var w = d.weights()
+        w.gateUp = .separate(gate: ggml(0), up: ggml(1))
+        w.downProj = ggml(2)
+        w.shared = SharedExpertWeights(gateProj: ggml(3), upProj: ggml(4), downProj: ggml(5))
+        let exact = try MoELayer(configuration: config, weights: w, backend: Self.kind)
+        config.activationQuantization = .q8
+        let layer = try MoELayer(configuration: config, weights: w, backend: Self.kind)
+        for tokens in [1, 9] {
+            let count = tokens * config.hiddenSize
+            let x = Self.input(count, seed: 41)
+            let y = try layer.forward(x)   // also leaves a scratch set of this size in the pool
+            XCTAssertNotEqual(y, try exact.forward(x), "q8 changes a quantized layer's result")
+            let xs = MoEMetalArray(try app.buffer(x)), ys = MoEMetalArray(try app.buffer(bytes: count * 4))
+            let cb = try XCTUnwrap(app.queue.makeCommandBuffer())
+            try layer.encodeForward(xs, tokens: tokens, into: ys, commandBuffer: cb)
+            assertEncodedOnly("q8 T=\(tokens)", dispatches: 7 + 3)
+            cb.commit()
+            cb.waitUntilCompleted()
+            XCTAssertNil(cb.error)
+            assertBitwiseEqual(app.floats(ys.buffer, count: count), y, "q8 T=\(tokens)")
+        }
+    }
+
     /// Norms over C copies of the weights, valid in `body`.
     func withNorms<R>(_ weights: [[Float]], _ body: ([RMSNorm]) throws -> R) rethrows -> R {
         let copies = weights.map { w -> UnsafeMutableBufferPointer<Float> in
