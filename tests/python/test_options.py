@@ -83,8 +83,7 @@ def _formats():
             random_blocks(np.random.default_rng(w.size), n, w.shape, float(np.abs(w).max())), type=n)
 
 
-# The metal backends join when their kernels quantize activations (issue 26's q8metal part).
-@pytest.mark.parametrize("backend", selected_backends(("cpu",)))
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", list(options.ACTIVATION_QUANTIZATIONS))
 def test_every_activation_quantization(backend, mode):
     rng = np.random.default_rng(4)
@@ -99,6 +98,9 @@ def test_every_activation_quantization(backend, mode):
     ref = reference.moe_forward(x, **args, ids=ids, activation_quantization=mode)
     # q8: a's codes may round the other way where float32 and float64 a differ in the last bit.
     assert np.abs(y - ref).max() <= (spec_tolerance(ref) if mode == "none" else 2e-3 * np.abs(ref).max())
+    # ...and the backend took the mode: nearer its own reference than the other mode's.
+    other = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8" if mode == "none" else "none")
+    assert np.sqrt(np.mean((y - ref) ** 2)) < 0.3 * np.sqrt(np.mean((y - other) ** 2))
 
 
 def test_the_formats_cover_every_row():
