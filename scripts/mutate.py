@@ -278,8 +278,10 @@ def build_and_test(suites, tests=()):
     shutil.copy2(SCRATCH / ".build" / "python" / "release" / ("libMoESwift.dylib" if sys.platform == "darwin" else "libMoESwift.so"), native)
     shutil.copy2(SCRATCH / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native)
     # SoftMetal's harness tests import `softmetal` from its own folder; the Swift runtime is
-    # the toolchain's where no installed copy was put beside the library.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRATCH / "python"), str(SCRATCH / "SoftMetal" / "python")]))
+    # the toolchain's where no installed copy was put beside the library. SoftMetal's disk
+    # cache is the scratch copy's own: a mutant's libraries must not be served to anyone else.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRATCH / "python"), str(SCRATCH / "SoftMetal" / "python")]),
+               SOFTMETAL_CACHE_DIR=str(SCRATCH / ".smcache"))
     runtime = pathlib.Path(shutil.which("swift") or "swift").resolve().parent.parent / "lib" / "swift" / "linux"
     if sys.platform.startswith("linux") and runtime.is_dir():
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [env.get("LD_LIBRARY_PATH"), str(runtime)]))
