@@ -199,6 +199,10 @@ CATALOGUE = [
     ("softmetal-memcpy-unchecked", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Compiler/CheckedIR.swift",
      '        ("@llvm.memcpy.p0.p0.i64(", "@__sm_memcpy_checked("),\n', "",
      ("pytest SoftMetal/tests/python/test_third_party_mlx.py -k struct_copy",)),
+    ("softmetal-atomic-after-plain-unchecked", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Runtime/memory_check.h",
+     "if (c->races && x->w_group && !(x->w_thread & SM_SHADOW_ATOMIC) &&",
+     "if (c->races && x->w_group && !(x->w_thread & SM_SHADOW_ATOMIC) && atomic == ATOMIC_LOAD &&",
+     ("pytest SoftMetal/tests/python/test_softmetal_rules.py -k atomic_and_a_plain_access",)),
     # mapped weights: Metal's bytesNoCopy rule, checked in the library (not only in Python)
     ("mapped-alignment-unchecked", "checkpoint", "Sources/MoEKernels/Formats/WeightMemory.swift",
      "guard Int(bitPattern: base) % Self.pageSize == 0, length > 0, length % Self.pageSize == 0 else {",
