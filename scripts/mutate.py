@@ -7,7 +7,13 @@ run it before resolving an issue that touches the core.
     python3 scripts/mutate.py --check            # every mutant's code is where the catalogue says
     python3 scripts/mutate.py                    # run them all (about 3 minutes each)
     python3 scripts/mutate.py --only metal-combine-shared-first,router-nan-wins
+    python3 scripts/mutate.py --only X --full    # the whole suites, not the mutant's own tests
     python3 scripts/mutate.py --report           # the table and the score of the last runs
+
+A mutant may name its own tests (a sixth field: test commands, each `pytest ARGS` against
+the scratch copy's release library, or `swift test ARGS`), which run instead of the whole
+suites: minutes instead of half an hour. A mutant they miss is run with --full before it
+counts as a survivor.
 
 Results go to scripts/mutation_results.json (one entry per mutant, the latest run).
 The scratch copy is $MOE_MUTATE_DIR (default /tmp/moe-mutate), a clone of this
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,7 +36,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "scripts" / "mutation_results.json"
 SCRATCH = pathlib.Path(os.environ.get("MOE_MUTATE_DIR", "/tmp/moe-mutate"))
 
-# (id, area, file, code, mutated code): `code` must occur exactly once in `file`.
+# (id, area, file, code, mutated code[, tests]): `code` must occur exactly once in `file`;
+# `tests`, the commands that should kill it (see the docstring).
 CATALOGUE = [
     # routing
     ("router-nan-wins", "routing", "Sources/MoEKernels/Layer/Routing.swift",
@@ -102,7 +110,8 @@ CATALOGUE = [
     ("py-shared-zero-rows", "Python facade", "python/moe_swift/layer.py",
      "            if shared_size == 0:\n", "            if shared_size < 0:\n"),
     ("n-group-divisibility", "Swift API", "Sources/MoEKernels/Layer/MoEConfiguration.swift",
-     "try require(numExperts % nGroup == 0,", "try require(true,"),
+     "try require(numExperts % nGroup == 0,", "try require(true,",
+     ("pytest tests/python/test_bad_inputs.py -k dividing",)),
     ("py-norm-topk-prob-ignored", "Python facade", "python/moe_swift/layer.py",
      'desc.norm_topk_prob = 1 if _flag("norm_topk_prob", norm_topk_prob) else 0',
      'desc.norm_topk_prob = 1 if (_flag("norm_topk_prob", norm_topk_prob) or True) else 0'),
@@ -122,7 +131,8 @@ CATALOGUE = [
     # SoftMetal's own rules: lanes of one simdgroup are ordered only by a simd operation
     ("softmetal-simdgroup-always-ordered", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Runtime/memory_check.h",
      "if (thread / 32 == L->sg && sg_epoch != g->sg_epoch[L->sg]) return false;",
-     "if (thread / 32 == L->sg) return false;"),
+     "if (thread / 32 == L->sg) return false;",
+     ("pytest SoftMetal/tests/python/test_softmetal_memory_check.py -k simdgroup",)),
     # blocks: the combine walks a row in blocks of 256 (killed only at H > 256)
     ("cpu-next-norm-last-block-only", "CPU backend", "Sources/MoEKernels/CPU/CPUPass.swift",
      "if next != nil { sumOfSquares += RMSNorm.sumOfSquares(acc, count: n) }",
@@ -152,6 +162,57 @@ CATALOGUE = [
      "        guard clash else { return try body(output) }", "        guard clash && false else { return try body(output) }"),
     ("py-quantized-mutable", "Python facade", "python/moe_swift/formats.py",
      '        if getattr(self, "_frozen", False):\n', '        if False:\n'),
+    # GGUF reader's hardening: what a file says, checked before it is used
+    ("gguf-tensor-past-data-end", "GGUF", "Sources/MoEKernels/Checkpoint/GGUF.swift",
+     "guard info.offset <= dataBytes, info.bytes <= dataBytes - info.offset else {",
+     "guard info.offset <= dataBytes else {",
+     ("pytest tests/python/test_gguf.py -k 'hostile_file or truncated_anywhere'",)),
+    ("gguf-dims-product-wraps", "GGUF", "Sources/MoEKernels/Checkpoint/GGUF.swift",
+     "let (product, overflow) = elements.multipliedReportingOverflow(by: Int(n))",
+     "let (product, overflow) = (elements &* Int(n), false)",
+     ("pytest tests/python/test_gguf.py -k hostile_file",)),
+    ("gguf-q6k-block-bytes", "GGUF", "Sources/MoEKernels/Checkpoint/GGUF.swift",
+     '(14, "Q6_K", 256, 210)', '(14, "Q6_K", 256, 208)',
+     ("pytest tests/python/test_gguf.py -k every_ggml_type",)),
+    # ggml's blocks: the CPU decoders (portable and AVX2), the Metal loaders, the reference
+    ("ggml-kquant-min-high-bits", "formats", "Sources/CMoECPU/formats/internal.h",
+     "*m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);", "*m = (q[j + 4] >> 4) | ((q[j] >> 7) << 4);",
+     ("pytest tests/python/test_ggml_formats.py -k every_type_on_the_cpu_backend",)),
+    ("ggml-q6k-no-bias-portable", "formats", "Sources/CMoECPU/formats/ggml.c",
+     "const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;",
+     "const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));",
+     ("MOE_CPU_ISA=portable pytest tests/python/test_ggml_formats.py -k every_type_on_the_cpu_backend",)),
+    ("ggml-avx2-q6k-high-pair", "formats", "Sources/CMoECPU/formats/ggml_avx2.c",
+     "_mm256_and_si256(_mm256_srli_epi16(h, 2), top2));", "_mm256_and_si256(_mm256_srli_epi16(h, 3), top2));",
+     ("MOE_CPU_ISA=avx2 pytest tests/python/test_ggml_formats.py -k every_type_on_the_cpu_backend",)),
+    ("metal-ggml-kquant-min-high-bits", "metal kernels", "Sources/MoEKernels/Metal/moe_formats.h",
+     "mn = (p[sub + 4] >> 4) | ((p[sub] >> 6) << 4);", "mn = (p[sub + 4] >> 4) | ((p[sub] >> 6) << 5);",
+     ("pytest tests/python/test_metal_ggml.py -k loader_matches",)),
+    ("ref-ggml-kquant-min-from-scales", "reference", "python/moe_swift/ggml_blocks.py",
+     "mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)", "mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 0:4] >> 6) << 4)",
+     ("pytest tests/python/test_ggml_formats.py -k dequantize_is_ggmls",)),
+    # SoftMetal's checks: a barrier is no order across threadgroups; struct copies are accesses
+    ("softmetal-barrier-orders-threadgroups", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Runtime/memory_check.h",
+     "if (group != g->id) return device && !synchronized(",
+     "if (group != g->id) return device && g->epoch == 0 && !synchronized(",
+     ("pytest SoftMetal/tests/python/test_softmetal_memory_check.py -k 'handoff or threadgroup_scope or coherent'",)),
+    ("softmetal-memcpy-unchecked", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Compiler/CheckedIR.swift",
+     '        ("@llvm.memcpy.p0.p0.i64(", "@__sm_memcpy_checked("),\n', "",
+     ("pytest SoftMetal/tests/python/test_third_party_mlx.py -k struct_copy",)),
+    ("softmetal-atomic-after-plain-unchecked", "SoftMetal checks", "SoftMetal/Sources/SoftMetal/Runtime/memory_check.h",
+     "if (c->races && x->w_group && !(x->w_thread & SM_SHADOW_ATOMIC) &&",
+     "if (c->races && x->w_group && !(x->w_thread & SM_SHADOW_ATOMIC) && atomic == ATOMIC_LOAD &&",
+     ("pytest SoftMetal/tests/python/test_softmetal_rules.py -k atomic_and_a_plain_access",)),
+    # mapped weights: Metal's bytesNoCopy rule, checked in the library (not only in Python)
+    ("mapped-alignment-unchecked", "checkpoint", "Sources/MoEKernels/Formats/WeightMemory.swift",
+     "guard Int(bitPattern: base) % Self.pageSize == 0, length > 0, length % Self.pageSize == 0 else {",
+     "guard length > 0, length % Self.pageSize == 0 else {",
+     ("pytest tests/python/test_abi.py -k mapped",)),
+    # transformers: the experts' matrices moved into one buffer the layer reads in place
+    ("tf-in-place-offsets-in-elements", "integrations", "python/moe_swift/integrations/transformers.py",
+     "total += -(-p.numel() * p.element_size() // _ALIGNMENT) * _ALIGNMENT",
+     "total += -(-p.numel() // _ALIGNMENT) * _ALIGNMENT",
+     ("pytest tests/python/test_integrations.py -k held_once",)),
 ]
 
 
@@ -160,7 +221,12 @@ def check_catalogue():
     ids = [m[0] for m in CATALOGUE]
     if len(set(ids)) != len(ids):
         problems.append("duplicate mutant ids")
-    for mid, _, path, old, new in CATALOGUE:
+    for mid, _, path, old, new, *tests in CATALOGUE:
+        for cmd in (tests[0] if tests else ()):
+            try:
+                parse_command(cmd)
+            except ValueError as e:
+                problems.append(f"{mid}: {e}")
         text = (ROOT / path).read_text()
         n = text.count(old)
         if n != 1:
@@ -191,9 +257,21 @@ def prepare_scratch():
     return head
 
 
-def build_and_test(suites):
-    """(status, details): 'killed' if a suite fails, 'survived' if all pass,
-    'stillborn' if the mutant does not build."""
+def parse_command(cmd):
+    """`[VAR=value ...] pytest ARGS` or `[VAR=value ...] swift test ARGS` as (variables, words)."""
+    words = shlex.split(cmd)
+    assigned = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        key, value = words.pop(0).split("=", 1)
+        assigned[key] = value
+    if words[:1] != ["pytest"] and words[:2] != ["swift", "test"]:
+        raise ValueError(f"test command {cmd!r} is neither `pytest ...` nor `swift test ...`")
+    return assigned, words
+
+
+def build_and_test(suites, tests=()):
+    """(status, details): 'killed' if a suite (or one of `tests`) fails, 'survived' if all
+    pass, 'stillborn' if the mutant does not build or a command of `tests` selects no test."""
     build = ["swift", "build", "-c", "release", "--product", "MoESwift", "--scratch-path", ".build/python"]
     if sys.platform.startswith("linux"):
         build += ["-Xswiftc", "-no-toolchain-stdlib-rpath"]
@@ -203,18 +281,34 @@ def build_and_test(suites):
     native = SCRATCH / "python" / "moe_swift" / "_native"
     shutil.copy2(SCRATCH / ".build" / "python" / "release" / ("libMoESwift.dylib" if sys.platform == "darwin" else "libMoESwift.so"), native)
     shutil.copy2(SCRATCH / "Sources" / "CMoESwift" / "include" / "moe_swift.h", native)
+    # SoftMetal's harness tests import `softmetal` from its own folder; the Swift runtime is
+    # the toolchain's where no installed copy was put beside the library. SoftMetal's disk
+    # cache is the scratch copy's own: a mutant's libraries must not be served to anyone else.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRATCH / "python"), str(SCRATCH / "SoftMetal" / "python")]),
+               SOFTMETAL_CACHE_DIR=str(SCRATCH / ".smcache"))
+    runtime = pathlib.Path(shutil.which("swift") or "swift").resolve().parent.parent / "lib" / "swift" / "linux"
+    if sys.platform.startswith("linux") and runtime.is_dir():
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [env.get("LD_LIBRARY_PATH"), str(runtime)]))
+    pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    if tests:
+        commands = []
+        for cmd in tests:
+            assigned, words = parse_command(cmd)
+            commands.append((cmd, pytest + words[1:] if words[0] == "pytest" else words, dict(env, **assigned)))
+    else:
+        commands = [(name, argv, env) for suite, name, argv in (("swift", "swift test", ["swift", "test"]),
+                                                                ("python", "pytest", pytest + ["tests/python"]))
+                    if suite in suites]
     killed_by = []
-    if "swift" in suites:
-        code, secs, out = run(["swift", "test"], SCRATCH)
+    for name, argv, command_env in commands:
+        code, secs, out = run(argv, SCRATCH, env=command_env)
+        if code == 5 and argv[:3] == pytest[:3]:  # pytest collected nothing: a command that names no test kills nothing
+            return "stillborn", f"{name}: no tests collected"
         if code != 0:
-            killed_by.append(f"swift test ({secs:.0f} s)")
-    if "python" in suites:
-        env = dict(os.environ, PYTHONPATH=str(SCRATCH / "python"))
-        code, secs, out = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                               "tests/python"], SCRATCH, env=env)
-        if code != 0:
-            killed_by.append(f"pytest ({secs:.0f} s)")
-    return ("killed", ", ".join(killed_by)) if killed_by else ("survived", "every test passed")
+            killed_by.append(f"{name} ({secs:.0f} s)")
+    if killed_by:
+        return "killed", ", ".join(killed_by)
+    return "survived", "every test passed" if not tests else "its own tests passed (run --full before counting it)"
 
 
 def load_results():
@@ -241,6 +335,9 @@ def main(argv=None):
     p.add_argument("--report", action="store_true", help="print the table of the last results")
     p.add_argument("--only", help="comma-separated mutant ids")
     p.add_argument("--suites", default="swift,python", help="swift,python (default both)")
+    p.add_argument("--baseline", action="store_true",
+                   help="run the chosen mutants' own tests on the unmutated copy (each must pass, or its kills mean nothing)")
+    p.add_argument("--full", action="store_true", help="run the whole suites even for a mutant that names its tests")
     args = p.parse_args(argv)
     problems = check_catalogue()
     if problems or args.check:
@@ -251,15 +348,20 @@ def main(argv=None):
         return 0
     chosen = [m for m in CATALOGUE if not args.only or m[0] in args.only.split(",")]
     head = prepare_scratch()
+    if args.baseline:
+        commands = list(dict.fromkeys(cmd for m in chosen for cmd in (m[5] if len(m) > 5 else ())))
+        status, details = build_and_test((), commands)
+        print(f"unmutated, {len(commands)} test commands: {'all pass' if status == 'survived' else details}")
+        return 0 if status == "survived" else 1
     results = load_results()
-    for mid, area, path, old, new in chosen:
+    for mid, area, path, old, new, *tests in chosen:
         target = SCRATCH / path
         original = target.read_text()
         target.write_text(original.replace(old, new, 1))
         t0 = time.time()
         try:
             # A kernel mutant reaches the library through the build (Plugins/EmbedMSL).
-            status, details = build_and_test(args.suites.split(","))
+            status, details = build_and_test(args.suites.split(","), () if args.full or not tests else tests[0])
         finally:
             target.write_text(original)
         results[mid] = {"status": status, "details": details, "commit": head, "seconds": round(time.time() - t0)}

@@ -99,6 +99,40 @@ def test_older_callers_shorter_descriptor_is_accepted():
     lib.moe_layer_destroy(out[0])
 
 
+def test_mapped_memory_must_be_whole_pages_in_the_library_too():
+    """Both sides of moe_layer_desc's page rule for mapped_memory, at the C ABI (the Python
+    facade checks it first, so only a C caller reaches the library's own check): whole
+    pages at a page boundary are read in place; an address or a length off the page
+    boundary is an error naming the rule."""
+    import numpy as np
+    import moe_swift
+    ffi, lib, _ = _native.load()
+    page = moe_swift.options.MAPPED_ALIGNMENT
+    E, H, I = 2, 64, 32
+    memory = moe_swift.aligned_buffer(4 * page)
+    parts = [memory[at:at + n * 4].view(np.float32) for at, n in ((0, E * H), (page, E * I * H), (2 * page, E * I * H),
+                                                                   (3 * page, E * H * I))]
+    for part in parts:
+        part[:] = 0.01
+    desc = ffi.new("moe_layer_desc *")
+    lib.moe_layer_desc_init(desc)
+    desc.hidden_size, desc.intermediate_size, desc.num_experts, desc.top_k = H, I, E, 1
+    desc.router_weight, desc.gate_proj, desc.up_proj, desc.down_proj = [
+        ffi.cast("const float *", a.ctypes.data) for a in parts]
+    out = ffi.new("moe_layer **")
+    base = memory.ctypes.data
+    for address, length, ok in ((base, 4 * page, True), (base + 64, 3 * page, False), (base, 4 * page - 64, False),
+                                (base + page, 3 * page, True)):
+        desc.mapped_memory, desc.mapped_length = ffi.cast("const void *", address), length
+        status = lib.moe_layer_create(desc, out)
+        if ok:
+            assert status == _native.OK, ffi.string(lib.moe_last_error())
+            lib.moe_layer_destroy(out[0])
+        else:
+            assert status == _native.INVALID_ARGUMENT
+            assert b"page boundary" in ffi.string(lib.moe_last_error())
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Swift runtime is part of macOS")
 def test_packaged_library_finds_its_swift_runtime_beside_it():
     _, _, path = _native.load()

@@ -102,6 +102,36 @@ def test_bad_layer_arguments(args, case):
     CASES[case](args)
 
 
+# The other side of each boundary above: the nearest legal value builds a layer whose
+# output is the reference's (so a check that refused too much, or accepted the value and
+# then mishandled it, fails here).
+LEGAL = {
+    "top_k = num_experts": dict(top_k=E),
+    "top_k 1": dict(top_k=1),
+    "n_group 1": dict(n_group=1, topk_group=1),
+    "n_group dividing": dict(n_group=2, topk_group=1),
+    "n_group = num_experts": dict(n_group=E, topk_group=2),
+    "topk_group = n_group": dict(n_group=2, topk_group=2),
+    "scaling large within float32": dict(routed_scaling_factor=1e30),
+    "shared with one row": dict(shared_expert=dict(gate_proj=f32(1, H), up_proj=f32(1, H), down_proj=f32(H, 1))),
+    "norm_topk_prob False": dict(norm_topk_prob=False),
+    "swiglu_limit just positive": dict(activation="swiglu_oai", swiglu_limit=1e-3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEGAL))
+def test_nearest_legal_layer_arguments(args, case):
+    from families import spec_tolerance
+    from moe_swift import reference
+
+    a = dict(args, **LEGAL[case])
+    x = f32(3, H)
+    with moe_swift.MoELayer(**a, backend="cpu") as layer:
+        y = layer(x)
+    ref = reference.moe_forward(x, **a)
+    assert np.abs(y - ref).max() <= spec_tolerance(ref)
+
+
 def test_swiglu_limit_must_be_positive(args):
     # Checked by the native library (its message comes through as ValueError).
     with pytest.raises(ValueError, match="swiglu_limit must be finite and positive"):

@@ -41,6 +41,10 @@ enum CheckedIR {
         return (out.joined(separator: "\n"), rewritten)
     }
 
+    /// What the rewrite does, in every cache key (KernelCompiler.runtimeHash): a checked
+    /// build that another rewrite made is not served for this one.
+    static let signature = "notail " + intrinsics.map { $0.name + $0.replacement }.joined(separator: " ")
+
     private static let intrinsics: [(name: String, replacement: String)] = [
         ("@llvm.memcpy.p0.p0.i64(", "@__sm_memcpy_checked("),
         ("@llvm.memmove.p0.p0.i64(", "@__sm_memmove_checked("),
@@ -60,7 +64,11 @@ enum CheckedIR {
             if replacement == "@__sm_memset_checked(", let value = operands.firstRange(of: ", i8 ") {
                 operands.replaceSubrange(value, with: ", i8 zeroext ")
             }
-            return String(line[..<r.lowerBound]) + replacement + operands + ")" + String(args[flag.upperBound...])
+            // Not a tail call: the check names the copy by its return address, which a copy
+            // ending the kernel would otherwise take from the kernel's caller.
+            var head = String(line[..<r.lowerBound])
+            if !head.contains("notail "), let tail = head.firstRange(of: "tail call ") { head.replaceSubrange(tail, with: "notail call ") }
+            return head + replacement + operands + ")" + String(args[flag.upperBound...])
         }
         return nil
     }

@@ -36,7 +36,7 @@ final class KernelCompiler: @unchecked Sendable {
     static let runtimeHeader: String = runtimeParts.map {
         "#line 1 \"\(runtimePartFolder)\($0.name)\"\n" + String(decoding: $0.text, as: UTF8.self)
     }.joined()
-    static let runtimeHash: String = Hash128.of([runtimeHeader])
+    static let runtimeHash: String = Hash128.of([runtimeHeader, CheckedIR.signature])
 
     static let flags = [
         "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",

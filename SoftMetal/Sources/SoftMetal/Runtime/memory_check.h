@@ -16,7 +16,8 @@
 // before a barrier). A threadgroup_barrier, whatever its mem_flags, orders nothing across
 // threadgroups. Checked threadgroups run one after another, so an atomic read always
 // reads the newest value and the releases it synchronises with are those of its location's
-// release sequence so far. Atomics on one location never race with each other; an atomic
+// release sequence so far. Atomics on one location never race with each other, but an
+// atomic and another thread's plain access of it do unless ordered as two plain ones; an atomic
 // load of a value another threadgroup wrote is reported like a plain read when nothing
 // orders it (a relaxed load may return the older value: the previous dispatch's).
 namespace metal {
@@ -101,13 +102,26 @@ SM_UNTRACED static inline bool synchronized(const sm_check* c, const Group* g, c
 }
 
 // Whether an earlier access (group, thread, epoch, sg_epoch) is unordered with the
-// running thread's access now.
+// running thread's access now. Callers ask only where one of the two is plain: an atomic
+// orders nothing but its own location against other atomics.
 SM_UNTRACED static inline bool unordered(Group* g, Lane* L, bool device, uint32_t group, uint32_t thread, uint32_t epoch, uint16_t sg_epoch) {
-    if (group != g->id) return device && !synchronized(g->d->check, g, L, group, thread & SM_SHADOW_THREAD, epoch);
-    if (thread & SM_SHADOW_ATOMIC) return false;
+    thread &= SM_SHADOW_THREAD;
+    if (group != g->id) return device && !synchronized(g->d->check, g, L, group, thread, epoch);
     if (thread == L->tid || epoch != g->epoch) return false;
     if (thread / 32 == L->sg && sg_epoch != g->sg_epoch[L->sg]) return false;
     return true;
+}
+
+// Whether a plain read recorded in x (one reader, or several of one threadgroup and
+// epoch) is unordered with the running thread's write now.
+SM_UNTRACED static inline bool readers_unordered(Group* g, Lane* L, const sm_shadow* x, bool device) {
+    if (!x->r_group) return false;
+    const uint32_t reader = x->r_thread & SM_SHADOW_THREAD;
+    if (!(x->r_thread & SM_SHADOW_MANY)) return unordered(g, L, device, x->r_group, reader, x->r_epoch, x->r_sg_epoch);
+    if (x->r_group != g->id) return device && !synchronized(g->d->check, g, L, x->r_group, ~0u, x->r_epoch);
+    if (x->r_epoch != g->epoch) return false;
+    if (x->r_thread & SM_SHADOW_MIXED) return true;  // readers in several simdgroups: one is not this one
+    return !(reader / 32 == L->sg && x->r_sg_epoch != g->sg_epoch[L->sg]);
 }
 
 // A device byte written by this dispatch (or an atomic) sets its bit in the buffer's
@@ -167,6 +181,9 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
                 !synchronized(c, g, L, x->w_group, x->w_thread & SM_SHADOW_THREAD, x->w_epoch)) {
                 if (stale) serve_stale(c, region, offset + b, a + b);
                 else report_race(g, L, x, true, region, offset + b, a + b, size, false, pc);
+            } else if (c->races && x->w_group == g->id && !(x->w_thread & SM_SHADOW_ATOMIC) &&
+                       unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
+                report_race(g, L, x, true, region, offset + b, a + b, size, false, pc);
             } else if (stale) {
                 unstale(c, region, offset + b, a + b, false);
             }
@@ -180,13 +197,22 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
     if (atomic) {
         for (uint32_t b = 0; b < size; b++) {
             sm_shadow* x = cells + b;
+            // Atomics never race with atomics; with another thread's plain access they do.
+            if (c->races && x->w_group && !(x->w_thread & SM_SHADOW_ATOMIC) &&
+                unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch))
+                report_race(g, L, x, true, region, offset + b, a + b, size, true, pc);
+            if (c->races && atomic != ATOMIC_LOAD && readers_unordered(g, L, x, device))
+                report_race(g, L, x, false, region, offset + b, a + b, size, true, pc);
+            if (stale) unstale(c, region, offset + b, a + b, true);
+            x->r_group = 0;
+            // A plain write stays the record until a barrier: the writer's own atomic after it
+            // does not order it before other threads' atomics.
+            if (x->w_group == g->id && !(x->w_thread & SM_SHADOW_ATOMIC) && x->w_epoch == g->epoch) continue;
             x->w_group = g->id;
             x->w_thread = (uint16_t)(L->tid | SM_SHADOW_ATOMIC);
             x->w_epoch = g->epoch;
             x->w_sg_epoch = sge;
             x->w_pc = pc32;
-            x->r_group = 0;
-            if (stale) unstale(c, region, offset + b, a + b, true);
         }
         return;
     }
@@ -196,8 +222,7 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
         if (x->w_group == 0) {
             if (!write && c->uninitialized && (!device || !initialized(c, region, offset + b)))
                 check_report(g, L, SM_CHECK_UNINITIALIZED, region, offset + b, a + b, size, write, pc);
-        } else if (c->races && !(write && (x->w_thread & SM_SHADOW_ATOMIC)) &&
-                   unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
+        } else if (c->races && unordered(g, L, device, x->w_group, x->w_thread, x->w_epoch, x->w_sg_epoch)) {
             if (stale && !write && x->w_group != g->id) {
                 serve_stale(c, region, offset + b, a + b);
                 served = true;
@@ -207,16 +232,7 @@ SM_UNTRACED static inline void track(Group* g, Lane* L, sm_shadow* cells, bool d
         }
         if (stale && !served) unstale(c, region, offset + b, a + b, write);
         if (write) {
-            if (c->races && x->r_group) {
-                const uint32_t reader = x->r_thread & SM_SHADOW_THREAD;
-                bool race;
-                if (!(x->r_thread & SM_SHADOW_MANY)) race = unordered(g, L, device, x->r_group, reader, x->r_epoch, x->r_sg_epoch);
-                else if (x->r_group != g->id) race = device && !synchronized(c, g, L, x->r_group, ~0u, x->r_epoch);
-                else if (x->r_epoch != g->epoch) race = false;
-                else if (x->r_thread & SM_SHADOW_MIXED) race = true;  // readers in several simdgroups: one is not this one
-                else race = !(reader / 32 == L->sg && x->r_sg_epoch != sge);
-                if (race) report_race(g, L, x, false, region, offset + b, a + b, size, write, pc);
-            }
+            if (c->races && readers_unordered(g, L, x, device)) report_race(g, L, x, false, region, offset + b, a + b, size, write, pc);
             x->w_group = g->id;
             x->w_thread = (uint16_t)L->tid;
             x->w_epoch = g->epoch;
@@ -404,7 +420,9 @@ SM_TRACE(16, __int128)
 #undef SM_TRACE
 // The memory intrinsics of traced code, which the build rewrites into calls of these
 // (Compiler/CheckedIR.swift): the bytes are checked in pieces of at most 16, as the traced
-// loads and stores of a copy would be, all reads before the writes, from the call's line.
+// loads and stores of a copy would be, all reads before the writes, from the call's line
+// (its return address less one: the return address may be the next statement's, or the
+// caller's when the copy ends the kernel).
 namespace metal {
 namespace __sm {
 SM_UNTRACED static inline void check_range(const void* p, uint64_t n, bool write, uintptr_t pc) {
@@ -414,19 +432,19 @@ SM_UNTRACED static inline void check_range(const void* p, uint64_t n, bool write
 }  // namespace __sm
 }  // namespace metal
 extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize("coverage"))) void __sm_memcpy_checked(void* d, const void* s, uint64_t n) {
-    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0) - 1;
     ::metal::__sm::check_range(s, n, false, pc);
     ::metal::__sm::check_range(d, n, true, pc);
     __builtin_memcpy(d, s, n);
 }
 extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize("coverage"))) void __sm_memmove_checked(void* d, const void* s, uint64_t n) {
-    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0) - 1;
     ::metal::__sm::check_range(s, n, false, pc);
     ::metal::__sm::check_range(d, n, true, pc);
     __builtin_memmove(d, s, n);
 }
 extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize("coverage"))) void __sm_memset_checked(void* d, uint8_t v, uint64_t n) {
-    ::metal::__sm::check_range(d, n, true, (uintptr_t)__builtin_return_address(0));
+    ::metal::__sm::check_range(d, n, true, (uintptr_t)__builtin_return_address(0) - 1);
     __builtin_memset(d, v, n);
 }
 #endif
