@@ -50,20 +50,20 @@ INLINE float e8m0_half_scale(uint8_t s) {
 
 // Block-of-32 formats: the block at element k as signed codes, its scale d and the bias b
 // that multiplies the activation block's sum (0 for all but affine).
-INLINE T256 __m256i b32_codes(const int F, const moe_cpu_matrix* w, const uint8_t* row, const group_cursor* gc,
-                              int64_t k, float* d, float* b) {
-    *b = 0.0f;
+INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* w, const uint8_t* row,
+                              const group_cursor* gc, int64_t k, float* d, float* b) {
+    if (!G64) *b = 0.0f;
     switch (F) {
     case MOE_FORMAT_AFFINE: {
         const int64_t g = k >> gc->shift;
-        *d = scalar_at_f16c(gc->scales, gc->type, g);
+        if (!G64) *d = scalar_at_f16c(gc->scales, gc->type, g);
         if (w->bits == 8) {
             _mm_prefetch((const char*)row + k + Q8_PREFETCH, _MM_HINT_T0);
-            *b = fmaf(128.0f, *d, scalar_at_f16c(gc->biases, gc->type, g));
+            if (!G64) *b = fmaf(128.0f, *d, scalar_at_f16c(gc->biases, gc->type, g));
             return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(row + k)), _mm256_set1_epi8((char)0x80));
         }
         _mm_prefetch((const char*)row + ((uint64_t)k >> 1) + Q8_PREFETCH, _MM_HINT_T0);
-        *b = scalar_at_f16c(gc->biases, gc->type, g);
+        if (!G64) *b = scalar_at_f16c(gc->biases, gc->type, g);
         return split_nibbles(row + ((uint64_t)k >> 1));
     }
     case MOE_FORMAT_MXFP4:
@@ -79,9 +79,11 @@ INLINE T256 __m256i b32_codes(const int F, const moe_cpu_matrix* w, const uint8_
 }
 
 // Two accumulators per activation row (even and odd blocks), so that consecutive blocks'
-// multiply-adds do not wait on each other's latency.
-INLINE T256 void row_b32(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
-                         float* c, int64_t ldc) {
+// multiply-adds do not wait on each other's latency. G64: affine groups of 64 or more,
+// whose scale and bias the two blocks of a step share, converted once per group rather
+// than once per block (their conversions cost as much as a block's integer products).
+INLINE T256 void row_b32(const int F, const int MM, const int G64, const moe_cpu_matrix* w, int64_t r,
+                         const moe_cpu_q8_rows* a, float* c, int64_t ldc) {
     const uint8_t* row = row_data(w, r);
     group_cursor gc = {0};
     if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) gc = group_cursor_for(w, r);
@@ -89,12 +91,19 @@ INLINE T256 void row_b32(const int F, const int MM, const moe_cpu_matrix* w, int
     float bias[Q8_ROWS];
     for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps(), bias[i] = 0.0f;
     for (int64_t k0 = 0; k0 < w->cols; k0 += 64) {
+        float dg = 0.0f, bg = 0.0f;
+        if (G64) {
+            const int64_t g = k0 >> gc.shift;
+            dg = scalar_at_f16c(gc.scales, gc.type, g);
+            const float b = scalar_at_f16c(gc.biases, gc.type, g);
+            bg = w->bits == 8 ? fmaf(128.0f, dg, b) : b;
+        }
 #pragma clang loop unroll(full)
         for (int u = 0; u < 2; u++) {
             const int64_t k = k0 + 32 * u;
             if (u == 1 && k >= w->cols) break;
-            float d, b;
-            const __m256i codes = b32_codes(F, w, row, &gc, k, &d, &b);
+            float d = dg, b = bg;
+            const __m256i codes = b32_codes(F, G64, w, row, &gc, k, &d, &b);
             for (int i = 0; i < MM; i++) {
                 const __m256 s = _mm256_set1_ps(d * x_scale(a, i, k));
                 acc[u][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_signed(codes, load_x(a, i, k))), s, acc[u][i]);
@@ -177,21 +186,26 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
         const moe_cpu_q8_rows ai = {a->codes + i0 * a->stride, a->scales + i0 * a->stride / 32,
                                     a->sums + i0 * a->stride / 32, a->stride};
         float* ci = c + i0 * ldc;
+        const int g64 = F == MOE_FORMAT_AFFINE && w->group_size >= 64;
         for (int64_t j = 0; j < n; j++) {
+#define B32_(FMT, MM)                                                                                             \
+    if (g64) row_b32(FMT, MM, 1, w, row0 + j, &ai, ci + j, ldc);                                                   \
+    else row_b32(FMT, MM, 0, w, row0 + j, &ai, ci + j, ldc);
 #define ROW_(MM)                                                                                                  \
     switch (F) {                                                                                                  \
-    case MOE_FORMAT_AFFINE: row_b32(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ai, ci + j, ldc); break;                 \
-    case MOE_FORMAT_MXFP4: row_b32(MOE_FORMAT_MXFP4, MM, w, row0 + j, &ai, ci + j, ldc); break;                   \
-    case MOE_FORMAT_GGML_Q8_0: row_b32(MOE_FORMAT_GGML_Q8_0, MM, w, row0 + j, &ai, ci + j, ldc); break;           \
-    case MOE_FORMAT_GGML_Q4_0: row_b32(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ai, ci + j, ldc); break;           \
-    case MOE_FORMAT_GGML_IQ4_NL: row_b32(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ai, ci + j, ldc); break;       \
-    case MOE_FORMAT_GGML_MXFP4: row_b32(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
+    case MOE_FORMAT_AFFINE: B32_(MOE_FORMAT_AFFINE, MM) break;                                                    \
+    case MOE_FORMAT_MXFP4: row_b32(MOE_FORMAT_MXFP4, MM, 0, w, row0 + j, &ai, ci + j, ldc); break;              \
+    case MOE_FORMAT_GGML_Q8_0: row_b32(MOE_FORMAT_GGML_Q8_0, MM, 0, w, row0 + j, &ai, ci + j, ldc); break;        \
+    case MOE_FORMAT_GGML_Q4_0: row_b32(MOE_FORMAT_GGML_Q4_0, MM, 0, w, row0 + j, &ai, ci + j, ldc); break;        \
+    case MOE_FORMAT_GGML_IQ4_NL: row_b32(MOE_FORMAT_GGML_IQ4_NL, MM, 0, w, row0 + j, &ai, ci + j, ldc); break;    \
+    case MOE_FORMAT_GGML_MXFP4: row_b32(MOE_FORMAT_GGML_MXFP4, MM, 0, w, row0 + j, &ai, ci + j, ldc); break;      \
     case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
     default: row_q6_k(MM, w, row0 + j, &ai, ci + j, ldc); break;                                                 \
     }
             ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
+#undef B32_
         }
     }
     return 1;
