@@ -127,14 +127,16 @@ INLINE T256 void row_b32(const int F, const int MM, const int G64, const int EIG
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) + bias[i];
 }
 
-// Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned.
+// Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned. The minimums'
+// terms also sum in two chains (even and odd sub-blocks): one chain of scalar multiply-adds
+// through the whole row took as long as the row's vector work.
 INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                            float* c, int64_t ldc) {
     const int bytes = ggml_block_shape_of(F).bytes;
     const uint8_t* b = row_data(w, r);
     __m256 acc[2][Q8_ROWS];
-    float mins[Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps(), mins[i] = 0.0f;
+    float mins[2][Q8_ROWS];
+    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps(), mins[0][i] = mins[1][i] = 0.0f;
     for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
         _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
         const float d = half_to_float(b), dmin = half_to_float(b + 2);
@@ -149,11 +151,11 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
                 const __m256 s = _mm256_set1_ps(ds * x_scale(a, i, e));
                 acc[sub & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(codes, load_x(a, i, e))), s,
                                                   acc[sub & 1][i]);
-                mins[i] = fmaf(dm, x_sum(a, i, e), mins[i]);
+                mins[sub & 1][i] = fmaf(dm, x_sum(a, i, e), mins[sub & 1][i]);
             }
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - mins[i];
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - (mins[0][i] + mins[1][i]);
 }
 
 // Q6_K: d * sc * (q - 32), a signed 8-bit scale per 16 elements: the int16 pairs of each
