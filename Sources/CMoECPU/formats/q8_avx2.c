@@ -51,7 +51,7 @@ INLINE float e8m0_half_scale(uint8_t s) {
 }
 
 // Block-of-32 formats: the block at element k as signed codes (Q4_0: unsigned, 0-15, see
-// x_eights), its scale d and the bias b that multiplies the activation block's sum (0 for
+// eights), its scale d and the bias b that multiplies the activation block's sum (0 for
 // all but affine).
 INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* w, const uint8_t* row,
                               const group_cursor* gc, int64_t k, float* d, float* b) {
