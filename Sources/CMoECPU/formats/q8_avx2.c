@@ -127,35 +127,42 @@ INLINE T256 void row_b32(const int F, const int MM, const int G64, const int EIG
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) + bias[i];
 }
 
-// Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned. The minimums'
-// terms also sum in two chains (even and odd sub-blocks): one chain of scalar multiply-adds
-// through the whole row took as long as the row's vector work.
+// Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned. A block's
+// eight sub-blocks' float factors are computed together, one vector each: the scales'
+// products with the activation blocks' scales, and the minimums' terms, which accumulate
+// in a vector (lane j: sub-blocks j of every block) rather than in a serial chain of scalar
+// multiply-adds that took as long as the row's vector work.
 INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                            float* c, int64_t ldc) {
     const int bytes = ggml_block_shape_of(F).bytes;
     const uint8_t* b = row_data(w, r);
-    __m256 acc[2][Q8_ROWS];
-    float mins[2][Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps(), mins[0][i] = mins[1][i] = 0.0f;
+    __m256 acc[2][Q8_ROWS], mins[Q8_ROWS];
+    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = mins[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
         _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
-        const float d = half_to_float(b), dmin = half_to_float(b + 2);
+        int32_t sc[8], m[8];
+#pragma clang loop unroll(full)
+        for (int sub = 0; sub < 8; sub++) k_scale_min(sub, b + 4, &sc[sub], &m[sub]);
+        const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)),
+                                        _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)sc)));
+        const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b + 2)),
+                                        _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)m)));
+        float s[Q8_ROWS][8];
+        for (int i = 0; i < MM; i++) {
+            const uint64_t blk = (uint64_t)(i * a->stride + k) >> 5;
+            _mm256_storeu_ps(s[i], _mm256_mul_ps(ds, _mm256_loadu_ps(a->scales + blk)));
+            mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a->sums + blk), mins[i]);
+        }
 #pragma clang loop unroll(full)
         for (int sub = 0; sub < 8; sub++) {
-            int sc, m;
-            k_scale_min(sub, b + 4, &sc, &m);
             const __m256i codes = k_codes(F, b, sub);
             const int64_t e = k + 32 * sub;
-            const float ds = d * (float)sc, dm = dmin * (float)m;
-            for (int i = 0; i < MM; i++) {
-                const __m256 s = _mm256_set1_ps(ds * x_scale(a, i, e));
-                acc[sub & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(codes, load_x(a, i, e))), s,
-                                                  acc[sub & 1][i]);
-                mins[sub & 1][i] = fmaf(dm, x_sum(a, i, e), mins[sub & 1][i]);
-            }
+            for (int i = 0; i < MM; i++)
+                acc[sub & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(codes, load_x(a, i, e))),
+                                                  _mm256_set1_ps(s[i][sub]), acc[sub & 1][i]);
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - (mins[0][i] + mins[1][i]);
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - hsum8(mins[i]);
 }
 
 // Q6_K: d * sc * (q - 32), a signed 8-bit scale per 16 elements: the int16 pairs of each
