@@ -7,6 +7,7 @@ files and folders; and hostile files, each a clear ValueError."""
 from __future__ import annotations
 
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -283,6 +284,21 @@ HOSTILE = {
                                           kv_u32("qwen3moe.expert_feed_forward_length", I_SMALL)]),
                                 "embedding_length must be an integer"),
 }
+
+
+def test_huge_block_count_costs_what_the_file_holds(tmp_path):
+    """block_count is the file's word (up to 2^31 - 1): listing the MoE layers must cost what
+    the file holds (one router here), not a loop over the count. In a child process with a
+    timeout, so that a regression fails instead of hanging the suite."""
+    kvs = [kv_string("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count", 2**31 - 1),
+           kv_u32("qwen3moe.embedding_length", H_SMALL), kv_u32("qwen3moe.expert_count", E_SMALL),
+           kv_u32("qwen3moe.expert_used_count", 1), kv_u32("qwen3moe.expert_feed_forward_length", I_SMALL)]
+    path = tmp_path / "m.gguf"
+    path.write_bytes(hostile(kvs=kvs))
+    code = f"import moe_swift; print(sorted(moe_swift.from_pretrained({str(path)!r}, backend='cpu')))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "[0]"
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))

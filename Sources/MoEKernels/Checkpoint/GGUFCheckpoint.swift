@@ -206,7 +206,9 @@ final class GGUFCheckpoint {
             guard key.hasPrefix("blk."), key.hasSuffix(".ffn_gate_inp.weight") else { return nil }
             return Int(key.dropFirst(4).dropLast(".ffn_gate_inp.weight".count))
         })
-        moeLayers = (0..<numLayers).filter { [denseLead] in $0 >= denseLead && routers.contains($0) }
+        // From the routers the file holds, not from 0..<numLayers: block_count is the file's
+        // word (up to 2^31), and a loop over it would be the hostile file's to size.
+        moeLayers = routers.filter { [denseLead, numLayers] in $0 >= denseLead && $0 < numLayers }.sorted()
     }
 
     // MARK: Metadata
