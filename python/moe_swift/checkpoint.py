@@ -103,22 +103,26 @@ def pick_gguf(files, quant, repo="the repository"):
     return chosen
 
 
-def _hub():
+def _hub(not_here):
+    """The huggingface_hub module; ValueError saying `not_here` and what to install without it."""
     try:
         import huggingface_hub
     except ImportError:
-        return None
+        raise ValueError(f"{not_here}; to load it as a Hugging Face Hub id, install huggingface_hub "
+                         "(pip install huggingface_hub)") from None
     return huggingface_hub
+
+
+def _where(repo, revision):
+    """A Hub repository (and revision) as error messages name it."""
+    return f"{repo!r}{'' if revision is None else f' at revision {revision!r}'}"
 
 
 def _gguf_from_hub(repo, quant, revision, cache_dir):
     """The local path of `repo`'s GGUF model in `quant` (its first split), downloading only
     its files; offline (HF_HUB_OFFLINE=1), chosen among the files already cached."""
-    hub = _hub()
-    where = f"{repo!r}{'' if revision is None else f' at revision {revision!r}'}"
-    if hub is None:
-        raise ValueError(f"{repo}:{quant} is not a file here; to load it as a Hugging Face Hub id, install "
-                         "huggingface_hub (pip install huggingface_hub)")
+    hub = _hub(f"{repo}:{quant} is not a file here")
+    where = _where(repo, revision)
     try:
         if hub.constants.HF_HUB_OFFLINE:
             folder = hub.snapshot_download(repo_id=repo, revision=revision, cache_dir=cache_dir,
@@ -162,15 +166,11 @@ def resolve(path, revision=None, cache_dir=None, gguf=None):
         return path
     if not isinstance(path, str) or not _REPO_ID.match(path):
         raise ValueError(f"{path!r} is neither a folder nor a Hugging Face Hub id (org/name)")
+    hub = _hub(f"{path!r} is not a folder here")
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ValueError(f"{path!r} is not a folder here; to load it as a Hugging Face Hub id, install "
-                         "huggingface_hub (pip install huggingface_hub)") from None
-    try:
-        return snapshot_download(repo_id=path, revision=revision, cache_dir=cache_dir, allow_patterns=HUB_FILES)
+        return hub.snapshot_download(repo_id=path, revision=revision, cache_dir=cache_dir, allow_patterns=HUB_FILES)
     except Exception as error:  # offline without the files, unknown repository, no network...
-        raise ValueError(f"cannot get {path!r}{'' if revision is None else f' at revision {revision!r}'} from the "
+        raise ValueError(f"cannot get {_where(path, revision)} from the "
                          f"Hugging Face Hub: {type(error).__name__}: {error}") from error
 
 

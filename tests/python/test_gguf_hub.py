@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import moe_swift
-from moe_swift import checkpoint
 from moe_swift.checkpoint import pick_gguf
 
 hub = pytest.importorskip("huggingface_hub")
@@ -140,7 +139,7 @@ def test_hub_quant_offline_picks_among_cached_files(fake_hub, monkeypatch):
     """HF_HUB_OFFLINE=1: no listing; the quant is chosen among the files of the cached
     snapshot, and the download is asked for cached files only."""
     calls, files = fake_hub
-    folder = Path(checkpoint._hub().snapshot_download("tiny-org/tiny-qwen3-GGUF", allow_patterns=["Tiny-Q4_K_M.gguf"]))
+    folder = Path(hub.snapshot_download("tiny-org/tiny-qwen3-GGUF", allow_patterns=["Tiny-Q4_K_M.gguf"]))
     calls.clear()
     monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
     layer = moe_swift.from_pretrained("tiny-org/tiny-qwen3-GGUF:Q4_K_M", 0, backend="cpu")

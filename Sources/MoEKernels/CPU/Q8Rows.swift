@@ -10,12 +10,16 @@ struct Q8Rows {
     let sums: UnsafeMutablePointer<Float>
     let grid: UnsafeMutablePointer<Float>
 
-    private static var block: Int { Int(MOE_Q8_ACTIVATION_BLOCK) }
-    private var blocks: Int { (cols + Self.block - 1) / Self.block }
+    /// Blocks of MOE_Q8_ACTIVATION_BLOCK elements in a row of `cols` (the last may be shorter).
+    private static func blocks(cols: Int) -> Int {
+        let block = Int(MOE_Q8_ACTIVATION_BLOCK)
+        return (cols + block - 1) / block
+    }
+    private var blocks: Int { Self.blocks(cols: cols) }
 
     /// The scratch arrays of `rows` rows (without the grid when the caller gives it).
     static func arrays(rows: Int, cols: Int, grid: Bool = true) -> [(count: Int, stride: Int)] {
-        let blocks = rows * ((cols + block - 1) / block)
+        let blocks = rows * Self.blocks(cols: cols)
         return [(rows * cols, 1), (blocks, 4), (blocks, 4), (grid ? rows * cols : 0, 4)]
     }
 
@@ -23,7 +27,7 @@ struct Q8Rows {
     /// values there (in place of the float32 rows they are made from).
     init(arena: ScratchArena, rows: Int, cols: Int, grid: UnsafeMutablePointer<Float>? = nil) {
         self.cols = cols
-        let blocks = rows * ((cols + Self.block - 1) / Self.block)
+        let blocks = rows * Self.blocks(cols: cols)
         codes = arena.take(Int8.self, rows * cols)
         scales = arena.take(Float.self, blocks)
         sums = arena.take(Float.self, blocks)
