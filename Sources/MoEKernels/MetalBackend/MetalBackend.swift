@@ -38,12 +38,12 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         init(_ c: MoEConfiguration, gate: MetalWeight, up: MetalWeight, down: MetalWeight,
              shared: (gate: MetalWeight, up: MetalWeight, down: MetalWeight)?) {
             guard c.activationQuantization == .q8 else { return }
-            self.gate = gate.isQuantized
-            self.up = up.isQuantized
-            self.down = down.isQuantized
-            sharedGate = shared?.gate.isQuantized ?? false
-            sharedUp = shared?.up.isQuantized ?? false
-            sharedDown = shared?.down.isQuantized ?? false
+            self.gate = gate.format.isQuantized
+            self.up = up.format.isQuantized
+            self.down = down.format.isQuantized
+            sharedGate = shared?.gate.format.isQuantized ?? false
+            sharedUp = shared?.up.format.isQuantized ?? false
+            sharedDown = shared?.down.format.isQuantized ?? false
         }
 
         /// Some gate/up product reads x's grid values (made once per forward, for all of them).

@@ -99,13 +99,6 @@ struct MetalWeight {
         return w
     }
 
-    /// A quantized format (MLX's, mxfp4, ggml's blocks): its products take 8-bit
-    /// activations when the layer asks for them; dense ones never do.
-    var isQuantized: Bool {
-        if case .quantized = format { return true }
-        return false
-    }
-
     /// The host-name suffix of the kernel instances that read this format: its row of
     /// MOE_SPECIALISATION_ROWS (moe_options.h).
     var kernelSuffix: String {
