@@ -4,6 +4,8 @@ against the reference's q8 grid and against the float-exact float64 reference wi
 documented bound (an outlier of 1e4 included), what it must leave alone (the default,
 dense weights, the router) and bad option values."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -166,6 +168,44 @@ def test_real_hidden_size():
             ids, _ = layer.route(x)
             grid = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8")
             assert np.abs(y - grid).max() <= 1e-3 * np.abs(grid).max() + 1e-5
+
+
+# The 32-element block formats' products go eight blocks at a time, 4-bit ones in pairs
+# of blocks, with the blocks after the last whole eight one at a time: rows of whole
+# eights (2048, 768) and rows that end in a part of one (2944 = 11.5 eights, 384 = 1.5),
+# one to four tokens in one expert's product (the integer kernels' rows), every group
+# size and scale type of our 4-bit codes.
+OCTET_FORMATS = ["q4_0", "q8_0", "iq4_nl", "mxfp4_ggml", "mxfp4"] + [
+    f"affine4g{g}{t}" for g in (32, 64, 128) for t in ("float16", "bfloat16", "float32")] + ["affine8g64float16"]
+
+
+def _octet_weight(name, rng, shape):
+    if name in GGML_FORMATS:
+        return _weight(name, rng, shape)
+    scale = 2 * shape[-1] ** -0.5
+    w = rng.uniform(-scale, scale, shape).astype(np.float32)
+    if name == "mxfp4":
+        return formats.quantize(w, bits=4, group_size=32, mode="mxfp4")
+    bits, group, dtype = re.fullmatch(r"affine(\d)g(\d+)(\w+)", name).groups()
+    return formats.quantize(w, bits=int(bits), group_size=int(group), scale_dtype=dtype)
+
+
+@pytest.mark.parametrize("name", OCTET_FORMATS)
+@pytest.mark.parametrize("H,I", [(2048, 768), (2944, 384)])
+def test_block_products_at_real_sizes(name, H, I):
+    rng = np.random.default_rng(sum(map(ord, name)) + H)
+    experts = {k: _octet_weight(name, rng, (2, *shape)) for k, shape in
+               (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I)))}
+    router = rng.standard_normal((2, H)).astype(np.float32)
+    with moe_swift.MoELayer(router_weight=router, top_k=1, **experts, backend="cpu",
+                            activation_quantization="q8") as layer:
+        for T in (1, 2, 3, 4):
+            x = _inputs(rng, T, H, outlier=T == 3)
+            ids = np.full((T, 1), T % 2, np.int32)
+            w = np.ones((T, 1), np.float32)
+            y = layer.experts(x, ids, w)
+            grid = reference.experts_forward(x, ids, w, **experts, activation_quantization="q8")
+            assert np.abs(y - grid).max() <= 1e-3 * np.abs(grid).max() + 1e-5, (T, np.abs(y - grid).max())
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -17,7 +17,7 @@
 
 enum { Q8_ROWS = 4 };
 // Bytes ahead of the weight block being read that a row prefetches.
-enum { Q8_PREFETCH = 1024 };
+enum { Q8_PREFETCH = 2048 };
 
 // sum over the block of w_i * x_i, w signed bytes (-128 included: |-128| reads as the
 // unsigned 128 in vpmaddubsw), as 8 int32 lanes.
@@ -37,6 +37,12 @@ INLINE T256 float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+INLINE T256 int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
 INLINE T256 __m256i load_x(const moe_cpu_q8_rows* a, int i, int64_t k) {
     return _mm256_loadu_si256((const __m256i*)(a->codes + i * a->stride + k));
 }
@@ -50,8 +56,7 @@ INLINE float e8m0_half_scale(uint8_t s) {
     return from_bits(s < 2 ? 0x00200000u << s : (uint32_t)(s - 1) << 23);
 }
 
-// Block-of-32 formats: the block at element k as signed codes (Q4_0: unsigned, 0-15, see
-// eights), its scale d and the bias b that multiplies the activation block's sum (0 for
+// Block-of-32 formats: the block at element k as signed codes, its scale d and the bias b that multiplies the activation block's sum (0 for
 // all but affine).
 INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* w, const uint8_t* row,
                               const group_cursor* gc, int64_t k, float* d, float* b) {
@@ -73,12 +78,6 @@ INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* 
         _mm_prefetch((const char*)row + ((uint64_t)k >> 1) + Q8_PREFETCH, _MM_HINT_T0);
         *d = e8m0_half_scale(gc->scales[k >> 5]);
         return lookup(mxfp4_table, split_nibbles(row + ((uint64_t)k >> 1)));
-    case MOE_FORMAT_GGML_Q4_0: {
-        const uint8_t* blk = row + ((uint64_t)k >> 5) * 18;
-        _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
-        *d = half_to_float(blk);
-        return split_nibbles(blk + 2);
-    }
     default: {
         const uint8_t* blk = row + ((uint64_t)k >> 5) * ggml_block_shape_of(F).bytes;
         _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
@@ -87,12 +86,14 @@ INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* 
     }
 }
 
-// Two accumulators per activation row (even and odd blocks), so that consecutive blocks'
-// multiply-adds do not wait on each other's latency. G64: affine groups of 64 or more,
+// One block at a time: our 8-bit affine codes, and the rest where row_octets does not
+// serve (rows shorter than eight blocks). Two accumulators per activation row (even and
+// odd blocks), so that consecutive blocks' multiply-adds do not wait on each other's
+// latency. G64: affine groups of 64 or more,
 // whose scale and bias the two blocks of a step share, converted once per group rather
 // than once per block (their conversions cost as much as a block's integer products).
-INLINE T256 void row_b32(const int F, const int MM, const int G64, const int EIGHTS, const moe_cpu_matrix* w, int64_t r,
-                         const moe_cpu_q8_rows* a, const __m256i* eights, float* c, int64_t ldc) {
+INLINE T256 void row_b32(const int F, const int MM, const int G64, const moe_cpu_matrix* w, int64_t r,
+                         const moe_cpu_q8_rows* a, float* c, int64_t ldc) {
     const uint8_t* row = row_data(w, r);
     group_cursor gc = {0};
     if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) gc = group_cursor_for(w, r);
@@ -115,10 +116,7 @@ INLINE T256 void row_b32(const int F, const int MM, const int G64, const int EIG
             const __m256i codes = b32_codes(F, G64, w, row, &gc, k, &d, &b);
             for (int i = 0; i < MM; i++) {
                 const __m256 s = _mm256_set1_ps(d * x_scale(a, i, k));
-                const __m256i dot =
-                    F != MOE_FORMAT_GGML_Q4_0 ? dot_signed(codes, load_x(a, i, k))
-                    : EIGHTS ? _mm256_sub_epi32(dot_unsigned(codes, load_x(a, i, k)), eights[i * (w->cols >> 5) + (k >> 5)])
-                             : dot_signed(_mm256_sub_epi8(codes, _mm256_set1_epi8(8)), load_x(a, i, k));
+                const __m256i dot = dot_signed(codes, load_x(a, i, k));
                 acc[u][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[u][i]);
                 if (F == MOE_FORMAT_AFFINE) bias[i] = fmaf(b, x_sum(a, i, k), bias[i]);
             }
@@ -199,54 +197,241 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
+// ---- ggml's 32-element blocks, eight at a time ------------------------------------------
+// Per block, the scalar work around a block's integer products (its float16 scale
+// converted, times the activation block's scale, broadcast) cost as much as the products.
+// So the blocks of a row go eight at a time: their eight scales are gathered into one
+// vector, converted and multiplied by the eight activation scales in one instruction each,
+// and a block's factor then reaches its lanes with one permute. 4-bit blocks go in pairs:
+// two blocks' 16 code bytes fill one register, whose low nibbles are elements 0-15 of
+// each and high nibbles 16-31, against the activation codes rearranged to match once per
+// call (nibble_pair_x).
+
+enum { OCTET = 8 * 32 };
+
+// Lanes of block q (0-7) of an octet in Q8_0, and the blocks of a nibble octet's sums' lanes.
+static const int32_t octet_lanes[8][8] __attribute__((aligned(32))) = {
+    {0, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2}, {3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4}, {5, 5, 5, 5, 5, 5, 5, 5}, {6, 6, 6, 6, 6, 6, 6, 6}, {7, 7, 7, 7, 7, 7, 7, 7}};
+static const int32_t pair_order[8] __attribute__((aligned(32))) = {0, 2, 4, 6, 1, 3, 5, 7};
+
+// The scales of the eight blocks from b on (`bytes` apart): float16 ones through one
+// conversion; ggml's mxfp4 E8M0 exponents as 2^(e - 128) (its doubled E2M1 codes), 255 NaN.
+INLINE T256 __m256 e8m0_half_scales(uint64_t e) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), v);
+    __m256i bits = _mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v));
+    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(v, _mm256_set1_epi32(255)));
+    return _mm256_castsi256_ps(bits);
+}
+
+INLINE T256 __m256 octet_scales(const int F, const uint8_t* b, int bytes) {
+    if (F == MOE_FORMAT_GGML_MXFP4) {
+        uint64_t e = 0;
+        for (int q = 0; q < 8; q++) e |= (uint64_t)b[q * bytes] << (8 * q);
+        return e8m0_half_scales(e);
+    }
+    uint64_t lo = 0, hi = 0;
+    for (int q = 0; q < 4; q++) {
+        lo |= (uint64_t)load_u16(b + q * bytes, 0) << (16 * q);
+        hi |= (uint64_t)load_u16(b + (q + 4) * bytes, 0) << (16 * q);
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+// Our affine scales or biases (one per group of 2^shift elements, 32 to 128) of octet o,
+// one per block: the octet's groups are loaded (exactly their bytes: the array may end
+// there) and spread over their blocks' lanes.
+static const int32_t group_lanes[3][8] __attribute__((aligned(32))) = {
+    {0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 0, 0, 1, 1, 1, 1}};
+
+INLINE T256 __m256 group_octet(const uint8_t* p, int type, int shift, int64_t o) {
+    const int groups = 8 >> (shift - 5);
+    const int64_t g0 = (o * OCTET) >> shift;
+    __m256 v;
+    if (type == MOE_DTYPE_F32) {
+        const float* f = (const float*)p + g0;
+        v = groups == 8 ? _mm256_loadu_ps(f)
+          : groups == 4 ? _mm256_castps128_ps256(_mm_loadu_ps(f))
+                        : _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double*)f)));
+    } else {
+        const uint8_t* h = p + 2 * g0;
+        const __m128i x = groups == 8 ? _mm_loadu_si128((const __m128i*)h)
+                        : groups == 4 ? _mm_loadl_epi64((const __m128i*)h)
+                                      : _mm_cvtsi32_si128((int)(load_u16(h, 0) | (uint32_t)load_u16(h, 1) << 16));
+        v = type == MOE_DTYPE_F16 ? _mm256_cvtph_ps(x)
+                                  : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+    }
+    return _mm256_permutevar8x32_ps(v, _mm256_load_si256((const __m256i*)group_lanes[shift - 5]));
+}
+
+// The activation codes of each pair of blocks (2p, 2p + 1) as two registers: elements
+// 0-15 of both blocks, then 16-31 of both, the order of a nibble pair's low and high codes.
+static T256 void nibble_pair_x(int mm, const moe_cpu_q8_rows* a, int64_t pairs, __m256i* xp) {
+    for (int i = 0; i < mm; i++)
+        for (int64_t p = 0; p < pairs; p++) {
+            const __m256i x0 = load_x(a, i, 64 * p), x1 = load_x(a, i, 64 * p + 32);
+            xp[2 * (i * pairs + p)] = _mm256_permute2x128_si256(x0, x1, 0x20);
+            xp[2 * (i * pairs + p) + 1] = _mm256_permute2x128_si256(x0, x1, 0x31);
+        }
+}
+
+// Lookup tables of the 4-bit types whose codes are not the nibbles themselves: ggml's mxfp4
+// moved up by 12 to unsigned values (their pairs stay far below 2^15 in vpmaddubsw; the 12
+// comes back as 12 * the activation block's sum), iq4_nl signed (its -127 needs the sign
+// trick).
+static const int8_t mxfp4_table_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+// Row r of a 32-element block format against MM activation rows: ggml's Q8_0, Q4_0,
+// IQ4_NL and mxfp4, and ours in 4 bits (affine, mxfp4; the CPU's nibble order, whose
+// blocks of 16 bytes are a pair's 32 bytes). Whole octets here; the blocks after the last
+// one (a row of 2880: two) one at a time, as row_b32 does them.
+INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
+                            const __m256i* xp, int64_t pairs, float* c, int64_t ldc) {
+    const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
+    const int bytes = ours ? 16 : ggml_block_shape_of(F).bytes, head = ours ? 0 : F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2;
+    // The offset taken out of unsigned codes (Q4_0: q - 8, mxfp4: table + 12), times the
+    // activation blocks' sums; affine's biases come in the same way, with the sign of -1.
+    const float offset = F == MOE_FORMAT_GGML_Q4_0 ? 8.0f
+                       : F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4 ? 12.0f
+                       : F == MOE_FORMAT_AFFINE ? -1.0f : 0.0f;
+    const int mx = F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4;
+    const uint8_t* b = row_data(w, r);
+    group_cursor gc = {0};
+    if (ours) gc = group_cursor_for(w, r);
+    const int64_t octets = w->cols / OCTET;
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i table = mx ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)mxfp4_table_plus12))
+                             : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)iq4nl_table));
+    __m256 acc[2][Q8_ROWS], sums[Q8_ROWS];
+    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = sums[i] = _mm256_setzero_ps();
+    for (int64_t o = 0; o < octets; o++, b += 8 * bytes) {
+        for (int l = 0; l < 8 * bytes; l += 64) _mm_prefetch((const char*)b + Q8_PREFETCH + l, _MM_HINT_T0);
+        __m256 dw, bw = _mm256_setzero_ps();
+        if (F == MOE_FORMAT_AFFINE) {
+            dw = group_octet(gc.scales, gc.type, gc.shift, o);
+            bw = group_octet(gc.biases, gc.type, gc.shift, o);
+        } else if (F == MOE_FORMAT_MXFP4) {
+            uint64_t e;
+            memcpy(&e, gc.scales + 8 * o, 8);
+            dw = e8m0_half_scales(e);
+        } else {
+            dw = octet_scales(F, b, bytes);
+        }
+        __m256 ds[Q8_ROWS];
+        for (int i = 0; i < MM; i++) {
+            const uint64_t blk = (uint64_t)(i * a->stride + o * OCTET) >> 5;
+            ds[i] = _mm256_mul_ps(dw, _mm256_loadu_ps(a->scales + blk));
+            if (offset != 0.0f)
+                sums[i] = _mm256_fmadd_ps(F == MOE_FORMAT_AFFINE ? bw : dw, _mm256_loadu_ps(a->sums + blk), sums[i]);
+        }
+        if (F == MOE_FORMAT_GGML_Q8_0) {
+#pragma clang loop unroll(full)
+            for (int q = 0; q < 8; q++) {
+                const __m256i codes = _mm256_loadu_si256((const __m256i*)(b + q * bytes + head));
+                const __m256i lanes = _mm256_load_si256((const __m256i*)octet_lanes[q]);
+                for (int i = 0; i < MM; i++) {
+                    const __m256i dot = dot_signed(codes, load_x(a, i, o * OCTET + 32 * q));
+                    acc[q & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(ds[i], lanes), acc[q & 1][i]);
+                }
+            }
+            continue;
+        }
+        __m256i dots[Q8_ROWS][4];
+#pragma clang loop unroll(full)
+        for (int p = 0; p < 4; p++) {
+            const __m256i q = ours ? _mm256_loadu_si256((const __m256i*)(b + 32 * p))
+                                   : _mm256_loadu2_m128i((const __m128i*)(b + (2 * p + 1) * bytes + head),
+                                                         (const __m128i*)(b + 2 * p * bytes + head));
+            __m256i lo = _mm256_and_si256(q, mask), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+            if (mx || F == MOE_FORMAT_GGML_IQ4_NL) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
+            for (int i = 0; i < MM; i++) {
+                const __m256i* x = xp + 2 * (i * pairs + 4 * o + p);
+                dots[i][p] = F == MOE_FORMAT_GGML_IQ4_NL
+                    ? _mm256_add_epi32(dot_signed(lo, x[0]), dot_signed(hi, x[1]))
+                    : _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, x[0]), _mm256_maddubs_epi16(hi, x[1])), ones);
+            }
+        }
+        // Pair p's lanes hold block 2p in the low half, 2p + 1 in the high one: two
+        // transposing additions leave one block's sum per lane, in pair_order.
+        const __m256i order = _mm256_load_si256((const __m256i*)pair_order);
+        for (int i = 0; i < MM; i++) {
+            const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(dots[i][0], dots[i][1]), _mm256_unpackhi_epi32(dots[i][0], dots[i][1]));
+            const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(dots[i][2], dots[i][3]), _mm256_unpackhi_epi32(dots[i][2], dots[i][3]));
+            const __m256i blocks = _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
+            acc[o & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blocks), _mm256_permutevar8x32_ps(ds[i], order), acc[o & 1][i]);
+        }
+    }
+    for (int i = 0; i < MM; i++) {
+        float tail = 0.0f;
+        for (int64_t k = octets * OCTET; k < w->cols; k += 32) {
+            float d, bias;
+            const __m256i codes = b32_codes(F, 0, w, row_data(w, r), &gc, k, &d, &bias);
+            tail = fmaf(d * x_scale(a, i, k), (float)hsum_i32(dot_signed(codes, load_x(a, i, k))), tail);
+            tail = fmaf(bias, x_sum(a, i, k), tail);
+        }
+        c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - offset * hsum8(sums[i]) + tail;
+    }
+}
+
+// The formats row_octets multiplies (all but 8-bit affine codes and the K-quants).
+INLINE int octet_format(const moe_cpu_matrix* w) {
+    switch (w->format) {
+    case MOE_FORMAT_GGML_Q8_0:
+    case MOE_FORMAT_GGML_Q4_0:
+    case MOE_FORMAT_GGML_IQ4_NL:
+    case MOE_FORMAT_GGML_MXFP4:
+    case MOE_FORMAT_MXFP4: return 1;
+    case MOE_FORMAT_AFFINE: return w->bits == 4;
+    default: return 0;
+    }
+}
+
 T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
                                 int64_t row0, float* c, int64_t ldc) {
     if (!moe_cpu_q8_supported(w) || w->cols % 32) return 0;
     const int F = w->format;
-    // Q4_0's codes are q - 8 with q unsigned: the sign trick's two extra instructions per
-    // block become one subtraction of 8 * (the activation block's sums over each lane's
-    // elements), computed once per call for all rows. The lanes' integers are the same.
-    const int64_t blocks = w->cols >> 5;
-    __m256i* eights = NULL;
-    if (F == MOE_FORMAT_GGML_Q4_0) {
-        // Without memory for them, the sign trick: the same integers.
-        eights = aligned_alloc(32, (size_t)(MIN(m, Q8_ROWS) * blocks) * sizeof(__m256i));
+    const int64_t pairs = 4 * (w->cols / OCTET);
+    __m256i* xp = NULL;
+    if (octet_format(w) && F != MOE_FORMAT_GGML_Q8_0 && pairs > 0) {
+        // Without memory for the rearranged codes, row_b32 serves: the same integers.
+        xp = aligned_alloc(32, (size_t)(MIN(m, Q8_ROWS) * pairs * 2) * sizeof(__m256i));
     }
+    const int octets = octet_format(w) && (F == MOE_FORMAT_GGML_Q8_0 || xp);
     for (int64_t i0 = 0; i0 < m; i0 += Q8_ROWS) {
         const int mm = (int)MIN(Q8_ROWS, m - i0);
         const moe_cpu_q8_rows ai = {a->codes + i0 * a->stride, a->scales + i0 * a->stride / 32,
                                     a->sums + i0 * a->stride / 32, a->stride};
         float* ci = c + i0 * ldc;
-        if (eights)
-            for (int i = 0; i < mm; i++)
-                for (int64_t b = 0; b < blocks; b++)
-                    eights[i * blocks + b] = dot_unsigned(_mm256_set1_epi8(8), load_x(&ai, i, 32 * b));
+        if (xp) nibble_pair_x(mm, &ai, pairs, xp);
         const int g64 = F == MOE_FORMAT_AFFINE && w->group_size >= 64;
         for (int64_t j = 0; j < n; j++) {
-#define B32_(FMT, MM)                                                                                             \
-    if (g64) row_b32(FMT, MM, 1, 0, w, row0 + j, &ai, eights, ci + j, ldc);                                                   \
-    else row_b32(FMT, MM, 0, 0, w, row0 + j, &ai, eights, ci + j, ldc);
+#define OCTETS_(FMT, MM)                                                                                          \
+    if (octets) row_octets(FMT, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);                                    \
+    else row_b32(FMT, MM, 0, w, row0 + j, &ai, ci + j, ldc);
 #define ROW_(MM)                                                                                                  \
     switch (F) {                                                                                                  \
-    case MOE_FORMAT_AFFINE: B32_(MOE_FORMAT_AFFINE, MM) break;                                                    \
-    case MOE_FORMAT_MXFP4: row_b32(MOE_FORMAT_MXFP4, MM, 0, 0, w, row0 + j, &ai, eights, ci + j, ldc); break;              \
-    case MOE_FORMAT_GGML_Q8_0: row_b32(MOE_FORMAT_GGML_Q8_0, MM, 0, 0, w, row0 + j, &ai, eights, ci + j, ldc); break;        \
-    case MOE_FORMAT_GGML_Q4_0:                                                                                    \
-        if (eights) row_b32(MOE_FORMAT_GGML_Q4_0, MM, 0, 1, w, row0 + j, &ai, eights, ci + j, ldc);              \
-        else row_b32(MOE_FORMAT_GGML_Q4_0, MM, 0, 0, w, row0 + j, &ai, eights, ci + j, ldc);                     \
+    case MOE_FORMAT_AFFINE:                                                                                       \
+        if (octets) row_octets(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);                  \
+        else if (g64) row_b32(MOE_FORMAT_AFFINE, MM, 1, w, row0 + j, &ai, ci + j, ldc);                           \
+        else row_b32(MOE_FORMAT_AFFINE, MM, 0, w, row0 + j, &ai, ci + j, ldc);                                    \
         break;                                                                                                    \
-    case MOE_FORMAT_GGML_IQ4_NL: row_b32(MOE_FORMAT_GGML_IQ4_NL, MM, 0, 0, w, row0 + j, &ai, eights, ci + j, ldc); break;    \
-    case MOE_FORMAT_GGML_MXFP4: row_b32(MOE_FORMAT_GGML_MXFP4, MM, 0, 0, w, row0 + j, &ai, eights, ci + j, ldc); break;      \
+    case MOE_FORMAT_MXFP4: OCTETS_(MOE_FORMAT_MXFP4, MM) break;                                                   \
+    case MOE_FORMAT_GGML_Q8_0: OCTETS_(MOE_FORMAT_GGML_Q8_0, MM) break;                                           \
+    case MOE_FORMAT_GGML_Q4_0: OCTETS_(MOE_FORMAT_GGML_Q4_0, MM) break;                                           \
+    case MOE_FORMAT_GGML_IQ4_NL: OCTETS_(MOE_FORMAT_GGML_IQ4_NL, MM) break;                                       \
+    case MOE_FORMAT_GGML_MXFP4: OCTETS_(MOE_FORMAT_GGML_MXFP4, MM) break;                                         \
     case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
-    default: row_q6_k(MM, w, row0 + j, &ai, ci + j, ldc); break;                                                 \
+    default: row_q6_k(MM, w, row0 + j, &ai, ci + j, ldc); break;                                                  \
     }
             ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
-#undef B32_
+#undef OCTETS_
         }
     }
-    free(eights);
+    free(xp);
     return 1;
 }
 
