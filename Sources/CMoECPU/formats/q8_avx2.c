@@ -17,8 +17,8 @@
 
 enum { Q8_ROWS = 4 };
 // Bytes ahead of the weight block being read that a row prefetches: one core's stream
-// needs about two DRAM latencies of bytes in flight to overlap its arithmetic (at 1 KiB
-// a 4-bit row read at 60-70% of the read probe's bandwidth, at 4 KiB 85-95%).
+// needs a few DRAM latencies' worth of bytes in flight for its reads to overlap its
+// arithmetic (benchmarks/q8_stream.py measures the distances).
 enum { Q8_PREFETCH = 4096 };
 
 // sum over the block of w_i * x_i, w signed bytes (-128 included: |-128| reads as the
