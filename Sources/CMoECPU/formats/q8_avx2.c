@@ -18,8 +18,11 @@
 enum { Q8_ROWS = 4 };
 // Bytes ahead of the weight block being read that a row prefetches: one core's stream
 // needs a few DRAM latencies' worth of bytes in flight for its reads to overlap its
-// arithmetic (benchmarks/q8_stream.py measures the distances).
-enum { Q8_PREFETCH = 4096 };
+// arithmetic (benchmarks/q8_stream.py measures the distances, setting MOE_Q8_PREFETCH).
+#ifndef MOE_Q8_PREFETCH
+#define MOE_Q8_PREFETCH 4096
+#endif
+enum { Q8_PREFETCH = MOE_Q8_PREFETCH };
 
 // sum over the block of w_i * x_i, w signed bytes (-128 included: |-128| reads as the
 // unsigned 128 in vpmaddubsw), as 8 int32 lanes.
