@@ -174,6 +174,24 @@ def test_fixed_point_activations_with_outliers(fmt):
             check(layer, args, x[:T])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16", "float32"])
+def test_affine_group_parameters_at_real_sizes(bits, scale_dtype):
+    """The CPU's factored product converts a row's group scales and biases eight at a time,
+    then the rest one by one: rows of whole eights of groups and rows that end in a part of
+    one (2944 / 32, / 64, / 128 = 92, 46, 23 groups; 384: 12, 6, 3), every group size and
+    scale type, 1 to 4 tokens per expert."""
+    for group in formats.GROUP_SIZES:
+        fmt = lambda w: quantize(w, bits=bits, group_size=group, scale_dtype=scale_dtype)
+        args = make_layer_args("qwen3_moe", H=2944, I=384, E=2, k=1, seed=group)
+        args = {k: fmt(v) if k in ("gate_proj", "up_proj", "down_proj") else v for k, v in args.items()
+                if k != "shared_expert"}
+        x = np.random.default_rng(group).standard_normal((4, 2944)).astype(np.float32)
+        with moe_swift.MoELayer(**args, backend="cpu") as layer:
+            for T in (1, 2, 3, 4):
+                check(layer, args, x[:T])
+
+
 def test_odd_dense_sizes():
     """float16 / bfloat16 rows that are not a multiple of 32 elements."""
     args = convert(make_layer_args("mixtral", H=45, I=23, E=5, k=2, seed=9), "f16")

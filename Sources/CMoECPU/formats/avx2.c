@@ -101,14 +101,33 @@ INLINE T256 void store_chunk(const int kind, const moe_cpu_matrix* w, const grou
     for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + 8 * q, v[q]);
 }
 
+// A row's n group scales or biases as floats, eight at a time: one conversion per group
+// with a branch on the type cost a third of a 4-bit row's time.
+INLINE T256 void group_floats(const void* p, int type, int64_t n, float* out) {
+    int64_t g = 0;
+    for (; g + 8 <= n; g += 8) {
+        __m256 v;
+        switch (type) {
+        case MOE_DTYPE_F16: v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + g))); break;
+        case MOE_DTYPE_BF16:
+            v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + g))), 16));
+            break;
+        default: v = _mm256_loadu_ps((const float*)p + g); break;
+        }
+        _mm256_storeu_ps(out + g, v);
+    }
+    for (; g < n; g++) out[g] = scalar_at_f16c(p, type, g);
+}
+
 // The factored affine row of avx512.c's row_affine_kernel, 8 lanes wide.
 INLINE T256 void row_affine_kernel(const int kind, const int MM, const int GS, const moe_cpu_matrix* w, int64_t r,
                                    const float* a, int64_t lda, const float* xsum, float* c, int64_t ldc) {
     const int64_t cols = w->cols, gs = GS ? GS : w->group_size, groups = cols / gs;
     const group_cursor gc = group_cursor_for(w, r);
     const uint8_t* row = row_data(w, r);
-    float scales[FACTORED_SUMS / 4];
-    for (int64_t g = 0; g < groups; g++) scales[g] = scalar_at_f16c(gc.scales, gc.type, g);
+    float scales[FACTORED_SUMS / 4], biases[FACTORED_SUMS / 4];
+    group_floats(gc.scales, gc.type, groups, scales);
+    group_floats(gc.biases, gc.type, groups, biases);
     __m256 total[4][2];
     for (int i = 0; i < MM; i++) total[i][0] = total[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
@@ -141,8 +160,13 @@ INLINE T256 void row_affine_kernel(const int kind, const int MM, const int GS, c
         }
     }
     for (int i = 0; i < MM; i++) {
-        float s = hsum256(_mm256_add_ps(total[i][0], total[i][1]));
-        for (int64_t g = 0; g < groups; g++) s += scalar_at_f16c(gc.biases, gc.type, g) * xsum[i * groups + g];
+        // The biases' term, sum over groups of bias * the group's activation sum.
+        __m256 t = _mm256_add_ps(total[i][0], total[i][1]);
+        int64_t g = 0;
+        for (; g + 8 <= groups; g += 8)
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(biases + g), _mm256_loadu_ps(xsum + i * groups + g), t);
+        float s = hsum256(t);
+        for (; g < groups; g++) s += biases[g] * xsum[i * groups + g];
         c[i * ldc] = s;
     }
 }
