@@ -175,7 +175,7 @@ def test_real_hidden_size():
 # eights (2048, 768) and rows that end in a part of one (2944 = 11.5 eights, 384 = 1.5),
 # one to four tokens in one expert's product (the integer kernels' rows), every group
 # size and scale type of our 4-bit codes.
-OCTET_FORMATS = ["q4_0", "q8_0", "iq4_nl", "mxfp4_ggml", "mxfp4"] + [
+OCTET_FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4_ggml", "mxfp4"] + [
     f"affine4g{g}{t}" for g in (32, 64, 128) for t in ("float16", "bfloat16", "float32")] + ["affine8g64float16"]
 
 

@@ -91,8 +91,7 @@ INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* 
     }
 }
 
-// One block at a time: our 8-bit affine codes, and the rest where row_octets does not
-// serve (rows shorter than eight blocks). Two accumulators per activation row (even and
+// One block at a time: our 8-bit affine codes. Two accumulators per activation row (even and
 // odd blocks), so that consecutive blocks' multiply-adds do not wait on each other's
 // latency. G64: affine groups of 64 or more,
 // whose scale and bias the two blocks of a step share, converted once per group rather
@@ -288,6 +287,39 @@ static T256 void nibble_pair_x(int mm, const moe_cpu_q8_rows* a, int64_t pairs, 
 // trick).
 static const int8_t mxfp4_table_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
+// Where a 32-element ggml block's 16 code bytes start.
+INLINE int octet_code_offset(const int F) {
+    switch (F) {
+    case MOE_FORMAT_AFFINE: case MOE_FORMAT_MXFP4: return 0;
+    case MOE_FORMAT_GGML_MXFP4: return 1;
+    case MOE_FORMAT_GGML_Q4_1: return 4;
+    case MOE_FORMAT_GGML_Q5_0: return 6;
+    case MOE_FORMAT_GGML_Q5_1: return 8;
+    default: return 2;
+    }
+}
+
+// Q5_0 / Q5_1: bit j of a block's 32-bit qh is bit 4 of element j. A nibble pair's low
+// codes (elements 0-15 of blocks b0 and b1, one per half) take bits 0-15, its high codes
+// bits 16-31: each byte lane picks its qh byte, tests its bit and adds 16.
+static const uint8_t qh_bytes_lo[32] __attribute__((aligned(32))) = {
+    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+static const uint8_t qh_bits[32] __attribute__((aligned(32))) = {
+    1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+
+INLINE T256 void fifth_bits(const uint8_t* qh0, const uint8_t* qh1, __m256i* lo, __m256i* hi) {
+    uint32_t h0, h1;
+    memcpy(&h0, qh0, 4);
+    memcpy(&h1, qh1, 4);
+    const __m256i qh = _mm256_set_m128i(_mm_cvtsi32_si128((int)h1), _mm_cvtsi32_si128((int)h0));
+    const __m256i pick = _mm256_load_si256((const __m256i*)qh_bytes_lo), bits = _mm256_load_si256((const __m256i*)qh_bits);
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    const __m256i l = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bits), bits);
+    const __m256i h = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, _mm256_add_epi8(pick, _mm256_set1_epi8(2))), bits), bits);
+    *lo = _mm256_or_si256(*lo, _mm256_and_si256(l, sixteen));
+    *hi = _mm256_or_si256(*hi, _mm256_and_si256(h, sixteen));
+}
+
 // Row r of a 32-element block format against MM activation rows: ggml's Q8_0, Q4_0,
 // IQ4_NL and mxfp4, and ours in 4 bits (affine, mxfp4; the CPU's nibble order, whose
 // blocks of 16 bytes are a pair's 32 bytes). Whole octets here; the blocks after the last
@@ -295,12 +327,17 @@ static const int8_t mxfp4_table_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12
 INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                             const __m256i* xp, int64_t pairs, float* c, int64_t ldc) {
     const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
-    const int bytes = ours ? 16 : ggml_block_shape_of(F).bytes, head = ours ? 0 : F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2;
-    // The offset taken out of unsigned codes (Q4_0: q - 8, mxfp4: table + 12), times the
-    // activation blocks' sums; affine's biases come in the same way, with the sign of -1.
+    const int bytes = ours ? 16 : ggml_block_shape_of(F).bytes, head = octet_code_offset(F);
+    // Q4_1 and Q5_1 add a minimum m per block; Q5_0 and Q5_1 have a fifth bit per code.
+    const int with_min = F == MOE_FORMAT_GGML_Q4_1 || F == MOE_FORMAT_GGML_Q5_1;
+    const int five = F == MOE_FORMAT_GGML_Q5_0 || F == MOE_FORMAT_GGML_Q5_1;
+    // The offset taken out of unsigned codes (Q4_0: q - 8, Q5_0: q - 16, mxfp4: table + 12),
+    // times the activation blocks' sums; affine biases and ggml's minimums come in the same
+    // way, with the sign of -1.
     const float offset = F == MOE_FORMAT_GGML_Q4_0 ? 8.0f
+                       : F == MOE_FORMAT_GGML_Q5_0 ? 16.0f
                        : F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4 ? 12.0f
-                       : F == MOE_FORMAT_AFFINE ? -1.0f : 0.0f;
+                       : F == MOE_FORMAT_AFFINE || with_min ? -1.0f : 0.0f;
     const int mx = F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4;
     const uint8_t* b = row_data(w, r);
     group_cursor gc = {0};
@@ -323,13 +360,14 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
             dw = e8m0_half_scales(e);
         } else {
             dw = octet_scales(F, b, bytes);
+            if (with_min) bw = octet_scales(MOE_FORMAT_GGML_Q4_1, b + 2, bytes);
         }
         __m256 ds[Q8_ROWS];
         for (int i = 0; i < MM; i++) {
             const uint64_t blk = (uint64_t)(i * a->stride + o * OCTET) >> 5;
             ds[i] = _mm256_mul_ps(dw, _mm256_loadu_ps(a->scales + blk));
             if (offset != 0.0f)
-                sums[i] = _mm256_fmadd_ps(F == MOE_FORMAT_AFFINE ? bw : dw, _mm256_loadu_ps(a->sums + blk), sums[i]);
+                sums[i] = _mm256_fmadd_ps(F == MOE_FORMAT_AFFINE || with_min ? bw : dw, _mm256_loadu_ps(a->sums + blk), sums[i]);
         }
         if (F == MOE_FORMAT_GGML_Q8_0) {
 #pragma clang loop unroll(full)
@@ -351,6 +389,10 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
                                                          (const __m128i*)(b + 2 * p * bytes + head));
             __m256i lo = _mm256_and_si256(q, mask), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
             if (mx || F == MOE_FORMAT_GGML_IQ4_NL) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
+            if (five) {
+                const int at = F == MOE_FORMAT_GGML_Q5_0 ? 2 : 4;
+                fifth_bits(b + 2 * p * bytes + at, b + (2 * p + 1) * bytes + at, &lo, &hi);
+            }
             for (int i = 0; i < MM; i++) {
                 const __m256i* x = xp + 2 * (i * pairs + 4 * o + p);
                 dots[i][p] = F == MOE_FORMAT_GGML_IQ4_NL
@@ -371,6 +413,13 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
     for (int i = 0; i < MM; i++) {
         float tail = 0.0f;
         for (int64_t k = octets * OCTET; k < w->cols; k += 32) {
+            if (with_min || five) {  // ggml's values times the grid values
+                float y[32];
+                moe_cpu_ggml_decode_block(F, row_data(w, r) + (k >> 5) * bytes, y);
+                const float d = x_scale(a, i, k);
+                for (int j = 0; j < 32; j++) tail = fmaf(y[j], d * (float)a->codes[i * a->stride + k + j], tail);
+                continue;
+            }
             float d, bias;
             const __m256i codes = b32_codes(F, 0, w, row_data(w, r), &gc, k, &d, &bias);
             tail = fmaf(d * x_scale(a, i, k), (float)hsum_i32(dot_signed(codes, load_x(a, i, k))), tail);
@@ -385,6 +434,9 @@ INLINE int octet_format(const moe_cpu_matrix* w) {
     switch (w->format) {
     case MOE_FORMAT_GGML_Q8_0:
     case MOE_FORMAT_GGML_Q4_0:
+    case MOE_FORMAT_GGML_Q4_1:
+    case MOE_FORMAT_GGML_Q5_0:
+    case MOE_FORMAT_GGML_Q5_1:
     case MOE_FORMAT_GGML_IQ4_NL:
     case MOE_FORMAT_GGML_MXFP4:
     case MOE_FORMAT_MXFP4: return 1;
@@ -400,10 +452,11 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
     const int64_t pairs = 4 * (w->cols / OCTET);
     __m256i* xp = NULL;
     if (octet_format(w) && F != MOE_FORMAT_GGML_Q8_0 && pairs > 0) {
-        // Without memory for the rearranged codes, row_b32 serves: the same integers.
+        // Without memory for the rearranged codes, the caller's float product of the grid
+        // values serves: the same meaning.
         xp = aligned_alloc(32, (size_t)(MIN(m, Q8_ROWS) * pairs * 2) * sizeof(__m256i));
+        if (!xp) return 0;
     }
-    const int octets = octet_format(w) && (F == MOE_FORMAT_GGML_Q8_0 || xp);
     for (int64_t i0 = 0; i0 < m; i0 += Q8_ROWS) {
         const int mm = (int)MIN(Q8_ROWS, m - i0);
         const moe_cpu_q8_rows ai = {a->codes + i0 * a->stride, a->scales + i0 * a->stride / 32,
@@ -412,19 +465,20 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
         if (xp) nibble_pair_x(mm, &ai, pairs, xp);
         const int g64 = F == MOE_FORMAT_AFFINE && w->group_size >= 64;
         for (int64_t j = 0; j < n; j++) {
-#define OCTETS_(FMT, MM)                                                                                          \
-    if (octets) row_octets(FMT, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);                                    \
-    else row_b32(FMT, MM, 0, w, row0 + j, &ai, ci + j, ldc);
+#define OCTETS_(FMT, MM) row_octets(FMT, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);
 #define ROW_(MM)                                                                                                  \
     switch (F) {                                                                                                  \
     case MOE_FORMAT_AFFINE:                                                                                       \
-        if (octets) row_octets(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);                  \
+        if (w->bits == 4) row_octets(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);            \
         else if (g64) row_b32(MOE_FORMAT_AFFINE, MM, 1, w, row0 + j, &ai, ci + j, ldc);                           \
         else row_b32(MOE_FORMAT_AFFINE, MM, 0, w, row0 + j, &ai, ci + j, ldc);                                    \
         break;                                                                                                    \
     case MOE_FORMAT_MXFP4: OCTETS_(MOE_FORMAT_MXFP4, MM) break;                                                   \
     case MOE_FORMAT_GGML_Q8_0: OCTETS_(MOE_FORMAT_GGML_Q8_0, MM) break;                                           \
     case MOE_FORMAT_GGML_Q4_0: OCTETS_(MOE_FORMAT_GGML_Q4_0, MM) break;                                           \
+    case MOE_FORMAT_GGML_Q4_1: OCTETS_(MOE_FORMAT_GGML_Q4_1, MM) break;                                           \
+    case MOE_FORMAT_GGML_Q5_0: OCTETS_(MOE_FORMAT_GGML_Q5_0, MM) break;                                           \
+    case MOE_FORMAT_GGML_Q5_1: OCTETS_(MOE_FORMAT_GGML_Q5_1, MM) break;                                           \
     case MOE_FORMAT_GGML_IQ4_NL: OCTETS_(MOE_FORMAT_GGML_IQ4_NL, MM) break;                                       \
     case MOE_FORMAT_GGML_MXFP4: OCTETS_(MOE_FORMAT_GGML_MXFP4, MM) break;                                         \
     case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
