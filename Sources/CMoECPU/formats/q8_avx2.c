@@ -294,7 +294,7 @@ INLINE int octet_code_offset(const int F) {
     case MOE_FORMAT_GGML_MXFP4: return 1;
     case MOE_FORMAT_GGML_Q4_1: return 4;
     case MOE_FORMAT_GGML_Q5_0: return 6;
-    case MOE_FORMAT_GGML_Q5_1: return 8;
+    case MOE_FORMAT_GGML_Q5_1: case MOE_FORMAT_GGML_IQ4_XS: return 8;
     default: return 2;
     }
 }
@@ -327,7 +327,12 @@ INLINE T256 void fifth_bits(const uint8_t* qh0, const uint8_t* qh1, __m256i* lo,
 INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                             const __m256i* xp, int64_t pairs, float* c, int64_t ldc) {
     const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
+    // IQ4_XS: an octet is one 256-element block, iq4_nl's codes with a 6-bit scale per 32.
+    const int xs = F == MOE_FORMAT_GGML_IQ4_XS;
+    // Whose sub-blocks' 16 code bytes follow each other: a pair is 32 bytes at one place.
+    const int contiguous = ours || xs;
     const int bytes = ours ? 16 : ggml_block_shape_of(F).bytes, head = octet_code_offset(F);
+    const int octet_bytes = xs ? bytes : 8 * bytes;
     // Q4_1 and Q5_1 add a minimum m per block; Q5_0 and Q5_1 have a fifth bit per code.
     const int with_min = F == MOE_FORMAT_GGML_Q4_1 || F == MOE_FORMAT_GGML_Q5_1;
     const int five = F == MOE_FORMAT_GGML_Q5_0 || F == MOE_FORMAT_GGML_Q5_1;
@@ -348,8 +353,8 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
                              : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)iq4nl_table));
     __m256 acc[2][Q8_ROWS], sums[Q8_ROWS];
     for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = sums[i] = _mm256_setzero_ps();
-    for (int64_t o = 0; o < octets; o++, b += 8 * bytes) {
-        for (int l = 0; l < 8 * bytes; l += 64) _mm_prefetch((const char*)b + Q8_PREFETCH + l, _MM_HINT_T0);
+    for (int64_t o = 0; o < octets; o++, b += octet_bytes) {
+        for (int l = 0; l < octet_bytes; l += 64) _mm_prefetch((const char*)b + Q8_PREFETCH + l, _MM_HINT_T0);
         __m256 dw, bw = _mm256_setzero_ps();
         if (F == MOE_FORMAT_AFFINE) {
             dw = group_octet(gc.scales, gc.type, gc.shift, o);
@@ -358,6 +363,12 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
             uint64_t e;
             memcpy(&e, gc.scales + 8 * o, 8);
             dw = e8m0_half_scales(e);
+        } else if (xs) {
+            int32_t ls[8];
+            const uint16_t high = load_u16(b + 2, 0);
+            for (int sub = 0; sub < 8; sub++)
+                ls[sub] = (((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4)) - 32;
+            dw = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)ls)));
         } else {
             dw = octet_scales(F, b, bytes);
             if (with_min) bw = octet_scales(MOE_FORMAT_GGML_Q4_1, b + 2, bytes);
@@ -384,18 +395,18 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
         __m256i dots[Q8_ROWS][4];
 #pragma clang loop unroll(full)
         for (int p = 0; p < 4; p++) {
-            const __m256i q = ours ? _mm256_loadu_si256((const __m256i*)(b + 32 * p))
+            const __m256i q = contiguous ? _mm256_loadu_si256((const __m256i*)(b + head + 32 * p))
                                    : _mm256_loadu2_m128i((const __m128i*)(b + (2 * p + 1) * bytes + head),
                                                          (const __m128i*)(b + 2 * p * bytes + head));
             __m256i lo = _mm256_and_si256(q, mask), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-            if (mx || F == MOE_FORMAT_GGML_IQ4_NL) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
+            if (mx || F == MOE_FORMAT_GGML_IQ4_NL || xs) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
             if (five) {
                 const int at = F == MOE_FORMAT_GGML_Q5_0 ? 2 : 4;
                 fifth_bits(b + 2 * p * bytes + at, b + (2 * p + 1) * bytes + at, &lo, &hi);
             }
             for (int i = 0; i < MM; i++) {
                 const __m256i* x = xp + 2 * (i * pairs + 4 * o + p);
-                dots[i][p] = F == MOE_FORMAT_GGML_IQ4_NL
+                dots[i][p] = F == MOE_FORMAT_GGML_IQ4_NL || xs
                     ? _mm256_add_epi32(dot_signed(lo, x[0]), dot_signed(hi, x[1]))
                     : _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, x[0]), _mm256_maddubs_epi16(hi, x[1])), ones);
             }
@@ -438,6 +449,7 @@ INLINE int octet_format(const moe_cpu_matrix* w) {
     case MOE_FORMAT_GGML_Q5_0:
     case MOE_FORMAT_GGML_Q5_1:
     case MOE_FORMAT_GGML_IQ4_NL:
+    case MOE_FORMAT_GGML_IQ4_XS:
     case MOE_FORMAT_GGML_MXFP4:
     case MOE_FORMAT_MXFP4: return 1;
     case MOE_FORMAT_AFFINE: return w->bits == 4;
@@ -480,6 +492,7 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
     case MOE_FORMAT_GGML_Q5_0: OCTETS_(MOE_FORMAT_GGML_Q5_0, MM) break;                                           \
     case MOE_FORMAT_GGML_Q5_1: OCTETS_(MOE_FORMAT_GGML_Q5_1, MM) break;                                           \
     case MOE_FORMAT_GGML_IQ4_NL: OCTETS_(MOE_FORMAT_GGML_IQ4_NL, MM) break;                                       \
+    case MOE_FORMAT_GGML_IQ4_XS: OCTETS_(MOE_FORMAT_GGML_IQ4_XS, MM) break;                                       \
     case MOE_FORMAT_GGML_MXFP4: OCTETS_(MOE_FORMAT_GGML_MXFP4, MM) break;                                         \
     case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
