@@ -11,8 +11,9 @@ type (Q4_K gate and up; Q6_K or Q4_K down, as Q4_K_M alternates them).
 ggml is set up as the benchmark's ggml peer is (benchmarks/moe_bench/ggml.py: the
 weights in the CPU device's extra buffer types where it takes them, i.e. llama.cpp's
 CPU_REPACK, one polling threadpool, here shared by all layers as llama.cpp's is); its
-routing is our layer's `route` on the same float32 router, inside the timed call. Both
-run on the cpu backend with one thread per core.
+routing is our layer's `route` on the same float32 router, inside the timed call. Ours
+runs in each mode of --activations (default both: float32-exact, and 8-bit activations as
+ggml's are, column "ours-q8"), all on the cpu backend with one thread per core.
 
 Each timed call runs the next layer of the file on a fresh input, cycling through all
 layers, so that the experts a call reads were last read a whole pass earlier: from memory,
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", default="1:4,8:2,512:1", help="passes over the layers per round and T")
     ap.add_argument("--probe-mb", type=int, default=1024, help="size of the read-bandwidth probe's buffer")
+    ap.add_argument("--activations", default="none,q8",
+                    help="ours' activation_quantization values, each timed in the same rounds (ours, ours-q8)")
     ap.add_argument("--out", type=Path, default=HERE / "measurements" / f"{time.strftime('%Y-%m-%d', time.gmtime())}"
                                                                        f"-bench_gguf_file.txt")
     a = ap.parse_args(argv)
@@ -81,11 +84,18 @@ def main(argv=None) -> int:
     threads = peers.cores()
     log = lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)  # noqa: E731
 
-    t0 = time.perf_counter()
-    ours = moe_swift.from_pretrained(a.path, backend="cpu", progress=False)
-    wanted = sorted(ours)[:a.layers] if a.layers else sorted(ours)
-    ours = {i: ours[i] for i in wanted}
-    log(f"ours: {len(ours)} layers loaded in {time.perf_counter() - t0:.1f} s")
+    modes = a.activations.split(",")
+    for mode in modes:
+        if mode not in moe_swift.options.ACTIVATION_QUANTIZATIONS:
+            ap.error(f"--activations: {mode!r} is not one of {sorted(moe_swift.options.ACTIVATION_QUANTIZATIONS)}")
+    ours_by_mode = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+        layers = moe_swift.from_pretrained(a.path, backend="cpu", progress=False, activation_quantization=mode)
+        wanted = sorted(layers)[:a.layers] if a.layers else sorted(layers)
+        ours_by_mode["ours" if mode == "none" else f"ours-{mode}"] = {i: layers[i] for i in wanted}
+        log(f"ours ({mode}): {len(wanted)} layers loaded in {time.perf_counter() - t0:.1f} s")
+    ours = next(iter(ours_by_mode.values()))
     blocks = file_layers(a.path, wanted)
     pool = ggml.new_pool(threads)
     peer, expert_bytes = {}, {}
@@ -108,16 +118,17 @@ def main(argv=None) -> int:
     read = {T: [len(np.unique(ours[wanted[c % n]].route(x)[0])) * expert_bytes[wanted[c % n]] + router_bytes
                 for c, x in enumerate(xs[T])] for T in tokens}
     checks = {}
-    for T in tokens:
-        x = xs[T][0][:8]
-        y, yg = ours[wanted[0]](x), peer[wanted[0]](x)
-        checks[T] = float(np.sqrt(np.mean((yg - y) ** 2) / np.mean(y ** 2)))
-        if not checks[T] <= GGML_SAME_BLOCKS_REL_RMS:
-            raise SystemExit(f"ggml and ours disagree on layer {wanted[0]}: relative RMS {checks[T]:.3g}")
-    log("outputs agree: relative RMS of ggml vs ours " + ", ".join(f"T={T} {e:.2e}" for T, e in checks.items()))
+    for name, layers in ours_by_mode.items():
+        for T in tokens:
+            x = xs[T][0][:8]
+            y, yg = layers[wanted[0]](x), peer[wanted[0]](x)
+            checks[f"{name} T={T}"] = e = float(np.sqrt(np.mean((yg - y) ** 2) / np.mean(y ** 2)))
+            if not e <= GGML_SAME_BLOCKS_REL_RMS:
+                raise SystemExit(f"ggml and {name} disagree on layer {wanted[0]}: relative RMS {e:.3g}")
+    log("outputs agree: relative RMS of ggml vs ours " + ", ".join(f"{k} {e:.2e}" for k, e in checks.items()))
 
     probe = np.ones((a.probe_mb << 20) // 8, np.uint64)
-    impls = {"ours": ours, "ggml": peer}
+    impls = {**ours_by_mode, "ggml": peer}
     times = {(name, T): [] for name in impls for T in tokens}
     gbs = {(name, T): [] for name in impls for T in tokens}
     roofs = []
@@ -139,7 +150,7 @@ def main(argv=None) -> int:
                 times[(name, T)].append(float(np.median(per_call)) * 1e3)
                 gbs[(name, T)].append(float(np.median(rates)))
         log(f"round {r + 1}/{a.rounds}: read roof {roofs[-1]['best']:.1f} GB/s; "
-            + ", ".join(f"T={T} ours {times[('ours', T)][-1]:.2f} ms ggml {times[('ggml', T)][-1]:.2f} ms" for T in tokens))
+            + ", ".join(f"T={T} " + " ".join(f"{name} {times[(name, T)][-1]:.2f} ms" for name in impls) for T in tokens))
     roof = max(rr["best"] for rr in roofs)
 
     types = sorted({"/".join(t) for _, _, t in blocks.values()})
@@ -152,22 +163,27 @@ def main(argv=None) -> int:
              f"  timing: {a.rounds} rounds; per round and T, the median over {', '.join(f'T={T}: {len(xs[T])}' for T in tokens)} "
              f"calls cycling through the layers (fresh input each); read roof per round: {roofs[-1]['method']} (best {roof:.1f} GB/s)",
              f"  ggml vs ours before timing (relative RMS; ggml rounds activations to 8 bits): "
-             + ", ".join(f"T={T} {e:.1e}" for T, e in checks.items()), "",
-             f"{'T':>4}  {'ours ms':>8}  {'GB/s':>5}  {'% roof':>6}  {'ggml ms':>8}  {'GB/s':>5}  {'% roof':>6}  {'ggml/ours':>9}",
-             f"{'-' * 4}  {'-' * 8}  {'-' * 5}  {'-' * 6}  {'-' * 8}  {'-' * 5}  {'-' * 6}  {'-' * 9}"]
+             + ", ".join(f"{k} {e:.1e}" for k, e in checks.items()), "",
+             f"{'T':>4}  " + "  ".join(f"{name + ' ms':>10}  {'GB/s':>5}  {'% roof':>6}" for name in impls)
+             + "  " + "  ".join(f"{'ggml/' + name:>12}" for name in ours_by_mode),
+             f"{'-' * 4}  " + "  ".join(f"{'-' * 10}  {'-' * 5}  {'-' * 6}" for _ in impls)
+             + "  " + "  ".join("-" * 12 for _ in ours_by_mode)]
     rows = []
     for T in tokens:
         row = dict(T=T)
         for name in impls:
             row[name] = dict(ms=float(np.median(times[(name, T)])), GBps=float(np.median(gbs[(name, T)])),
                              ms_rounds=times[(name, T)], GBps_rounds=gbs[(name, T)])
-        row["ratio"] = float(np.median([g / o for g, o in zip(times[("ggml", T)], times[("ours", T)])]))
+        for name in ours_by_mode:
+            row["ratio" if name == "ours" else f"ratio_{name}"] = float(np.median(
+                [g / o for g, o in zip(times[("ggml", T)], times[(name, T)])]))
         rows.append(row)
         cells = []
         for name in impls:
             pct = f"{100 * row[name]['GBps'] / roof:5.0f}%" if T <= roofline.DECODE_MAX_T else "     -"
-            cells.append(f"{row[name]['ms']:8.2f}  {row[name]['GBps']:5.1f}  {pct}")
-        lines.append(f"{T:>4}  {cells[0]}  {cells[1]}  {row['ratio']:8.2f}x")
+            cells.append(f"{row[name]['ms']:10.2f}  {row[name]['GBps']:5.1f}  {pct}")
+        ratios = [row["ratio" if name == "ours" else f"ratio_{name}"] for name in ours_by_mode]
+        lines.append(f"{T:>4}  " + "  ".join(cells) + "  " + "  ".join(f"{r:11.2f}x" for r in ratios))
     text = "\n".join(lines)
     print(text)
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,9 +25,10 @@ def test_bench_gguf_file_on_a_tiny_file(tmp_path, capsys):
     assert bench_gguf_file.main([str(path), "--rounds", "1", "--tokens", "1,8", "--passes", "1:1,8:1",
                                  "--probe-mb", "64", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "ggml/ours" in text and "Q4_K/Q4_K/Q4_K, Q4_K/Q4_K/Q6_K" in text
+    assert "ggml/ours" in text and "ggml/ours-q8" in text and "Q4_K/Q4_K/Q4_K, Q4_K/Q4_K/Q6_K" in text
     data = json.loads(out.with_suffix(".json").read_text())
     assert [r["T"] for r in data["rows"]] == [1, 8] and data["layers"] == [0, 1]
     assert all(0 < e <= 0.05 for e in data["checks_rel_rms"].values())  # ggml's 8-bit activations, not 0
     assert all(r["ours"]["ms"] > 0 and r["ggml"]["ms"] > 0 and r["ratio"] > 0 for r in data["rows"])
+    assert all(r["ours-q8"]["ms"] > 0 and r["ratio_ours-q8"] > 0 for r in data["rows"])  # both modes by default
     assert "written:" in capsys.readouterr().out
