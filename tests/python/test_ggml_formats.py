@@ -150,6 +150,10 @@ def test_a_layer_at_model_width_matches_the_reference_on_cpu(name):
     args = _layer_args(name, rng, 4, 2048, 768, 2)
     for T in (1, 3, 9):
         _check(args, rng.standard_normal((T, 2048)).astype(np.float32), "cpu")
+    if GGML_FORMATS[name][1] == 32:  # gpt-oss's 2880 = 11 eights of blocks + 2; 288 = 1 + 1
+        args = _layer_args(name, rng, 4, 2880, 288, 2)
+        for T in (1, 3):
+            _check(args, rng.standard_normal((T, 2880)).astype(np.float32), "cpu")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,8 +1,9 @@
-// Decode products and prefill tiles of ggml's common block types with AVX2 + FMA + F16C:
-// Q8_0, Q4_0, IQ4_NL, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K. Activations stay float32: a
-// block's codes become floats, multiplied with the activations, and the block's (or
-// sub-block's) float32 scale is applied to that sum, with K-quants' minimum
-// terms taken from each activation row's sums over 32 elements. The tiles are ggml's
+// Decode products of ggml's common block types with AVX2 + FMA + F16C (Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K), and prefill tiles of
+// Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K. Activations stay float32: a block's
+// codes become floats, multiplied with the activations, and the block's (or sub-block's)
+// float32 scale is applied to that sum, with the minimum terms of Q4_1, Q5_1 and the
+// K-quants taken from each activation row's sums over 32 elements. The tiles are ggml's
 // values bit for bit (the same float32 operations as ggml.c's decoders). The other types
 // (and rows too long for the stack's sums) go through ggml.c's portable code.
 #include "ggml_avx2_blocks.h"
@@ -56,6 +57,7 @@ INLINE T256 void block32_floats(const int F, const uint8_t* b, __m256 f[4]) {
     switch (F) {
     case MOE_FORMAT_GGML_Q8_0: codes_i8((const int8_t*)(b + 2), f); return;
     case MOE_FORMAT_GGML_Q4_0: codes_nibbles(b + 2, -8, f); return;
+    case MOE_FORMAT_GGML_Q4_1: codes_nibbles(b + 4, 0, f); return;
     default: {  // the looked-up types: their bytes go through memory to be widened
         float d;
         int8_t codes[32] __attribute__((aligned(32)));
@@ -82,22 +84,54 @@ INLINE T256 void block_scales(const int F, const uint8_t* b, int bytes, int n, f
     _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h)));
 }
 
-// Row r of w against MM activation rows, for 32-element block types.
+// Row r of w against MM activation rows, for 32-element block types. Q4_1 and Q5_1 add
+// a minimum m per block: m times the block's activation sum (xs, as row_q45_k's).
 INLINE T256 void row_block32(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const float* a,
-                             int64_t lda, float* c, int64_t ldc) {
+                             int64_t lda, const float* xs, int64_t chunks, float* c, int64_t ldc) {
     const int bytes = ggml_block_shape_of(F).bytes;
+    const int with_min = F == MOE_FORMAT_GGML_Q4_1 || F == MOE_FORMAT_GGML_Q5_1;
     const uint8_t* row = row_data(w, r);
     __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS], f[4];
-    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
-    float d[8];
+    float mins[MAX_ROWS];
+    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.0f;
+    float d[8], m[8];
     for (int64_t k0 = 0; k0 < w->cols; k0 += 256) {
         const int n = (int)MIN(8, (w->cols - k0) / 32);
         block_scales(F, row, bytes, n, d);
+        if (with_min) block_scales(F, row + 2, bytes, n, m);
         for (int q = 0; q < n; q++, row += bytes) {
             _mm_prefetch((const char*)row + 1024, _MM_HINT_T0);
             block32_floats(F, row, f);
             dot32(MM, f, a + k0 + 32 * q, lda, lo, hi);
             const __m256 vd = _mm256_broadcast_ss(d + q);
+            for (int i = 0; i < MM; i++) {
+                acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
+                if (with_min) mins[i] = fmaf(m[q], xs[i * chunks + k0 / 32 + q], mins[i]);
+            }
+        }
+    }
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]) + mins[i];
+}
+
+// IQ4_XS: a 256-element block is eight iq4_nl sub-blocks (16 bytes of split nibbles each)
+// with a 6-bit scale each, d * (ls - 32).
+INLINE T256 void row_iq4_xs(const int MM, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda, float* c,
+                            int64_t ldc) {
+    const uint8_t* b = row_data(w, r);
+    __m256 acc[MAX_ROWS], lo[MAX_ROWS], hi[MAX_ROWS], f[4];
+    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < w->cols; k += 256, b += 136) {
+        _mm_prefetch((const char*)b + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char*)b + 1088, _MM_HINT_T0);
+        const float d = half_to_float(b);
+        const uint16_t high = load_u16(b + 2, 0);
+        for (int sub = 0; sub < 8; sub++) {
+            const int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4);
+            int8_t codes[32] __attribute__((aligned(32)));
+            _mm256_store_si256((__m256i*)codes, lookup(iq4nl_table, split_nibbles(b + 8 + 16 * sub)));
+            codes_i8(codes, f);
+            dot32(MM, f, a + k + 32 * sub, lda, lo, hi);
+            const __m256 vd = _mm256_set1_ps(d * (float)(ls - 32));
             for (int i = 0; i < MM; i++) acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
         }
     }
@@ -199,7 +233,8 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
     const int F = w->format;
     if (!ggml_avx2_has_products(F)) return 0;
     const int64_t chunks = w->cols / 32;
-    const int mins = F == MOE_FORMAT_GGML_Q4_K || F == MOE_FORMAT_GGML_Q5_K;
+    const int mins = F == MOE_FORMAT_GGML_Q4_K || F == MOE_FORMAT_GGML_Q5_K || F == MOE_FORMAT_GGML_Q4_1 ||
+                     F == MOE_FORMAT_GGML_Q5_1;
     if (mins && chunks * MAX_ROWS > CHUNK_SUMS) return 0;
     float xs[CHUNK_SUMS];
     for (int64_t i0 = 0; i0 < m; i0 += MAX_ROWS) {
@@ -208,18 +243,24 @@ T256 int moe_cpu_ggml_matmul_avx2(int64_t m, int64_t n, const float* a, int64_t 
         float* ci = c + i0 * ldc;
         if (mins) chunk_sums(ai, lda, mm, w->cols, xs);
         for (int64_t j = 0; j < n; j++) {
+#define B32_(FMT, MM) row_block32(FMT, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc);
 #define ROW_(MM)                                                                                         \
     switch (F) {                                                                                         \
-    case MOE_FORMAT_GGML_Q8_0: row_block32(MOE_FORMAT_GGML_Q8_0, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
-    case MOE_FORMAT_GGML_Q4_0: row_block32(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
-    case MOE_FORMAT_GGML_IQ4_NL: row_block32(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
-    case MOE_FORMAT_GGML_MXFP4: row_block32(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, ai, lda, ci + j, ldc); break; \
+    case MOE_FORMAT_GGML_Q8_0: B32_(MOE_FORMAT_GGML_Q8_0, MM) break;                                     \
+    case MOE_FORMAT_GGML_Q4_0: B32_(MOE_FORMAT_GGML_Q4_0, MM) break;                                     \
+    case MOE_FORMAT_GGML_Q4_1: B32_(MOE_FORMAT_GGML_Q4_1, MM) break;                                     \
+    case MOE_FORMAT_GGML_Q5_0: B32_(MOE_FORMAT_GGML_Q5_0, MM) break;                                     \
+    case MOE_FORMAT_GGML_Q5_1: B32_(MOE_FORMAT_GGML_Q5_1, MM) break;                                     \
+    case MOE_FORMAT_GGML_IQ4_NL: B32_(MOE_FORMAT_GGML_IQ4_NL, MM) break;                                 \
+    case MOE_FORMAT_GGML_MXFP4: B32_(MOE_FORMAT_GGML_MXFP4, MM) break;                                   \
+    case MOE_FORMAT_GGML_IQ4_XS: row_iq4_xs(MM, w, row0 + j, ai, lda, ci + j, ldc); break;                \
     case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break; \
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, ai, lda, xs, chunks, ci + j, ldc); break; \
     default: row_q6_k(MM, w, row0 + j, ai, lda, ci + j, ldc); break;                                                \
     }
             ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
+#undef B32_
         }
     }
     return 1;

@@ -14,7 +14,11 @@ INLINE int ggml_avx2_has_products(int format) {
     switch (format) {
     case MOE_FORMAT_GGML_Q8_0:
     case MOE_FORMAT_GGML_Q4_0:
+    case MOE_FORMAT_GGML_Q4_1:
+    case MOE_FORMAT_GGML_Q5_0:
+    case MOE_FORMAT_GGML_Q5_1:
     case MOE_FORMAT_GGML_IQ4_NL:
+    case MOE_FORMAT_GGML_IQ4_XS:
     case MOE_FORMAT_GGML_MXFP4:
     case MOE_FORMAT_GGML_Q4_K:
     case MOE_FORMAT_GGML_Q5_K:
@@ -49,7 +53,20 @@ INLINE T256 __m256i lookup(const int8_t* table, __m256i nibbles) {
     return _mm256_shuffle_epi8(t, nibbles);
 }
 
-// One 32-element block of format F: its codes as signed bytes and its scale.
+// Q5_0 / Q5_1: the split nibbles at qs with bit j of the 32-bit mask at qh as bit 4 of
+// element j: each byte lane picks its mask byte, tests its bit, adds 16.
+INLINE T256 __m256i five_bit_codes(const uint8_t* qs, const uint8_t* qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick), bits), bits);
+    return _mm256_or_si256(split_nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+
+// One 32-element block of format F: its codes as signed bytes and its scale (Q4_1 and
+// Q5_1: unsigned codes, whose minimum the caller adds).
 INLINE T256 __m256i block32(const int F, const uint8_t* b, float* d) {
     switch (F) {
     case MOE_FORMAT_GGML_Q8_0:
@@ -61,6 +78,15 @@ INLINE T256 __m256i block32(const int F, const uint8_t* b, float* d) {
     case MOE_FORMAT_GGML_IQ4_NL:
         *d = half_to_float(b);
         return lookup(iq4nl_table, split_nibbles(b + 2));
+    case MOE_FORMAT_GGML_Q4_1:
+        *d = half_to_float(b);
+        return split_nibbles(b + 4);
+    case MOE_FORMAT_GGML_Q5_0:
+        *d = half_to_float(b);
+        return _mm256_sub_epi8(five_bit_codes(b + 6, b + 2), _mm256_set1_epi8(16));
+    case MOE_FORMAT_GGML_Q5_1:
+        *d = half_to_float(b);
+        return five_bit_codes(b + 8, b + 4);
     default: {  // MXFP4: 2^(e - 128) times doubled E2M1 values, as ggml scales them
         const uint8_t e = b[0];
         *d = from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);

@@ -262,7 +262,7 @@ HIDDEN void moe_cpu_ggml_decode_block(int format, const uint8_t* b, float* y);
 HIDDEN void moe_cpu_ggml_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
 HIDDEN void moe_cpu_ggml_matmul_portable(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                          int64_t row0, float* c, int64_t ldc);
-// ggml_avx2.c: rows of the same types as floats (ggml's values); 0 for the others.
+// ggml_avx2.c: rows of the types it has tiles for as floats (ggml's values); 0 for the others.
 HIDDEN int moe_cpu_ggml_dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
 
 // ---- what each instruction set's file provides --------------------------------------

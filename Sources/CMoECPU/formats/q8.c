@@ -43,10 +43,6 @@ int moe_cpu_q8_supported(const moe_cpu_matrix* w) {
 #ifdef MOE_CPU_FORMATS_X86
     if (moe_cpu_isa_level() < MOE_CPU_ISA_AVX2) return 0;
     if (ggml_avx2_has_products(w->format)) return 1;
-    // ggml's types whose integer products q8_avx2.c has but whose float ones are portable.
-    if (w->format == MOE_FORMAT_GGML_Q4_1 || w->format == MOE_FORMAT_GGML_Q5_0 || w->format == MOE_FORMAT_GGML_Q5_1 ||
-        w->format == MOE_FORMAT_GGML_IQ4_XS)
-        return 1;
     // Ours: affine 4- and 8-bit codes and mxfp4, 4-bit ones in the CPU's nibble order.
     const int kind = kernel_kind(w);
     return kind == K_Q4 || kind == K_Q8 || kind == K_MXFP4;
