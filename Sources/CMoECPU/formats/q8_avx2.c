@@ -6,7 +6,8 @@
 // unsigned codes here are at most 6 bits (63 * 127 * 2 < 2^15). Affine 8-bit codes
 // (0-255, whose pairs could reach 255 * 127 * 2 and saturate) are taken as q - 128 with
 // 128 * scale moved into the bias. The block's int32 sum is exact; it is converted to float
-// and scaled by d_w * d_x once per 32 elements (each activation block has its own d).
+// and scaled by d_w * d_x once per 32 elements (each activation block has its own d; the
+// K-quants take their d_w once per 256, below).
 // Terms of a weight's offset (affine biases, K-quants' minimums) multiply the activation
 // block's sum d_x * sum q_x.
 #include "ggml_avx2_blocks.h"
