@@ -37,7 +37,12 @@ INLINE int ggml_avx2_has_products(int format) {
     default: ROW(4) break;        \
     }
 
-INLINE T256 float half_to_float(const uint8_t* p) { return _cvtsh_ss(load_u16(p, 0)); }
+// Through vmovd, which zeroes the rest of its register: _cvtsh_ss compiles to vpinsrw into
+// whatever register is free, making the conversion wait for that register's last writer
+// (in a loop, often the previous iteration's products).
+INLINE T256 float half_to_float(const uint8_t* p) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(load_u16(p, 0))));
+}
 
 // 16 bytes of split nibbles (low: elements 0-15, high: 16-31) as 32 unsigned codes.
 INLINE T256 __m256i split_nibbles(const uint8_t* p) {

@@ -6,7 +6,8 @@
 // unsigned codes here are at most 6 bits (63 * 127 * 2 < 2^15). Affine 8-bit codes
 // (0-255, whose pairs could reach 255 * 127 * 2 and saturate) are taken as q - 128 with
 // 128 * scale moved into the bias. The block's int32 sum is exact; it is converted to float
-// and scaled by d_w * d_x once per 32 elements (each activation block has its own d).
+// and scaled by d_w * d_x once per 32 elements (each activation block has its own d; the
+// K-quants take their d_w once per 256, below).
 // Terms of a weight's offset (affine biases, K-quants' minimums) multiply the activation
 // block's sum d_x * sum q_x.
 #include "ggml_avx2_blocks.h"
@@ -23,6 +24,12 @@ enum { Q8_ROWS = 4 };
 #define MOE_Q8_PREFETCH 4096
 #endif
 enum { Q8_PREFETCH = MOE_Q8_PREFETCH };
+// Every line of a block that straddles lines (a Q4_K block spans 2.25 of them, Q6_K 3.3):
+// one prefetch per block would leave most lines to the demand loads.
+INLINE void prefetch_block(const uint8_t* p, const int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char*)p + Q8_PREFETCH + o, _MM_HINT_T0);
+    _mm_prefetch((const char*)p + Q8_PREFETCH + bytes - 1, _MM_HINT_T0);
+}
 
 // sum over the block of w_i * x_i, w signed bytes (-128 included: |-128| reads as the
 // unsigned 128 in vpmaddubsw), as 8 int32 lanes.
@@ -129,76 +136,174 @@ INLINE T256 void row_b32(const int F, const int MM, const int G64, const moe_cpu
     for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) + bias[i];
 }
 
-// Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned. A block's
-// eight sub-blocks' float factors are computed together, one vector each: the scales'
-// products with the activation blocks' scales, and the minimums' terms, which accumulate
-// in a vector (lane j: sub-blocks j of every block) rather than in a serial chain of scalar
-// multiply-adds that took as long as the row's vector work.
-INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
-                           float* c, int64_t ldc) {
-    const int bytes = ggml_block_shape_of(F).bytes;
-    const uint8_t* b = row_data(w, r);
-    __m256 acc[2][Q8_ROWS], mins[Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = mins[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
-        _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
-        int32_t sc[8], m[8];
-#pragma clang loop unroll(full)
-        for (int sub = 0; sub < 8; sub++) k_scale_min(sub, b + 4, &sc[sub], &m[sub]);
-        const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)),
-                                        _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)sc)));
-        const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b + 2)),
-                                        _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)m)));
-        float s[Q8_ROWS][8];
-        for (int i = 0; i < MM; i++) {
-            const uint64_t blk = (uint64_t)(i * a->stride + k) >> 5;
-            _mm256_storeu_ps(s[i], _mm256_mul_ps(ds, _mm256_loadu_ps(a->scales + blk)));
-            mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a->sums + blk), mins[i]);
-        }
-#pragma clang loop unroll(full)
-        for (int sub = 0; sub < 8; sub++) {
-            const __m256i codes = k_codes(F, b, sub);
-            const int64_t e = k + 32 * sub;
-            for (int i = 0; i < MM; i++)
-                acc[sub & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(codes, load_x(a, i, e))),
-                                                  _mm256_set1_ps(s[i][sub]), acc[sub & 1][i]);
-        }
+// The K-quants' products: the weight's scales per 16 or 32 elements are small integers,
+// applied in vpmaddwd (their products with the codes stay exact in the int32 lanes and in
+// their conversion to float), picked for each 32 elements by one vpshufb shared by the
+// activation rows; what stays per 32 elements in float is the activation block's scale,
+// broadcast from memory (a load, not a shuffle), and the weight block's d multiplies the
+// block's sum once per 256 elements. A block's eight multiply-adds per activation row go
+// to K_CHAINS(MM) chains, enough independent ones in all (four cycles' latency each) that
+// they do not wait on each other; more would take the registers the codes need.
+// One weight row at a time: rows taken two or four together (sharing the activation's
+// loads) were faster from L2 but slower from memory, whose prefetchers then follow as many
+// interleaved streams.
+#define K_CHAINS(MM) ((MM) >= 3 ? 1 : (MM) == 2 ? 2 : 4)
+
+// The activation rows' block scales and sums, row by row (stride is a multiple of 32):
+// block indices per row are then constants plus the loop's, not a multiply-shift each time.
+typedef struct {
+    const float* scales[Q8_ROWS];
+    const float* sums[Q8_ROWS];
+} x_blocks;
+
+INLINE x_blocks x_blocks_of(const int MM, const moe_cpu_q8_rows* a) {
+    x_blocks x;
+    for (int i = 0; i < MM; i++) {
+        x.scales[i] = a->scales + (uint64_t)(i * a->stride) / 32;
+        x.sums[i] = a->sums + (uint64_t)(i * a->stride) / 32;
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - hsum8(mins[i]);
+    return x;
 }
 
-// Q6_K: d * sc * (q - 32), a signed 8-bit scale per 16 elements: the int16 pairs of each
-// half of a 32-element block are weighted by their scale in vpmaddwd.
-INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
-                          float* c, int64_t ldc) {
+// t += the block's int32 lanes in float times the activation block's scale.
+INLINE T256 __m256 add_scaled(__m256i dot, const float* x_scale, __m256 t) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(x_scale), t);
+}
+
+// acc[i] += d * (the sum of activation row i's chains).
+INLINE T256 void add_chains(const int MM, __m256 t[][Q8_ROWS], __m256 d, __m256* acc) {
+    const int CH = K_CHAINS(MM);
+    for (int i = 0; i < MM; i++) {
+        __m256 s = t[0][i];
+        if (CH == 2) s = _mm256_add_ps(s, t[1][i]);
+        if (CH == 4) s = _mm256_add_ps(_mm256_add_ps(s, t[1][i]), _mm256_add_ps(t[2][i], t[3][i]));
+        acc[i] = _mm256_fmadd_ps(s, d, acc[i]);
+    }
+}
+
+// The int16 lanes of `scales` that vpshufb picks for the pairs of block p: words p of
+// each 128-bit lane.
+INLINE T256 __m256i pick_words(__m256i scales, int p) {
+    return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * p)));
+}
+
+// The eight 6-bit scales and minimums of a Q4_K / Q5_K block (k_scale_min's values) from
+// its 12 bytes at q, as bytes: the bytes taken as three words, each byte lane of a word
+// one sub-block, so that the eight unpackings are a few word operations together rather
+// than a scalar loop (which cost as much as a block's integer products).
+INLINE void k_scales_mins(const uint8_t* q, uint64_t* sc, uint64_t* m) {
+    uint32_t w[3];
+    memcpy(w, q, sizeof w);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+    // Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums); 4-7: a
+    // nibble of bytes 8-11 below the top two bits of bytes 0-3 (scales) and 4-7 (minimums).
+    *sc = (uint64_t)((w[2] & low4) | ((w[0] >> 6) & top2) << 4) << 32 | (w[0] & low6);
+    *m = (uint64_t)(((w[2] >> 4) & low4) | ((w[1] >> 6) & top2) << 4) << 32 | (w[1] & low6);
+}
+
+// Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned; the pairs of
+// q * x (below 2 * 31 * 127) times sc_j in vpmaddwd. The minimums' terms (lane j: sub-blocks
+// j) multiply the activation blocks' sums d_x * sum q_x into the accumulator, whose lanes
+// are summed at the end anyway.
+INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
+                           float* c, int64_t ldc) {
+    const int bytes = ggml_block_shape_of(F).bytes, CH = K_CHAINS(MM);
     const uint8_t* b = row_data(w, r);
-    __m256 acc[2][Q8_ROWS];
-    for (int i = 0; i < MM; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
-    const __m256i offset = _mm256_set1_epi8(32);
+    const x_blocks x = x_blocks_of(MM, a);
+    __m256 acc[Q8_ROWS];
+    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
+        prefetch_block(b, bytes);
+        uint64_t sc8, m8;
+        k_scales_mins(b + 4, &sc8, &m8);
+        // The scales as int16, all eight in each 128-bit lane.
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc8)));
+        const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b + 2)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)m8))));
+        __m256 t[4][Q8_ROWS];
+        for (int u = 0; u < CH; u++)
+            for (int i = 0; i < MM; i++) t[u][i] = _mm256_setzero_ps();
+#pragma clang loop unroll(full)
+        for (int sub = 0; sub < 8; sub++) {
+            const __m256i codes = k_codes(F, b, sub), scale = pick_words(scales, sub);
+            for (int i = 0; i < MM; i++) {
+                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, load_x(a, i, k + 32 * sub)), scale);
+                t[sub % CH][i] = add_scaled(dot, x.scales[i] + (k >> 5) + sub, t[sub % CH][i]);
+            }
+        }
+        add_chains(MM, t, _mm256_set1_ps(half_to_float(b)), acc);
+        for (int i = 0; i < MM; i++) acc[i] = _mm256_fnmadd_ps(dm, _mm256_loadu_ps(x.sums[i] + (k >> 5)), acc[i]);
+    }
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]);
+}
+
+// Q6_K: d * sc * (q - 32), a signed 8-bit scale per 16 elements. The codes stay unsigned
+// (0-63: vpmaddubsw's pairs stay below 2 * 63 * 127 < 2^15) and the int16 pairs of each
+// half of a 32-element block are weighted by their scale in vpmaddwd; the -32 is taken
+// out once per block of 256 as -32 * sum_j sc_j * (the activation codes' sum over
+// sub-block j of 16), those sums made once per call (sums16, one int16 per 16 elements),
+// not once per weight row. Per 32 elements both parts are exact integers in float
+// (|sum| < 2^24), so the integers are those of sc * (q - 32) * x.
+INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
+                          const int16_t* sums16, float* c, int64_t ldc) {
+    const int CH = K_CHAINS(MM);
+    const uint8_t* b = row_data(w, r);
+    const int64_t per_row = w->cols >> 4;
+    const x_blocks x = x_blocks_of(MM, a);
+    // Scale bytes 0, 2, ..., 14 then 1, 3, ..., 15: the first and second halves' scales of
+    // blocks 0-7 of 32.
+    const __m128i halves = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m256 acc[Q8_ROWS];
+    for (int i = 0; i < MM; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
-        _mm_prefetch((const char*)b + Q8_PREFETCH, _MM_HINT_T0);
-        const float d = half_to_float(b + 208);
-        const int8_t* sc = (const int8_t*)(b + 192);
+        prefetch_block(b, 210);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i*)(b + 192));
+        // As int16: the first halves' scales in the low 128-bit lane, the second halves' in
+        // the high one, so that block p's are words p of the lanes.
+        const __m256i scales = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, halves));
+        // -32 * sc_j in element order fits int16 (-4064 to 4096); lane j of its products
+        // with the sums: block j's offset term, below 2 * 2032 * 4096 < 2^24.
+        const __m256i offsets = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 5));
+        __m256 t[4][Q8_ROWS];
+        for (int u = 1; u < CH; u++)
+            for (int i = 0; i < MM; i++) t[u][i] = _mm256_setzero_ps();
+        for (int i = 0; i < MM; i++) {
+            const __m256i x16 = _mm256_loadu_si256((const __m256i*)(sums16 + i * per_row + (k >> 4)));
+            t[0][i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(x16, offsets)),
+                                    _mm256_loadu_ps(x.scales[i] + (k >> 5)));
+        }
+#pragma clang loop unroll(full)
         for (int half = 0; half < 2; half++) {
             __m256i q[4];
             q6_k_codes(b, half, q);
 #pragma clang loop unroll(full)
             for (int p = 0; p < 4; p++) {
-                const __m256i codes = _mm256_sub_epi8(q[p], offset);
-                const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[8 * half + 2 * p + 1]),
-                                                        _mm_set1_epi16(sc[8 * half + 2 * p]));
-                const int64_t e = k + 128 * half + 32 * p;
+                const int blk = 4 * half + p;
+                const __m256i scale = pick_words(scales, blk);
                 for (int i = 0; i < MM; i++) {
-                    const __m256i x = load_x(a, i, e);
-                    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(x, codes));
-                    const __m256 s = _mm256_set1_ps(d * x_scale(a, i, e));
-                    acc[p & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scales)), s,
-                                                    acc[p & 1][i]);
+                    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q[p], load_x(a, i, k + 32 * blk)), scale);
+                    t[blk % CH][i] = add_scaled(dot, x.scales[i] + (k >> 5) + blk, t[blk % CH][i]);
                 }
             }
         }
+        add_chains(MM, t, _mm256_set1_ps(half_to_float(b + 208)), acc);
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i]));
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]);
+}
+
+// sums16[i * cols / 16 + g]: the sum of activation row i's codes g * 16 to g * 16 + 15
+// (|sum| <= 16 * 127), for row_q6_k. vpsadbw sums unsigned bytes in eights: the codes
+// biased by 128, and 16 * 128 taken off each pair of eights.
+INLINE T256 void q8_sums16(int mm, const moe_cpu_q8_rows* a, int64_t cols, int16_t* sums16) {
+    for (int i = 0; i < mm; i++)
+        for (int64_t k = 0; k < cols; k += 32) {
+            const __m256i eights =
+                _mm256_sad_epu8(_mm256_xor_si256(load_x(a, i, k), _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+            const __m256i sixteens = _mm256_add_epi64(eights, _mm256_srli_si256(eights, 8));
+            int16_t* out = sums16 + i * (cols >> 4) + (k >> 4);
+            out[0] = (int16_t)(_mm256_extract_epi16(sixteens, 0) - 2048);
+            out[1] = (int16_t)(_mm256_extract_epi16(sixteens, 8) - 2048);
+        }
 }
 
 // ---- ggml's 32-element blocks, eight at a time ------------------------------------------
@@ -469,12 +574,19 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
         xp = aligned_alloc(32, (size_t)(MIN(m, Q8_ROWS) * pairs * 2) * sizeof(__m256i));
         if (!xp) return 0;
     }
+    int16_t* sums16 = NULL;
+    if (F == MOE_FORMAT_GGML_Q6_K) {
+        // Without memory for them, the float product of the grid values (the caller's).
+        sums16 = malloc((size_t)(MIN(m, Q8_ROWS) * (w->cols >> 4)) * sizeof(int16_t));
+        if (!sums16) return 0;
+    }
     for (int64_t i0 = 0; i0 < m; i0 += Q8_ROWS) {
         const int mm = (int)MIN(Q8_ROWS, m - i0);
         const moe_cpu_q8_rows ai = {a->codes + i0 * a->stride, a->scales + i0 * a->stride / 32,
                                     a->sums + i0 * a->stride / 32, a->stride};
         float* ci = c + i0 * ldc;
         if (xp) nibble_pair_x(mm, &ai, pairs, xp);
+        if (sums16) q8_sums16(mm, &ai, w->cols, sums16);
         const int g64 = F == MOE_FORMAT_AFFINE && w->group_size >= 64;
         for (int64_t j = 0; j < n; j++) {
 #define OCTETS_(FMT, MM) row_octets(FMT, MM, w, row0 + j, &ai, xp, pairs, ci + j, ldc);
@@ -496,7 +608,7 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
     case MOE_FORMAT_GGML_MXFP4: OCTETS_(MOE_FORMAT_GGML_MXFP4, MM) break;                                         \
     case MOE_FORMAT_GGML_Q4_K: row_q45_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
     case MOE_FORMAT_GGML_Q5_K: row_q45_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, &ai, ci + j, ldc); break;         \
-    default: row_q6_k(MM, w, row0 + j, &ai, ci + j, ldc); break;                                                  \
+    default: row_q6_k(MM, w, row0 + j, &ai, sums16, ci + j, ldc); break;                                         \
     }
             ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
@@ -504,6 +616,7 @@ T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, 
         }
     }
     free(xp);
+    free(sums16);
     return 1;
 }
 
