@@ -15,9 +15,10 @@ routing is our layer's `route` on the same float32 router, inside the timed call
 runs in each mode of --activations (default both: float32-exact, and 8-bit activations as
 ggml's are, column "ours-q8"), all on the cpu backend with one thread per core.
 
-Each timed call runs the next layer of the file on a fresh input, cycling through all
-layers, so that the experts a call reads were last read a whole pass earlier: from memory,
-not from the cache (a T = 1 pass over 8 Qwen3-30B-A3B layers reads ~170 MB of experts).
+Every expert of every layer runs once before timing (a mapped file's pages fault in on
+first touch, as they do once in a decode loop). Each timed call runs the next layer of the
+file on a fresh input, cycling through all layers, so that the experts a call reads were
+last read a whole pass earlier: from memory, not from the cache (a T = 1 pass over 8 Qwen3-30B-A3B layers reads ~170 MB of experts).
 Rounds alternate the order of the two; each round also measures the read bandwidth
 (moe_bench.roofline.stream_read: NumPy and the native library's probe over 1 GiB, the
 best counts), and GB/s counts the bytes of the distinct experts a call's tokens chose (gate, up
@@ -126,6 +127,18 @@ def main(argv=None) -> int:
             if not e <= GGML_SAME_BLOCKS_REL_RMS:
                 raise SystemExit(f"ggml and {name} disagree on layer {wanted[0]}: relative RMS {e:.3g}")
     log("outputs agree: relative RMS of ggml vs ours " + ", ".join(f"{k} {e:.2e}" for k, e in checks.items()))
+
+    # Every expert of every layer runs once before timing: a mapped file's pages fault in on
+    # their first touch (ggml's copies were made at setup), and a decode loop touches every
+    # expert early; without this, ours' first rounds time page faults of experts not yet read.
+    for layers in ours_by_mode.values():
+        for i in wanted:
+            layer = layers[i]
+            E, k = blocks[i][1][0].shape[0], layer.top_k
+            ids = np.arange(E // k * k, dtype=np.int32).reshape(-1, k)
+            layer.experts(rng.standard_normal((len(ids), H), dtype=np.float32), ids,
+                          np.ones(ids.shape, np.float32))
+    log("every expert of every layer run once (its pages touched)")
 
     probe = np.ones((a.probe_mb << 20) // 8, np.uint64)
     impls = {**ours_by_mode, "ggml": peer}
