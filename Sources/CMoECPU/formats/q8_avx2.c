@@ -8,7 +8,8 @@
 // 128 * scale moved into the bias. The block's int32 sum is exact; it is converted to float
 // and scaled by d_w * d_x once per 32 elements (each activation block has its own d; the
 // K-quants take their d_w once per 256, below).
-// Terms of a weight's offset (affine biases, K-quants' minimums) multiply the activation
+// Terms of a weight's offset (affine biases; the minimums of Q4_1, Q5_1 and the K-quants;
+// the offsets of unsigned codes: Q4_0's 8, Q5_0's 16, mxfp4's 12) multiply the activation
 // block's sum d_x * sum q_x.
 #include "ggml_avx2_blocks.h"
 
@@ -68,8 +69,8 @@ INLINE float e8m0_half_scale(uint8_t s) {
     return from_bits(s < 2 ? 0x00200000u << s : (uint32_t)(s - 1) << 23);
 }
 
-// Block-of-32 formats: the block at element k as signed codes, its scale d and the bias b that multiplies the activation block's sum (0 for
-// all but affine).
+// Block-of-32 formats: the block at element k as signed codes, its scale d and the bias b
+// that multiplies the activation block's sum (0 for all but affine).
 INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* w, const uint8_t* row,
                               const group_cursor* gc, int64_t k, float* d, float* b) {
     if (!G64) *b = 0.0f;
@@ -98,11 +99,11 @@ INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* 
     }
 }
 
-// One block at a time: our 8-bit affine codes. Two accumulators per activation row (even and
-// odd blocks), so that consecutive blocks' multiply-adds do not wait on each other's
-// latency. G64: affine groups of 64 or more,
-// whose scale and bias the two blocks of a step share, converted once per group rather
-// than once per block (their conversions cost as much as a block's integer products).
+// One block at a time: our 8-bit affine codes. Two accumulators per activation row (even
+// and odd blocks), so that consecutive blocks' multiply-adds do not wait on each other's
+// latency. G64: affine groups of 64 or more, whose scale and bias the two blocks of a step
+// share, converted once per group rather than once per block (their conversions cost as
+// much as a block's integer products).
 INLINE T256 void row_b32(const int F, const int MM, const int G64, const moe_cpu_matrix* w, int64_t r,
                          const moe_cpu_q8_rows* a, float* c, int64_t ldc) {
     const uint8_t* row = row_data(w, r);
@@ -310,11 +311,12 @@ INLINE T256 void q8_sums16(int mm, const moe_cpu_q8_rows* a, int64_t cols, int16
 // Per block, the scalar work around a block's integer products (its float16 scale
 // converted, times the activation block's scale, broadcast) cost as much as the products.
 // So the blocks of a row go eight at a time: their eight scales are gathered into one
-// vector, converted and multiplied by the eight activation scales in one instruction each,
-// and a block's factor then reaches its lanes with one permute. 4-bit blocks go in pairs:
-// two blocks' 16 code bytes fill one register, whose low nibbles are elements 0-15 of
-// each and high nibbles 16-31, against the activation codes rearranged to match once per
-// call (nibble_pair_x).
+// vector, converted and multiplied by the eight activation scales in one instruction each.
+// Q8_0's factor then reaches each block's lanes with one permute. 4-bit blocks go in
+// pairs: two blocks' 16 code bytes fill one register, whose low nibbles are elements 0-15
+// of each and high nibbles 16-31, against the activation codes rearranged to match once
+// per call (nibble_pair_x); two transposing additions leave one block's sum per lane, and
+// one multiply-add per eight blocks applies their factors.
 
 enum { OCTET = 8 * 32 };
 
@@ -388,8 +390,8 @@ static T256 void nibble_pair_x(int mm, const moe_cpu_q8_rows* a, int64_t pairs, 
 
 // Lookup tables of the 4-bit types whose codes are not the nibbles themselves: ggml's mxfp4
 // moved up by 12 to unsigned values (their pairs stay far below 2^15 in vpmaddubsw; the 12
-// comes back as 12 * the activation block's sum), iq4_nl signed (its -127 needs the sign
-// trick).
+// comes back as 12 * the activation block's sum), iq4_nl's (and iq4_xs's) signed (its
+// -127 needs the sign trick).
 static const int8_t mxfp4_table_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 // Where a 32-element ggml block's 16 code bytes start.
@@ -425,10 +427,10 @@ INLINE T256 void fifth_bits(const uint8_t* qh0, const uint8_t* qh1, __m256i* lo,
     *hi = _mm256_or_si256(*hi, _mm256_and_si256(h, sixteen));
 }
 
-// Row r of a 32-element block format against MM activation rows: ggml's Q8_0, Q4_0,
-// IQ4_NL and mxfp4, and ours in 4 bits (affine, mxfp4; the CPU's nibble order, whose
-// blocks of 16 bytes are a pair's 32 bytes). Whole octets here; the blocks after the last
-// one (a row of 2880: two) one at a time, as row_b32 does them.
+// Row r of a 32-element block format against MM activation rows: ggml's Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, IQ4_NL, IQ4_XS and mxfp4, and ours in 4 bits (affine, mxfp4; the CPU's
+// nibble order, whose blocks of 16 bytes are a pair's 32 bytes). Whole octets here; the
+// blocks after the last one (a row of 2880: two) one at a time.
 INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const moe_cpu_q8_rows* a,
                             const __m256i* xp, int64_t pairs, float* c, int64_t ldc) {
     const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
