@@ -4,9 +4,10 @@
 #include <string.h>
 #include <math.h>
 // The CPU format kernels (Sources/CMoECPU/formats/) on exact-size buffers in every format
-// and odd sizes, built with AddressSanitizer by tests/python/test_valgrind.py: no read past
-// a buffer; each product against dequantize + a double-precision dot; and a row's result
-// bitwise the same whatever other activation rows share the call.
+// (ggml's types too) and odd sizes, built with AddressSanitizer by
+// tests/python/test_valgrind.py: no read past a buffer; each product (float32 and 8-bit
+// activations) against dequantize + a double-precision dot; and a row's result bitwise the
+// same whatever other activation rows share the call.
 static uint32_t rng = 12345;
 static uint32_t rnd(void) { rng = rng * 1664525u + 1013904223u; return rng >> 8; }
 // Activations: 0 uniform in [-1, 1); 1 with exponents spread over 2^-20..2^20 and the first
@@ -16,6 +17,40 @@ static int activations = 0;
 // Scales multiplied by 2^-118 (float32 scales), the tolerance relative only: products of a
 // scale and a fixed-point step below float32's normal range must not lose the row.
 static int tiny_scales = 0;
+// The 8-bit-activation product (moe_cpu_matmul_q8, where the format has one on this CPU)
+// against a double-precision dot of the dequantized weights with the activations' grid
+// values, on exact-size activation codes, scales and sums.
+static int check_q8(const moe_cpu_matrix* w, int64_t rows, int64_t cols, int m, const float* a, const float* deq) {
+    const int64_t blocks = (cols + 31) / 32;
+    int8_t* codes = malloc(m * cols);
+    float* scales = malloc(m * blocks * 4);
+    float* sums = malloc(m * blocks * 4);
+    float* grid = malloc(m * cols * 4);
+    float* c = malloc(m * rows * 4);
+    for (int i = 0; i < m; i++)
+        moe_cpu_q8_quantize(a + i * cols, cols, codes + i * cols, scales + i * blocks, sums + i * blocks, grid + i * cols);
+    const moe_cpu_q8_rows q = {codes, scales, sums, cols};
+    int ok = 1;
+    if (moe_cpu_matmul_q8(m, rows, &q, w, 0, c, rows)) {
+        double worst = 0, scale = 0;
+        for (int i = 0; i < m; i++)
+            for (int64_t j = 0; j < rows; j++) {
+                double ref = 0, mag = 0;
+                for (int64_t x = 0; x < cols; x++) {
+                    ref += (double)grid[i * cols + x] * deq[j * cols + x];
+                    mag += fabs((double)grid[i * cols + x] * deq[j * cols + x]);
+                }
+                const double d = fabs(ref - c[i * rows + j]);
+                if (d > worst) worst = d;
+                if (mag > scale) scale = mag;
+            }
+        ok = worst <= 1e-5 * scale + 1e-6;
+        if (!ok) printf("FAIL q8 format %d %ldx%ld m %d: %g (scale %g)\n", w->format, (long)rows, (long)cols, m, worst, scale);
+    }
+    free(codes); free(scales); free(sums); free(grid); free(c);
+    return ok;
+}
+
 int check(int fmt, int bits, int gs, int stype, int split, int64_t rows, int64_t cols, int m) {
     moe_cpu_matrix w = {0};
     w.format = fmt; w.bits = bits; w.group_size = gs; w.scale_type = stype; w.cols = cols; w.split_nibbles = split;
@@ -68,7 +103,69 @@ int check(int fmt, int bits, int gs, int stype, int split, int64_t rows, int64_t
         free(c1);
     }
     if (!ok) printf("FAIL fmt %d bits %d gs %d stype %d split %d %ldx%ld m %d: %g (scale %g)\n", fmt, bits, gs, stype, split, rows, cols, m, worst, scale);
+    if (activations == 0 && m <= 4) ok &= check_q8(&w, rows, cols, m, a, deq);
     free(data); free(sc); free(bi); free(deq); free(a); free(c);
+    return ok;
+}
+
+// ggml's block types (format, block elements, bytes, the byte offsets of its float16
+// fields; mxfp4's E8M0 byte at 0).
+void moe_cpu_ggml_dequantize_rows(const moe_cpu_matrix* w, int64_t row0, int64_t rows, float* out);
+static const struct { int format, elems, bytes, halves[2]; } ggml_types[] = {
+    {102, 32, 18, {0, -1}}, {103, 32, 20, {0, 2}},    {106, 32, 22, {0, -1}},   {107, 32, 24, {0, 2}},
+    {108, 32, 34, {0, -1}}, {110, 256, 84, {80, 82}}, {111, 256, 110, {108, -1}}, {112, 256, 144, {0, 2}},
+    {113, 256, 176, {0, 2}}, {114, 256, 210, {208, -1}}, {120, 32, 18, {0, -1}}, {123, 256, 136, {0, -1}},
+    {139, 32, 17, {-1, -1}}};
+
+// One ggml type on an exact-size buffer of `blocks` blocks per row: the dequantized rows
+// the same bits as the portable decoders (ggml's), the float product against a
+// double-precision dot, and the 8-bit product (check_q8).
+static int check_ggml(int t, int64_t rows, int64_t blocks, int m) {
+    moe_cpu_matrix w = {0};
+    w.format = ggml_types[t].format;
+    w.cols = blocks * ggml_types[t].elems;
+    w.row_bytes = blocks * ggml_types[t].bytes;
+    const int64_t cols = w.cols;
+    uint8_t* data = malloc(rows * w.row_bytes);
+    for (int64_t i = 0; i < rows * w.row_bytes; i++) data[i] = rnd();
+    for (int64_t b = 0; b < rows * blocks; b++) {
+        uint8_t* blk = data + b * ggml_types[t].bytes;
+        for (int h = 0; h < 2; h++)
+            if (ggml_types[t].halves[h] >= 0) {  // 2^-7 to 2^-6: finite products
+                const uint16_t v = 0x2000 | (rnd() & 0x3ff);
+                memcpy(blk + ggml_types[t].halves[h], &v, 2);
+            }
+        if (w.format == 139) blk[0] = 118 + rnd() % 8;
+    }
+    w.data = data;
+    float* deq = malloc(rows * cols * 4);
+    float* portable = malloc(rows * cols * 4);
+    moe_cpu_dequantize_rows(&w, 0, rows, deq);
+    moe_cpu_ggml_dequantize_rows(&w, 0, rows, portable);
+    int ok = memcmp(deq, portable, rows * cols * 4) == 0;
+    if (!ok) printf("FAIL ggml %d: dequantized rows differ from the portable decoders\n", w.format);
+    float* a = malloc(m * cols * 4);
+    for (int64_t i = 0; i < m * cols; i++) a[i] = (rnd() % 2000) / 1000.0f - 1;
+    float* c = malloc(m * rows * 4);
+    moe_cpu_matmul_formatted(m, rows, a, cols, &w, 0, c, rows);
+    double worst = 0, scale = 0;
+    for (int i = 0; i < m; i++)
+        for (int64_t j = 0; j < rows; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t x = 0; x < cols; x++) {
+                ref += (double)a[i * cols + x] * deq[j * cols + x];
+                mag += fabs((double)a[i * cols + x] * deq[j * cols + x]);
+            }
+            const double d = fabs(ref - c[i * rows + j]);
+            if (d > worst) worst = d;
+            if (mag > scale) scale = mag;
+        }
+    if (worst > 1e-5 * scale + 1e-6) {
+        ok = 0;
+        printf("FAIL ggml %d %ldx%ld m %d: %g (scale %g)\n", w.format, (long)rows, (long)cols, m, worst, scale);
+    }
+    if (m <= 4) ok &= check_q8(&w, rows, cols, m, a, deq);
+    free(data); free(deq); free(portable); free(a); free(c);
     return ok;
 }
 int main(void) {
@@ -103,6 +200,17 @@ int main(void) {
             }
     }
     activations = tiny_scales = 0;
+    // ggml's types: rows of one block, of whole and partial eights of 32-element blocks
+    // (9, 90 = gpt-oss's 2880), and of three 256-element blocks.
+    for (int t = 0; t < (int)(sizeof ggml_types / sizeof ggml_types[0]); t++)
+        for (int mi = 0; mi < 6; mi++) {
+            const int64_t counts32[] = {1, 9, 90}, counts256[] = {1, 3};
+            const int small = ggml_types[t].elems == 256;
+            for (int k = 0; k < (small ? 2 : 3); k++) {
+                fails += !check_ggml(t, 3, small ? counts256[k] : counts32[k], ms[mi]);
+                n++;
+            }
+        }
     printf("%d of %d cases failed\n", fails, n);
     return fails != 0;
 }

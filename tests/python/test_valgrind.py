@@ -71,8 +71,9 @@ def test_softmetal_harness_under_valgrind(tmp_path):
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
 def test_format_kernels_under_address_sanitizer(tmp_path):
     """tests/c/format_kernels_check.c: every format and bit width on exact-size buffers with
-    ASan and UBSan, each product against a double-precision dot, rows independent of the
-    other rows of a call; on every instruction set this CPU has (MOE_CPU_ISA)."""
+    ASan and UBSan, each product (float32 and 8-bit activations) against a double-precision
+    dot, rows independent of the other rows of a call, ggml's types' dequantized rows the
+    portable decoders' bits; on every instruction set this CPU has (MOE_CPU_ISA)."""
     root = pathlib.Path(__file__).parents[2]
     program = tmp_path / "check"
     build = subprocess.run(["cc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",

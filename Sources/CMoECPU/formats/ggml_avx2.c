@@ -1,11 +1,11 @@
-// Decode products of ggml's common block types with AVX2 + FMA + F16C (Q8_0, Q4_0, Q4_1,
-// Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K), and prefill tiles of
-// Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K. Activations stay float32: a block's
-// codes become floats, multiplied with the activations, and the block's (or sub-block's)
-// float32 scale is applied to that sum, with the minimum terms of Q4_1, Q5_1 and the
-// K-quants taken from each activation row's sums over 32 elements. The tiles are ggml's
-// values bit for bit (the same float32 operations as ggml.c's decoders). The other types
-// (and rows too long for the stack's sums) go through ggml.c's portable code.
+// Decode products and prefill tiles of ggml's common block types with AVX2 + FMA + F16C:
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4 (ggml's), Q4_K, Q5_K and Q6_K.
+// Activations stay float32: a block's codes become floats, multiplied with the
+// activations, and the block's (or sub-block's) float32 scale is applied to that sum, with
+// the minimum terms of Q4_1, Q5_1 and the K-quants taken from each activation row's sums
+// over 32 elements. The tiles are ggml's values bit for bit (the same float32 operations
+// as ggml.c's decoders). The other types (and rows too long for the stack's sums) go
+// through ggml.c's portable code.
 #include "ggml_avx2_blocks.h"
 
 #ifdef MOE_CPU_FORMATS_X86
@@ -313,10 +313,24 @@ INLINE T256 void dequantize_row(const int F, const uint8_t* b, int64_t cols, flo
         }
         return;
     }
+    if (F == MOE_FORMAT_GGML_IQ4_XS) {
+        for (int64_t k = 0; k < cols; k += 256, b += bytes) {
+            const float d = half_to_float(b);
+            const uint16_t high = load_u16(b + 2, 0);
+            for (int sub = 0; sub < 8; sub++) {
+                const int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4);
+                store32(lookup(iq4nl_table, split_nibbles(b + 8 + 16 * sub)), d * (float)(ls - 32), 0.0f,
+                        y + k + 32 * sub);
+            }
+        }
+        return;
+    }
+    // Q4_1 and Q5_1: q * d + m, ggml's order (a product, then a sum: minus -m is plus m).
+    const int with_min = F == MOE_FORMAT_GGML_Q4_1 || F == MOE_FORMAT_GGML_Q5_1;
     for (int64_t k = 0; k < cols; k += 32, b += bytes) {
         float d;
         const __m256i codes = block32(F, b, &d);
-        store32(codes, d, 0.0f, y + k);
+        store32(codes, d, with_min ? -half_to_float(b + 2) : 0.0f, y + k);
     }
 }
 
@@ -328,6 +342,10 @@ T256 int moe_cpu_ggml_dequantize_avx2(const moe_cpu_matrix* w, int64_t row0, int
         case MOE_FORMAT_GGML_Q8_0: dequantize_row(MOE_FORMAT_GGML_Q8_0, b, w->cols, y); break;
         case MOE_FORMAT_GGML_Q4_0: dequantize_row(MOE_FORMAT_GGML_Q4_0, b, w->cols, y); break;
         case MOE_FORMAT_GGML_IQ4_NL: dequantize_row(MOE_FORMAT_GGML_IQ4_NL, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q4_1: dequantize_row(MOE_FORMAT_GGML_Q4_1, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q5_0: dequantize_row(MOE_FORMAT_GGML_Q5_0, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_Q5_1: dequantize_row(MOE_FORMAT_GGML_Q5_1, b, w->cols, y); break;
+        case MOE_FORMAT_GGML_IQ4_XS: dequantize_row(MOE_FORMAT_GGML_IQ4_XS, b, w->cols, y); break;
         case MOE_FORMAT_GGML_MXFP4: dequantize_row(MOE_FORMAT_GGML_MXFP4, b, w->cols, y); break;
         case MOE_FORMAT_GGML_Q4_K: dequantize_row(MOE_FORMAT_GGML_Q4_K, b, w->cols, y); break;
         case MOE_FORMAT_GGML_Q5_K: dequantize_row(MOE_FORMAT_GGML_Q5_K, b, w->cols, y); break;

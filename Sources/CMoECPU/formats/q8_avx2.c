@@ -365,7 +365,7 @@ INLINE T256 __m256 group_octet(const uint8_t* p, int type, int shift, int64_t o)
         const float* f = (const float*)p + g0;
         v = groups == 8 ? _mm256_loadu_ps(f)
           : groups == 4 ? _mm256_castps128_ps256(_mm_loadu_ps(f))
-                        : _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double*)f)));
+                        : _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)f)));
     } else {
         const uint8_t* h = p + 2 * g0;
         const __m128i x = groups == 8 ? _mm_loadu_si128((const __m128i*)h)
