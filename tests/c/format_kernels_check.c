@@ -17,6 +17,26 @@ static int activations = 0;
 // Scales multiplied by 2^-118 (float32 scales), the tolerance relative only: products of a
 // scale and a fixed-point step below float32's normal range must not lose the row.
 static int tiny_scales = 0;
+// The largest |c - a . deq| over the m x rows results (double-precision dots), and in
+// *scale the largest sum of |a_x deq_x| of one.
+static double worst_error(int m, int64_t rows, int64_t cols, const float* a, const float* deq, const float* c,
+                          double* scale) {
+    double worst = 0;
+    *scale = 0;
+    for (int i = 0; i < m; i++)
+        for (int64_t j = 0; j < rows; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t x = 0; x < cols; x++) {
+                ref += (double)a[i * cols + x] * deq[j * cols + x];
+                mag += fabs((double)a[i * cols + x] * deq[j * cols + x]);
+            }
+            const double d = fabs(ref - c[i * rows + j]);
+            if (d > worst) worst = d;
+            if (mag > *scale) *scale = mag;
+        }
+    return worst;
+}
+
 // The 8-bit-activation product (moe_cpu_matmul_q8, where the format has one on this CPU)
 // against a double-precision dot of the dequantized weights with the activations' grid
 // values, on exact-size activation codes, scales and sums.
@@ -32,18 +52,8 @@ static int check_q8(const moe_cpu_matrix* w, int64_t rows, int64_t cols, int m, 
     const moe_cpu_q8_rows q = {codes, scales, sums, cols};
     int ok = 1;
     if (moe_cpu_matmul_q8(m, rows, &q, w, 0, c, rows)) {
-        double worst = 0, scale = 0;
-        for (int i = 0; i < m; i++)
-            for (int64_t j = 0; j < rows; j++) {
-                double ref = 0, mag = 0;
-                for (int64_t x = 0; x < cols; x++) {
-                    ref += (double)grid[i * cols + x] * deq[j * cols + x];
-                    mag += fabs((double)grid[i * cols + x] * deq[j * cols + x]);
-                }
-                const double d = fabs(ref - c[i * rows + j]);
-                if (d > worst) worst = d;
-                if (mag > scale) scale = mag;
-            }
+        double scale;
+        const double worst = worst_error(m, rows, cols, grid, deq, c, &scale);
         ok = worst <= 1e-5 * scale + 1e-6;
         if (!ok) printf("FAIL q8 format %d %ldx%ld m %d: %g (scale %g)\n", w->format, (long)rows, (long)cols, m, worst, scale);
     }
@@ -148,18 +158,8 @@ static int check_ggml(int t, int64_t rows, int64_t blocks, int m) {
     for (int64_t i = 0; i < m * cols; i++) a[i] = (rnd() % 2000) / 1000.0f - 1;
     float* c = malloc(m * rows * 4);
     moe_cpu_matmul_formatted(m, rows, a, cols, &w, 0, c, rows);
-    double worst = 0, scale = 0;
-    for (int i = 0; i < m; i++)
-        for (int64_t j = 0; j < rows; j++) {
-            double ref = 0, mag = 0;
-            for (int64_t x = 0; x < cols; x++) {
-                ref += (double)a[i * cols + x] * deq[j * cols + x];
-                mag += fabs((double)a[i * cols + x] * deq[j * cols + x]);
-            }
-            const double d = fabs(ref - c[i * rows + j]);
-            if (d > worst) worst = d;
-            if (mag > scale) scale = mag;
-        }
+    double scale;
+    const double worst = worst_error(m, rows, cols, a, deq, c, &scale);
     if (worst > 1e-5 * scale + 1e-6) {
         ok = 0;
         printf("FAIL ggml %d %ldx%ld m %d: %g (scale %g)\n", w.format, (long)rows, (long)cols, m, worst, scale);
