@@ -69,8 +69,9 @@ INLINE float e8m0_half_scale(uint8_t s) {
     return from_bits(s < 2 ? 0x00200000u << s : (uint32_t)(s - 1) << 23);
 }
 
-// Block-of-32 formats: the block at element k as signed codes, its scale d and the bias b
-// that multiplies the activation block's sum (0 for all but affine).
+// Block-of-32 formats: the block at element k as codes (signed, or Q4_1's and Q5_1's
+// unsigned), its scale d and the bias b that multiplies the activation block's sum (0 for
+// all but affine and ggml's minimums).
 INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* w, const uint8_t* row,
                               const group_cursor* gc, int64_t k, float* d, float* b) {
     if (!G64) *b = 0.0f;
@@ -94,6 +95,7 @@ INLINE T256 __m256i b32_codes(const int F, const int G64, const moe_cpu_matrix* 
     default: {
         const uint8_t* blk = row + ((uint64_t)k >> 5) * ggml_block_shape_of(F).bytes;
         _mm_prefetch((const char*)blk + Q8_PREFETCH, _MM_HINT_T0);
+        if (F == MOE_FORMAT_GGML_Q4_1 || F == MOE_FORMAT_GGML_Q5_1) *b = half_to_float(blk + 2);  // the minimum
         return block32(F, blk, d);
     }
     }
@@ -531,13 +533,6 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
     for (int i = 0; i < MM; i++) {
         float tail = 0.0f;
         for (int64_t k = octets * OCTET; k < w->cols; k += 32) {
-            if (with_min || five) {  // ggml's values times the grid values
-                float y[32];
-                moe_cpu_ggml_decode_block(F, row_data(w, r) + (k >> 5) * bytes, y);
-                const float d = x_scale(a, i, k);
-                for (int j = 0; j < 32; j++) tail = fmaf(y[j], d * (float)a->codes[i * a->stride + k + j], tail);
-                continue;
-            }
             float d, bias;
             const __m256i codes = b32_codes(F, 0, w, row_data(w, r), &gc, k, &d, &bias);
             tail = fmaf(d * x_scale(a, i, k), (float)hsum_i32(dot_signed(codes, load_x(a, i, k))), tail);
@@ -547,21 +542,14 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
     }
 }
 
-// The formats row_octets multiplies (all but 8-bit affine codes and the K-quants).
+// The formats row_octets multiplies: ggml's types with products here but the K-quants,
+// and ours in 4 bits.
 INLINE int octet_format(const moe_cpu_matrix* w) {
-    switch (w->format) {
-    case MOE_FORMAT_GGML_Q8_0:
-    case MOE_FORMAT_GGML_Q4_0:
-    case MOE_FORMAT_GGML_Q4_1:
-    case MOE_FORMAT_GGML_Q5_0:
-    case MOE_FORMAT_GGML_Q5_1:
-    case MOE_FORMAT_GGML_IQ4_NL:
-    case MOE_FORMAT_GGML_IQ4_XS:
-    case MOE_FORMAT_GGML_MXFP4:
-    case MOE_FORMAT_MXFP4: return 1;
-    case MOE_FORMAT_AFFINE: return w->bits == 4;
-    default: return 0;
-    }
+    const int F = w->format;
+    if (is_ggml(F))
+        return ggml_avx2_has_products(F) && F != MOE_FORMAT_GGML_Q4_K && F != MOE_FORMAT_GGML_Q5_K &&
+               F != MOE_FORMAT_GGML_Q6_K;
+    return F == MOE_FORMAT_MXFP4 || (F == MOE_FORMAT_AFFINE && w->bits == 4);
 }
 
 T256 int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
