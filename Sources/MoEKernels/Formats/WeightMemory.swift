@@ -36,25 +36,47 @@ public final class WeightMemory: @unchecked Sendable {
         self.release = release
     }
 
-    /// The file `fd` (of `size` bytes) mapped read-only at a `pageSize` boundary, its length
-    /// rounded up to whole pages and followed by one inaccessible page, so that a read past
-    /// the mapping faults instead of reading whatever memory comes next.
+    /// Where a file's mapping starts, on Linux: a transparent huge page's boundary (the
+    /// one AlignedBuffer's copies use), so that file offset 0 and every 2 MiB after it fall
+    /// on huge-page boundaries. The kernel maps the page cache's 2 MiB folios (which
+    /// readahead makes for a mapping advised MADV_HUGEPAGE, on filesystems with large folios:
+    /// XFS, and ext4 since Linux 6.16) only at such addresses: one TLB entry and one fault
+    /// per 2 MiB instead of 512. A decode step
+    /// streams its experts' weights from many places at once, and 4 KiB pages' TLB misses
+    /// and faults cost those reads a measurable part of their bandwidth
+    /// (benchmarks/bench_gguf_file.py runs on a mapped file).
+    static var fileMappingAlignment: Int {
+        #if os(Linux)
+        return AlignedBuffer<UInt8>.hugePageSize
+        #else
+        return pageSize
+        #endif
+    }
+
+    /// The file `fd` (of `size` bytes) mapped read-only at a `fileMappingAlignment` boundary,
+    /// its length rounded up to whole `pageSize` pages and followed by at least one
+    /// inaccessible page, so that a read past the mapping faults instead of reading whatever
+    /// memory comes next.
     init(file fd: Int32, size: Int, what: String) throws {
-        let page = Self.pageSize
+        let page = Self.pageSize, align = Self.fileMappingAlignment
         let length = Swift.max(1, (size + page - 1) / page) * page
         // Reserved first (no access, no memory), so that the file can be placed at an
         // aligned address inside; what is left of the reservation stays inaccessible.
-        let span = length + 2 * page
+        let span = length + align + page
         guard let reserved = mmap(nil, span, PROT_NONE, MAP_PRIVATE | MAP_ANON, -1, 0), reserved != MAP_FAILED else {
             throw MoEError.outOfMemory("cannot reserve \(span) bytes of address space to map \(what): \(String(cString: strerror(errno)))")
         }
-        let aligned = UnsafeMutableRawPointer(bitPattern: (Int(bitPattern: reserved) + page - 1) / page * page)!
+        let aligned = UnsafeMutableRawPointer(bitPattern: (Int(bitPattern: reserved) + align - 1) / align * align)!
         // MAP_PRIVATE + PROT_READ: the pages are the page cache's, shared with other readers.
         guard size == 0 || mmap(aligned, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == aligned else {
             let why = String(cString: strerror(errno))
             munmap(reserved, span)
             throw MoEError.outOfMemory("cannot map \(what) (\(size) bytes): \(why)")
         }
+        #if os(Linux)
+        // Advice only: a kernel or filesystem without huge page cache folios maps 4 KiB pages.
+        if size > 0 { _ = madvise(aligned, size, MADV_HUGEPAGE) }
+        #endif
         base = UnsafeRawPointer(aligned)
         self.length = length
         release = { munmap(reserved, span) }

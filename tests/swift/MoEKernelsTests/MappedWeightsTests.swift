@@ -2,6 +2,7 @@
 // bytes on every backend, bit for bit; who holds the memory; the memory check before a
 // layer's copies are allocated; the same through the C ABI's mapped region.
 import CMoESwift
+import Foundation
 import XCTest
 @testable import MoEKernels
 #if canImport(Glibc)
@@ -150,6 +151,39 @@ final class MappedWeightsTests: XCTestCase {
         var ok = w
         ok.router = .mapped(.dense(inside, .float32), in: memory)
         XCTAssertNoThrow(try MoELayer(configuration: c, weights: ok, backend: .cpu))
+    }
+
+    /// A mapped file starts on a huge-page boundary (Linux: the kernel's PMD size, where it
+    /// can map the page cache's 2 MiB folios) and is advised for huge pages; its bytes read
+    /// back as written, the last one included.
+    func testFileMappingStartsOnAHugePageBoundary() throws {
+        let size = 3 << 20 | 5
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("moe-map-\(UUID().uuidString)").path
+        let bytes = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 12) }
+        XCTAssertTrue(FileManager.default.createFile(atPath: path, contents: Data(bytes)))
+        defer { unlink(path) }
+        let fd = open(path, O_RDONLY)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        defer { close(fd) }
+        let memory = try WeightMemory(file: fd, size: size, what: path)
+        XCTAssertEqual(Int(bitPattern: memory.base) % WeightMemory.fileMappingAlignment, 0)
+        XCTAssertEqual(memory.length % WeightMemory.pageSize, 0)
+        XCTAssertGreaterThanOrEqual(memory.length, size)
+        let mapped = UnsafeRawBufferPointer(start: memory.base, count: size)
+        XCTAssertTrue(mapped.elementsEqual(bytes))
+        #if os(Linux)
+        XCTAssertGreaterThanOrEqual(WeightMemory.fileMappingAlignment, 2 << 20)
+        // The advice shows as the mapping's "hg" flag, where the kernel has huge pages.
+        if FileManager.default.fileExists(atPath: "/sys/kernel/mm/transparent_hugepage/enabled") {
+            // Read to the end: /proc files report a size of 0.
+            let smaps = String(decoding: try XCTUnwrap(FileHandle(forReadingAtPath: "/proc/self/smaps")).readDataToEndOfFile(),
+                               as: UTF8.self)
+            let start = String(UInt(bitPattern: Int(bitPattern: memory.base)), radix: 16)
+            let entry = try XCTUnwrap(smaps.components(separatedBy: "\n").drop { !$0.hasPrefix(start + "-") }
+                .first { $0.hasPrefix("VmFlags:") })
+            XCTAssertTrue(entry.split(separator: " ").contains("hg"), entry)
+        }
+        #endif
     }
 
     func testMemoryLimitBelowTheCopiesFailsBeforeAllocating() throws {
