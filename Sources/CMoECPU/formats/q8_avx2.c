@@ -523,11 +523,15 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
         // Pair p's lanes hold block 2p in the low half, 2p + 1 in the high one: two
         // transposing additions leave one block's sum per lane, in pair_order.
         const __m256i order = _mm256_load_si256((const __m256i*)pair_order);
+        // One activation row: one accumulator (acc[o & 1], o not being a constant, would be a
+        // stack slot, and a chain of one FMA per octet does not limit this loop). More rows
+        // keep two: one each measured slower there.
+        const int u = MM == 1 ? 0 : (int)(o & 1);
         for (int i = 0; i < MM; i++) {
             const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(dots[i][0], dots[i][1]), _mm256_unpackhi_epi32(dots[i][0], dots[i][1]));
             const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(dots[i][2], dots[i][3]), _mm256_unpackhi_epi32(dots[i][2], dots[i][3]));
             const __m256i blocks = _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
-            acc[o & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blocks), _mm256_permutevar8x32_ps(ds[i], order), acc[o & 1][i]);
+            acc[u][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blocks), _mm256_permutevar8x32_ps(ds[i], order), acc[u][i]);
         }
     }
     for (int i = 0; i < MM; i++) {
@@ -538,7 +542,7 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
             tail = fmaf(d * x_scale(a, i, k), (float)hsum_i32(dot_signed(codes, load_x(a, i, k))), tail);
             tail = fmaf(bias, x_sum(a, i, k), tail);
         }
-        c[i * ldc] = hsum8(_mm256_add_ps(acc[0][i], acc[1][i])) - offset * hsum8(sums[i]) + tail;
+        c[i * ldc] = hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(offset), sums[i], _mm256_add_ps(acc[0][i], acc[1][i]))) + tail;
     }
 }
 
