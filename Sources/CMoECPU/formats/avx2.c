@@ -4,8 +4,6 @@
 
 #ifdef MOE_CPU_FORMATS_X86
 
-#define T256 __attribute__((target("avx2,fma,f16c")))
-
 // Chunk -> v[0..3] (8 elements each), scale and bias applied.
 INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, const group_cursor* gc, int64_t r,
                              const segment_params* p, int64_t seg, int64_t k0, __m256* v) {
@@ -60,13 +58,6 @@ INLINE T256 void unpack_avx2(const int kind, const moe_cpu_matrix* w, const grou
     }
 }
 
-INLINE T256 float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 INLINE T256 void row_kernel(const int kind, const int MM, const moe_cpu_matrix* w, int64_t r,
                             const float* a, int64_t lda, float* c, int64_t ldc) {
     const int64_t cols = w->cols, kv = chunked_cols(w);
@@ -88,7 +79,7 @@ INLINE T256 void row_kernel(const int kind, const int MM, const moe_cpu_matrix* 
         seg = end;
     }
     for (int i = 0; i < MM; i++) {
-        float s = hsum256(_mm256_add_ps(acc[i][0], acc[i][1]));
+        float s = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
         for (int64_t x = kv; x < cols; x++) s += dense_element(w, r, x) * a[i * lda + x];
         c[i * ldc] = s;
     }
@@ -99,24 +90,6 @@ INLINE T256 void store_chunk(const int kind, const moe_cpu_matrix* w, const grou
     __m256 v[4];
     unpack_avx2(kind, w, gc, r, p, seg, k0, v);
     for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + 8 * q, v[q]);
-}
-
-// A row's n group scales or biases as floats, eight at a time: one conversion per group
-// with a branch on the type cost a third of a 4-bit row's time.
-INLINE T256 void group_floats(const void* p, int type, int64_t n, float* out) {
-    int64_t g = 0;
-    for (; g + 8 <= n; g += 8) {
-        __m256 v;
-        switch (type) {
-        case MOE_DTYPE_F16: v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + g))); break;
-        case MOE_DTYPE_BF16:
-            v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + g))), 16));
-            break;
-        default: v = _mm256_loadu_ps((const float*)p + g); break;
-        }
-        _mm256_storeu_ps(out + g, v);
-    }
-    for (; g < n; g++) out[g] = scalar_at_f16c(p, type, g);
 }
 
 // The factored affine row of avx512.c's row_affine_kernel, 8 lanes wide.
@@ -165,17 +138,22 @@ INLINE T256 void row_affine_kernel(const int kind, const int MM, const int GS, c
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8)
             t = _mm256_fmadd_ps(_mm256_loadu_ps(biases + g), _mm256_loadu_ps(xsum + i * groups + g), t);
-        float s = hsum256(t);
+        float s = hsum8(t);
         for (; g < groups; g++) s += biases[g] * xsum[i * groups + g];
         c[i * ldc] = s;
     }
 }
 
-// No fixed-point product on AVX2 yet: the float factored row serves.
-INLINE int matmul_fixed(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w, int64_t row0,
-                        float* c, int64_t ldc) {
-    (void)m, (void)n, (void)a, (void)lda, (void)w, (void)row0, (void)c, (void)ldc;
-    return 0;
+// The float row of any kind, for the rare rows the fixed-point product leaves (one
+// instance: kind and activation rows are run-time values here).
+T256 void moe_cpu_row_float_avx2(int kind, int mm, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda,
+                                 float* c, int64_t ldc) {
+    row_kernel(kind, mm, w, r, a, lda, c, ldc);
+}
+
+INLINE T256 int matmul_fixed(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                             int64_t row0, float* c, int64_t ldc) {
+    return moe_cpu_matmul_fixed_avx2(m, n, a, lda, w, row0, c, ldc);
 }
 
 #define DRIVER_TARGET T256

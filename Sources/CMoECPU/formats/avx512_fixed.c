@@ -4,7 +4,6 @@
 // integers.
 #include "internal.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 
 #ifdef MOE_CPU_FORMATS_X86
@@ -27,68 +26,9 @@
 // (4-bit) or 32 (8-bit) products an instruction, where the float factored row does 16.
 // A row of activations with a non-finite value keeps the float path (IEEE propagation).
 
-enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
 // Instruction levels of the fixed-point rows (as table indices): AVX-512 alone, with
 // VNNI, with VNNI and GFNI.
 enum { FIXED_PLAIN, FIXED_VNNI, FIXED_GFNI };
-
-// Scratch for one call's prepared activations: per thread, kept between calls (a decode
-// step makes a few hundred calls), freed when the thread exits.
-static pthread_key_t fixed_scratch_key;
-static pthread_once_t fixed_scratch_once = PTHREAD_ONCE_INIT;
-typedef struct {
-    size_t capacity;
-    void* data;
-} fixed_scratch;
-
-static void fixed_scratch_free(void* p) {
-    fixed_scratch* s = p;
-    free(s->data);
-    free(s);
-}
-static void fixed_scratch_key_create(void) { (void)pthread_key_create(&fixed_scratch_key, fixed_scratch_free); }
-
-// `bytes` of 64-byte-aligned scratch for this thread, or NULL if it cannot be allocated.
-static void* fixed_scratch_take(size_t bytes) {
-    (void)pthread_once(&fixed_scratch_once, fixed_scratch_key_create);
-    fixed_scratch* s = pthread_getspecific(fixed_scratch_key);
-    if (s == NULL) {
-        if ((s = calloc(1, sizeof *s)) == NULL) return NULL;
-        if (pthread_setspecific(fixed_scratch_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->capacity < bytes) {
-        free(s->data);
-        s->capacity = 0;
-        const size_t rounded = (bytes + 4095) & ~(size_t)4095;
-        if ((s->data = aligned_alloc(64, rounded)) == NULL) return NULL;
-        s->capacity = rounded;
-    }
-    return s->data;
-}
-
-// Activation rows in fixed point, in the order the codes of `kind` unpack. 8-bit codes:
-// element order, int16 hi and lo. 4-bit codes (split layout): three int8 digit planes
-// (t2, t1, t0), per 64 elements in the order 0-15, 32-47, 16-31, 48-63, which is what
-// masking / shifting the nibbles of 32 code bytes yields (a last block of 32 stays in
-// order). Row i: hi[i * cols + k], lo likewise; digits[(3 i + plane) * cols + k];
-// scale[i * groups + g] (d or D), xsum likewise.
-typedef struct {
-    int16_t* hi;
-    int16_t* lo;
-    int8_t* digits;
-    float* scale;
-    float* xsum;
-} fixed_rows;
-
-// Element of the prepared order -> element of the row, per 16 elements.
-INLINE int64_t fixed_source(const int kind, int64_t k, int64_t cols) {
-    if (kind != K_Q4 || (k | 63) >= cols) return k;
-    static const int8_t block16[4] = {0, 32, 16, 48};
-    return (k & ~(int64_t)63) + block16[(k >> 4) & 3] + (k & 15);
-}
 
 // Signed low byte of each int32 lane.
 INLINE T512 __m512i low_digit(__m512i t) { return _mm512_srai_epi32(_mm512_slli_epi32(t, 24), 24); }
@@ -398,7 +338,7 @@ T512 int moe_cpu_matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64
     const int isa = moe_cpu_isa_level();
     const int level = isa == MOE_CPU_ISA_AVX512_GFNI ? FIXED_GFNI : isa == MOE_CPU_ISA_AVX512_VNNI ? FIXED_VNNI : FIXED_PLAIN;
     const int64_t rows = MIN(m, 4), code_bytes = kind == K_Q4 ? 3 * cols : 4 * cols;
-    uint8_t* scratch = fixed_scratch_take((size_t)rows * (code_bytes + 8 * groups));
+    uint8_t* scratch = moe_cpu_fixed_scratch((size_t)rows * (code_bytes + 8 * groups));
     if (scratch == NULL) return 0;
     float* scales = (float*)(scratch + rows * code_bytes);
     const fixed_rows x = {(int16_t*)scratch, (int16_t*)scratch + rows * cols, (int8_t*)scratch, scales,

@@ -16,12 +16,6 @@ enum { MAX_ROWS = 4 };
 enum { CHUNK_SUMS = 4096 };
 
 
-INLINE T256 float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 // 32 codes as floats (f[q]: elements 8q to 8q + 7) times elements [0, 32) of each of MM
 // activation rows (row i at x + i * lda): lo[i] sums elements 0-15, hi[i] 16-31.
 INLINE T256 void dot32(const int MM, const __m256 f[4], const float* x, int64_t lda, __m256* lo, __m256* hi) {
@@ -110,7 +104,7 @@ INLINE T256 void row_block32(const int F, const int MM, const moe_cpu_matrix* w,
             }
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]) + mins[i];
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]) + mins[i];
 }
 
 // IQ4_XS: a 256-element block is eight iq4_nl sub-blocks (16 bytes of split nibbles each)
@@ -135,7 +129,7 @@ INLINE T256 void row_iq4_xs(const int MM, const moe_cpu_matrix* w, int64_t r, co
             for (int i = 0; i < MM; i++) acc[i] = _mm256_fmadd_ps(vd, _mm256_add_ps(lo[i], hi[i]), acc[i]);
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]);
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]);
 }
 
 
@@ -183,7 +177,7 @@ INLINE T256 void row_q45_k(const int F, const int MM, const moe_cpu_matrix* w, i
             }
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]) - mins[i];
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]) - mins[i];
 }
 
 
@@ -213,7 +207,7 @@ INLINE T256 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, cons
             }
         }
     }
-    for (int i = 0; i < MM; i++) c[i * ldc] = hsum(acc[i]);
+    for (int i = 0; i < MM; i++) c[i * ldc] = hsum8(acc[i]);
 }
 
 // Sums of each activation row over 32-element chunks, in element order.

@@ -7,8 +7,6 @@
 
 #ifdef MOE_CPU_FORMATS_X86
 
-#define T256 __attribute__((target("avx2,fma,f16c")))
-
 // The ggml types with AVX2 products of their own (ggml_avx2.c, q8_avx2.c).
 INLINE int ggml_avx2_has_products(int format) {
     switch (format) {

@@ -13,6 +13,8 @@
 //                   AVX-512 machines too)
 //   avx512_fixed.c  AVX-512 affine 4- and 8-bit codes against fixed-point activations,
 //                   with VNNI and GFNI where the CPU has them (called by avx512.c)
+//   avx2_fixed.c    the same for 4-bit codes with AVX2 (called by avx2.c)
+//   fixed_scratch.c the per-thread scratch both prepare their activations in
 //   q8.c            8-bit activations: the quantizer, and moe_cpu_matmul_q8's choice
 //   q8_avx2.c       integer products of weight codes and 8-bit activations (AVX2)
 //   ggml_avx2_blocks.h  ggml's block types unpacked with AVX2 (ggml_avx2.c, q8_avx2.c)
@@ -316,6 +318,72 @@ INLINE __attribute__((target("f16c"))) float scalar_at_f16c(const void* p, int t
     default: return load_f32(p, i);
     }
 }
+
+// The fixed-point products of affine codes (avx512_fixed.c, avx2_fixed.c; the first
+// explains the scheme): the activations' fixed-point scales, and the largest groups count a
+// row may have.
+enum { FIXED_ONE = 32767, FIXED_TOP = 8323072, FIXED_MAX_GROUPS = 1024 };
+
+// Activation rows in fixed point, in the order the codes of `kind` unpack. 8-bit codes:
+// element order, int16 hi and lo. 4-bit codes (split layout): three int8 digit planes
+// (t2, t1, t0), per 64 elements in the order 0-15, 32-47, 16-31, 48-63, which is what
+// masking / shifting the nibbles of 32 code bytes yields (a last block of 32 stays in
+// order). Row i: hi[i * cols + k], lo likewise; digits[(3 i + plane) * cols + k];
+// scale[i * groups + g] (d or D), xsum likewise.
+typedef struct {
+    int16_t* hi;
+    int16_t* lo;
+    int8_t* digits;
+    float* scale;
+    float* xsum;
+} fixed_rows;
+
+// Element of the prepared order -> element of the row, per 16 elements.
+INLINE int64_t fixed_source(const int kind, int64_t k, int64_t cols) {
+    if (kind != K_Q4 || (k | 63) >= cols) return k;
+    static const int8_t block16[4] = {0, 32, 16, 48};
+    return (k & ~(int64_t)63) + block16[(k >> 4) & 3] + (k & 15);
+}
+
+// avx2_fixed.c: the fixed-point product for K_Q4; 0 (nothing done) where it does not
+// apply, and the float product then serves. avx2.c: the float row of any kind, for the
+// rare rows the fixed-point product leaves.
+HIDDEN int moe_cpu_matmul_fixed_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
+                                     int64_t row0, float* c, int64_t ldc);
+HIDDEN void moe_cpu_row_float_avx2(int kind, int mm, const moe_cpu_matrix* w, int64_t r, const float* a, int64_t lda,
+                                   float* c, int64_t ldc);
+// fixed_scratch.c: `bytes` of 64-byte-aligned scratch for this thread, kept between calls
+// (a decode step makes a few hundred), or NULL if it cannot be allocated.
+HIDDEN void* moe_cpu_fixed_scratch(size_t bytes);
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+
+// The sum of v's 8 lanes, in one fixed order (every AVX2 file's, so their results agree).
+INLINE T256 float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// A row's n group scales or biases as floats, eight at a time (one conversion per group
+// with a branch on the type cost a third of a 4-bit row's time); the AVX2 form of
+// load_scalars below, reading exactly the n elements.
+INLINE T256 void group_floats(const void* p, int type, int64_t n, float* out) {
+    int64_t g = 0;
+    for (; g + 8 <= n; g += 8) {
+        __m256 v;
+        switch (type) {
+        case MOE_DTYPE_F16: v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + g))); break;
+        case MOE_DTYPE_BF16:
+            v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + g))), 16));
+            break;
+        default: v = _mm256_loadu_ps((const float*)p + g); break;
+        }
+        _mm256_storeu_ps(out + g, v);
+    }
+    for (; g < n; g++) out[g] = scalar_at_f16c(p, type, g);
+}
+
 
 // A row is processed in segments of up to SEGMENT_GROUPS groups whose scales and biases
 // are first converted to float here, so the chunk loop reads a float and broadcasts it.
