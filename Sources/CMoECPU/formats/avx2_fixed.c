@@ -173,7 +173,10 @@ static fixed_rows_fn* const fixed_rows_table[4][3] = {FIXED_ENTRY(1), FIXED_ENTR
 // four activation rows at a time; 0 (nothing done) for anything else, rows with too many
 // groups, activations that are not all finite or scratch that cannot be allocated: the
 // float product then serves. A weight row whose scales underflow against these
-// activations takes the float row.
+// activations takes the float row. Calls of several activation rows come here too, though
+// from two rows on the float product alone was about as fast (each further row costs three
+// digit planes of vpmaddubsw where the float row adds one FMA per 8 weights): a row's
+// result must not depend on the rows that share its call.
 T256 int moe_cpu_matmul_fixed_avx2(int64_t m, int64_t n, const float* a, int64_t lda, const moe_cpu_matrix* w,
                                    int64_t row0, float* c, int64_t ldc) {
     const int gsi = w->group_size == 32 ? 0 : w->group_size == 64 ? 1 : w->group_size == 128 ? 2 : -1;
