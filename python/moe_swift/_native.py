@@ -47,12 +47,26 @@ def header_path(name: str = "moe_swift.h") -> Path:
     candidates = [d / name for d in dirs]
     for path in candidates:
         if path.is_file():
+            _check_built_from_these_sources(path)
             return path
     raise LibraryNotFoundError(
         f"{name} not found (looked in: "
         + ", ".join(str(p) for p in candidates)
         + "); reinstall the package with `pip install .`"
     )
+
+
+def _check_built_from_these_sources(header: Path) -> None:
+    """In a source checkout, the copy of a header installed beside the library (by an
+    earlier `pip install -e .`) must be the checkout's own: otherwise the library and the
+    Python code beside it come from different sources, and the first table or function
+    that differs would fail somewhere far from the cause."""
+    source = _HEADER_DIRS[1] / header.name
+    if header.parent == NATIVE_DIR and source.is_file() and source.read_bytes() != header.read_bytes():
+        raise LibraryNotFoundError(
+            f"{header} differs from this checkout's {source}: the library in {NATIVE_DIR} was built "
+            "from other sources. Rebuild it (`pip install -e .`), or point MOE_SWIFT_LIBRARY at a "
+            "library built from this checkout (`swift build -c release`).")
 
 
 def cdef_source(header_text: str) -> str:

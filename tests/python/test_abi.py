@@ -167,3 +167,29 @@ def test_a_c_program_builds_with_pkg_config(tmp_path):
     subprocess.run(["cc", str(source), "-o", str(program), *flags], check=True)
     result = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_checkouts_stale_native_headers_are_refused(tmp_path, stale):
+    """In a source checkout, headers installed beside the library by an earlier editable
+    install that differ from the checkout's own (the library built from other sources)
+    are refused with a clear error, not read."""
+    root = pathlib.Path(__file__).parents[2]
+    package = tmp_path / "python" / "moe_swift"
+    shutil.copytree(root / "python" / "moe_swift", package, ignore=shutil.ignore_patterns("_native", "__pycache__"))
+    include = tmp_path / "Sources" / "CMoESwift" / "include"
+    include.mkdir(parents=True)
+    (package / "_native").mkdir()
+    for name in ("moe_swift.h", "moe_options.h"):
+        text = (root / "Sources" / "CMoESwift" / "include" / name).read_text()
+        (include / name).write_text(text)
+        (package / "_native" / name).write_text(text + ("/* an older build */\n" if stale else ""))
+    env = {k: v for k, v in os.environ.items() if k != "MOE_SWIFT_LIBRARY"}
+    env["PYTHONPATH"] = str(tmp_path / "python")
+    out = subprocess.run([sys.executable, "-c", "import moe_swift.options as o; print(sorted(o.ACTIVATION_QUANTIZATIONS))"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    if stale:
+        assert out.returncode != 0 and "differs from this checkout's" in out.stderr and "pip install -e ." in out.stderr, \
+            out.stderr[-2000:]
+    else:
+        assert out.returncode == 0 and "q8" in out.stdout, out.stderr[-2000:]
