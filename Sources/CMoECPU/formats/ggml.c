@@ -164,7 +164,7 @@ INLINE void decode_iq4_xs(const uint8_t* b, float* y) {
     const uint16_t high = load_u16(b + 2, 0);
     const uint8_t* q = b + 8;
     for (int ib = 0; ib < 8; ib++, q += 16, y += 32) {
-        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((high >> (2 * ib)) & 3) << 4);
+        const int ls = iq4_xs_scale(b, high, ib);
         const float dl = d * (ls - 32);
         for (int j = 0; j < 16; j++) {
             y[j] = dl * iq4nl_values[q[j] & 0x0f];

@@ -120,7 +120,7 @@ INLINE T256 void row_iq4_xs(const int MM, const moe_cpu_matrix* w, int64_t r, co
         const float d = half_to_float(b);
         const uint16_t high = load_u16(b + 2, 0);
         for (int sub = 0; sub < 8; sub++) {
-            const int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4);
+            const int ls = iq4_xs_scale(b, high, sub);
             int8_t codes[32] __attribute__((aligned(32)));
             _mm256_store_si256((__m256i*)codes, lookup(iq4nl_table, split_nibbles(b + 8 + 16 * sub)));
             codes_i8(codes, f);
@@ -312,7 +312,7 @@ INLINE T256 void dequantize_row(const int F, const uint8_t* b, int64_t cols, flo
             const float d = half_to_float(b);
             const uint16_t high = load_u16(b + 2, 0);
             for (int sub = 0; sub < 8; sub++) {
-                const int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4);
+                const int ls = iq4_xs_scale(b, high, sub);
                 store32(lookup(iq4nl_table, split_nibbles(b + 8 + 16 * sub)), d * (float)(ls - 32), 0.0f,
                         y + k + 32 * sub);
             }

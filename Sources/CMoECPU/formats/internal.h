@@ -79,6 +79,13 @@ INLINE uint16_t load_u16(const void* p, int64_t i) {
     memcpy(&v, (const uint8_t*)p + 2 * i, 2);
     return v;
 }
+
+// IQ4_XS: the 6-bit scale (before ggml subtracts 32) of 32-element sub-block `sub` of the
+// 256-element block at b, given `high`, the block's little-endian uint16 at byte 2: its
+// low 4 bits are a nibble of bytes 4-7, its high 2 bits a bit pair of `high`.
+INLINE int iq4_xs_scale(const uint8_t* b, uint16_t high, int sub) {
+    return ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4);
+}
 INLINE float load_f32(const void* p, int64_t i) {
     float v;
     memcpy(&v, (const uint8_t*)p + 4 * i, 4);

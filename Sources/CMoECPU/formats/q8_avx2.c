@@ -470,7 +470,7 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
             int32_t ls[8];
             const uint16_t high = load_u16(b + 2, 0);
             for (int sub = 0; sub < 8; sub++)
-                ls[sub] = (((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4)) - 32;
+                ls[sub] = iq4_xs_scale(b, high, sub) - 32;
             dw = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)ls)));
         } else {
             dw = octet_scales(F, b, bytes);
