@@ -7,8 +7,6 @@
 // weight: one conversion and one FMA per 8; here a vpmaddubsw does 32 products.
 #include "internal.h"
 
-#include <stdlib.h>
-
 #ifdef MOE_CPU_FORMATS_X86
 
 // Signed low byte of each int32 lane.

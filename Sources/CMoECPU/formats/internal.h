@@ -86,6 +86,7 @@ INLINE uint16_t load_u16(const void* p, int64_t i) {
 INLINE int iq4_xs_scale(const uint8_t* b, uint16_t high, int sub) {
     return ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f) | (((high >> (2 * sub)) & 3) << 4);
 }
+
 INLINE float load_f32(const void* p, int64_t i) {
     float v;
     memcpy(&v, (const uint8_t*)p + 4 * i, 4);
@@ -390,7 +391,6 @@ INLINE T256 void group_floats(const void* p, int type, int64_t n, float* out) {
     }
     for (; g < n; g++) out[g] = scalar_at_f16c(p, type, g);
 }
-
 
 // A row is processed in segments of up to SEGMENT_GROUPS groups whose scales and biases
 // are first converted to float here, so the chunk loop reads a float and broadcasts it.

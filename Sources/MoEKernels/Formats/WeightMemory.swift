@@ -41,10 +41,9 @@ public final class WeightMemory: @unchecked Sendable {
     /// on huge-page boundaries. The kernel maps the page cache's 2 MiB folios (which
     /// readahead makes for a mapping advised MADV_HUGEPAGE, on filesystems with large folios:
     /// XFS, and ext4 since Linux 6.16) only at such addresses: one TLB entry and one fault
-    /// per 2 MiB instead of 512. A decode step
-    /// streams its experts' weights from many places at once, and 4 KiB pages' TLB misses
-    /// and faults cost those reads a measurable part of their bandwidth
-    /// (benchmarks/bench_gguf_file.py runs on a mapped file).
+    /// per 2 MiB instead of 512. A decode step streams its experts' weights from many places
+    /// at once, and 4 KiB pages' TLB misses and faults cost those reads a measurable part of
+    /// their bandwidth (benchmarks/bench_gguf_file.py runs on a mapped file).
     static var fileMappingAlignment: Int {
         #if os(Linux)
         return AlignedBuffer<UInt8>.hugePageSize

@@ -153,9 +153,9 @@ final class MappedWeightsTests: XCTestCase {
         XCTAssertNoThrow(try MoELayer(configuration: c, weights: ok, backend: .cpu))
     }
 
-    /// A mapped file starts on a huge-page boundary (Linux: the kernel's PMD size, where it
-    /// can map the page cache's 2 MiB folios) and is advised for huge pages; its bytes read
-    /// back as written, the last one included.
+    /// A mapped file starts on a huge-page boundary (Linux: 2 MiB, where the kernel can map
+    /// the page cache's 2 MiB folios) and is advised for huge pages; its bytes read back as
+    /// written, the last one included.
     func testFileMappingStartsOnAHugePageBoundary() throws {
         let size = 3 << 20 | 5
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("moe-map-\(UUID().uuidString)").path
