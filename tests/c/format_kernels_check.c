@@ -168,6 +168,54 @@ static int check_ggml(int t, int64_t rows, int64_t blocks, int m) {
     free(data); free(deq); free(portable); free(a); free(c);
     return ok;
 }
+// The fixed-point products keep a thread's last prepared activations for the next call on
+// the same floats: a call after the caller rewrote its buffer in place, or on a matrix of
+// another group size or row count, must give bitwise what a first call gives.
+static moe_cpu_matrix affine4(int gs, int64_t rows, int64_t cols) {
+    moe_cpu_matrix w = {0};
+    w.format = 3; w.bits = 4; w.group_size = gs; w.scale_type = 1; w.cols = cols; w.split_nibbles = 1;
+    w.row_bytes = cols / 2;
+    uint8_t* data = malloc(rows * w.row_bytes);
+    for (int64_t i = 0; i < rows * w.row_bytes; i++) data[i] = rnd();
+    uint16_t* sc = malloc(rows * (cols / gs) * 2);
+    uint16_t* bi = malloc(rows * (cols / gs) * 2);
+    for (int64_t g = 0; g < rows * (cols / gs); g++) sc[g] = 0x2000 + rnd() % 256, bi[g] = 0xA800;
+    w.data = data; w.scales = sc; w.biases = bi;
+    return w;
+}
+static void free_matrix(moe_cpu_matrix* w) { free((void*)w->data); free((void*)w->scales); free((void*)w->biases); }
+
+static int check_prepared_reuse(void) {
+    const int64_t rows = 6, cols = 2048;
+    moe_cpu_matrix w64 = affine4(64, rows, cols), w32 = affine4(32, rows, cols);
+    float* a = malloc(2 * cols * 4);
+    float* other = malloc(2 * cols * 4);
+    for (int64_t i = 0; i < 2 * cols; i++) a[i] = (rnd() % 2000) / 1000.0f - 1, other[i] = (rnd() % 2000) / 1000.0f - 1;
+    float before[2 * 6], after[2 * 6], first[2 * 6], c32[2 * 6];
+    int ok = 1;
+    for (int m = 1; m <= 2; m++) {
+        moe_cpu_matmul_formatted(m, rows, a, cols, &w64, 0, before, rows);
+        a[cols - 1] += 0.5f;  // in place: the same pointer, other floats
+        moe_cpu_matmul_formatted(m, rows, a, cols, &w64, 0, after, rows);
+        moe_cpu_matmul_formatted(m, rows, a, cols, &w32, 0, c32, rows);  // same floats, another group size
+        memcpy(other, a, m * cols * 4);
+        moe_cpu_matmul_formatted(1, rows, other + cols, cols, &w64, 0, first, rows);  // something else in between
+        moe_cpu_matmul_formatted(m, rows, other, cols, &w64, 0, first, rows);
+        if (memcmp(after, first, m * rows * 4) != 0 || memcmp(after, before, m * rows * 4) == 0) {
+            ok = 0;
+            printf("FAIL prepared activations reused after the floats changed (m %d)\n", m);
+        }
+        moe_cpu_matmul_formatted(1, rows, other + cols, cols, &w64, 0, first, rows);
+        moe_cpu_matmul_formatted(m, rows, other, cols, &w32, 0, first, rows);
+        if (memcmp(c32, first, m * rows * 4) != 0) {
+            ok = 0;
+            printf("FAIL prepared activations reused for another group size (m %d)\n", m);
+        }
+    }
+    free_matrix(&w64); free_matrix(&w32); free(a); free(other);
+    return ok;
+}
+
 int main(void) {
     int fails = 0, n = 0;
     int ms[] = {1, 2, 3, 4, 5, 9};
@@ -213,6 +261,8 @@ int main(void) {
                 n++;
             }
         }
+    fails += !check_prepared_reuse();
+    n++;
     printf("%d of %d cases failed\n", fails, n);
     return fails != 0;
 }

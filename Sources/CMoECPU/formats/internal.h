@@ -363,6 +363,19 @@ HIDDEN void moe_cpu_row_float_avx2(int kind, int mm, const moe_cpu_matrix* w, in
 // fixed_scratch.c: `bytes` of 64-byte-aligned scratch for this thread, kept between calls
 // (a decode step makes a few hundred), or NULL if it cannot be allocated.
 HIDDEN void* moe_cpu_fixed_scratch(size_t bytes);
+// Activation rows prepared in the scratch: `rows` rows of `cols` floats in one product's
+// layout (its FIXED_LAYOUT_*) for one group size, in a scratch laid out for `slots` rows
+// (where each array starts). Compared as memory: no padding.
+enum { FIXED_LAYOUT_AVX2_Q4 = 1, FIXED_LAYOUT_AVX512_Q4, FIXED_LAYOUT_AVX512_Q8 };
+typedef struct {
+    int64_t layout, group_size, slots, rows, cols;
+} fixed_key;
+// 1 if this thread's scratch holds the key's rows prepared from a's floats (rows lda
+// apart), as the last preparation on this thread left them; the caller then skips it.
+HIDDEN int moe_cpu_fixed_scratch_holds(const fixed_key* key, const float* a, int64_t lda);
+// After preparing into the scratch: the key and a's floats that it now holds, or (key
+// NULL) nothing, after a preparation that stopped part way.
+HIDDEN void moe_cpu_fixed_scratch_prepared(const fixed_key* key, const float* a, int64_t lda);
 
 #define T256 __attribute__((target("avx2,fma,f16c")))
 

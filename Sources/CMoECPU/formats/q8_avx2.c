@@ -339,12 +339,17 @@ INLINE T256 __m256 octet_scales(const int F, const uint8_t* b, int bytes) {
         for (int q = 0; q < 8; q++) e |= (uint64_t)b[q * bytes] << (8 * q);
         return e8m0_half_scales(e);
     }
-    uint64_t lo = 0, hi = 0;
-    for (int q = 0; q < 4; q++) {
-        lo |= (uint64_t)load_u16(b + q * bytes, 0) << (16 * q);
-        hi |= (uint64_t)load_u16(b + (q + 4) * bytes, 0) << (16 * q);
-    }
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+    // Inserted word by word (vpinsrw from memory): shifting and or-ing them into two
+    // integers first took a third more of the octet's instructions (Q4_0 from L2: 8-14%).
+    __m128i h = _mm_cvtsi32_si128(load_u16(b, 0));
+    h = _mm_insert_epi16(h, load_u16(b + bytes, 0), 1);
+    h = _mm_insert_epi16(h, load_u16(b + 2 * bytes, 0), 2);
+    h = _mm_insert_epi16(h, load_u16(b + 3 * bytes, 0), 3);
+    h = _mm_insert_epi16(h, load_u16(b + 4 * bytes, 0), 4);
+    h = _mm_insert_epi16(h, load_u16(b + 5 * bytes, 0), 5);
+    h = _mm_insert_epi16(h, load_u16(b + 6 * bytes, 0), 6);
+    h = _mm_insert_epi16(h, load_u16(b + 7 * bytes, 0), 7);
+    return _mm256_cvtph_ps(h);
 }
 
 // Our affine scales or biases (one per group of 2^shift elements, 32 to 128) of octet o,
