@@ -38,12 +38,7 @@ INLINE T256 int prepare_fixed_avx2(int64_t m, const float* a, int64_t lda, int64
             __m128 t = _mm_max_ps(_mm256_castps256_ps128(big), _mm256_extractf128_ps(big, 1));
             t = _mm_max_ps(t, _mm_movehl_ps(t, t));
             const float top = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
-            // max_ps drops a NaN operand: the sum keeps it (and an infinity's NaN or inf).
-            const float total = hsum8(sum);
-            if (!(top <= 3.4028235e38f) || !(fabsf(total) <= 3.4028235e38f)) return 0;
-            d[g] = top / (float)FIXED_TOP;
-            inv[g] = top > 0 ? (float)FIXED_TOP / top : 0.0f;
-            out->xsum[i * groups + g] = total;
+            if (!fixed_group(out, inv, groups, i, g, top, hsum8(sum), (float)FIXED_TOP)) return 0;
         }
         for (int64_t k = 0; k < cols; k += 32) {
             __m256i planes[3][4];

@@ -49,11 +49,8 @@ INLINE T512 int prepare_fixed_avx512(const int kind, int64_t m, const float* a, 
                 big = _mm512_max_ps(big, _mm512_abs_ps(v));
                 sum = _mm512_add_ps(sum, v);
             }
-            const float top = _mm512_reduce_max_ps(big);
-            if (!(top <= 3.4028235e38f)) return 0;  // inf or NaN
-            d[g] = top / top_code;
-            inv[g] = top > 0 ? top_code / top : 0.0f;
-            out->xsum[i * groups + g] = _mm512_reduce_add_ps(sum);
+            if (!fixed_group(out, inv, groups, i, g, _mm512_reduce_max_ps(big), _mm512_reduce_add_ps(sum), top_code))
+                return 0;
         }
         for (int64_t k = 0; k < cols; k += 16) {
             const int64_t src = fixed_source(kind, k, cols), g = src / gs;

@@ -56,16 +56,22 @@ INLINE T256 __m256i lookup(const int8_t* table, __m256i nibbles) {
     return _mm256_shuffle_epi8(t, nibbles);
 }
 
+// Q5_0 / Q5_1's fifth bits as code values: 16 in each byte lane whose bit (lane % 8) is
+// set in the byte of qh that `pick` selects for it (vpshufb, within each 128-bit lane).
+INLINE T256 __m256i fifth_bit_values(__m256i qh, __m256i pick) {
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bits), bits);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
 // Q5_0 / Q5_1: the split nibbles at qs with bit j of the 32-bit mask at qh as bit 4 of
-// element j: each byte lane picks its mask byte, tests its bit, adds 16.
+// element j.
 INLINE T256 __m256i five_bit_codes(const uint8_t* qs, const uint8_t* qh) {
     uint32_t h;
     memcpy(&h, qh, 4);
     const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick), bits), bits);
-    return _mm256_or_si256(split_nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    return _mm256_or_si256(split_nibbles(qs), fifth_bit_values(_mm256_set1_epi32((int)h), pick));
 }
 
 // One 32-element block of format F: its codes as signed bytes and its scale (Q4_1 and

@@ -346,6 +346,20 @@ typedef struct {
     float* xsum;
 } fixed_rows;
 
+// Group g of activation row i, from its largest magnitude `top` and its sum: the scale
+// d = top / top_code (one step of the fixed point), its reciprocal (0 for a zero group) and
+// the sum; 0 if the group holds an infinity or a NaN (the row is then left to the float
+// product). Max instructions drop a NaN operand (they return the second one), so a NaN
+// shows in the sum, not always in `top`.
+INLINE int fixed_group(const fixed_rows* out, float* inv, int64_t groups, int64_t i, int64_t g, float top,
+                       float total, float top_code) {
+    if (!(top <= 3.4028235e38f) || !(fabsf(total) <= 3.4028235e38f)) return 0;
+    out->scale[i * groups + g] = top / top_code;
+    inv[g] = top > 0 ? top_code / top : 0.0f;
+    out->xsum[i * groups + g] = total;
+    return 1;
+}
+
 // Element of the prepared order -> element of the row, per 16 elements.
 INLINE int64_t fixed_source(const int kind, int64_t k, int64_t cols) {
     if (kind != K_Q4 || (k | 63) >= cols) return k;

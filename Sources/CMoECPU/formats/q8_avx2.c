@@ -408,24 +408,17 @@ INLINE int octet_code_offset(const int F) {
 }
 
 // Q5_0 / Q5_1: bit j of a block's 32-bit qh is bit 4 of element j. A nibble pair's low
-// codes (elements 0-15 of blocks b0 and b1, one per half) take bits 0-15, its high codes
-// bits 16-31: each byte lane picks its qh byte, tests its bit and adds 16.
-static const uint8_t qh_bytes_lo[32] __attribute__((aligned(32))) = {
-    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
-static const uint8_t qh_bits[32] __attribute__((aligned(32))) = {
-    1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-
+// codes (elements 0-15 of blocks b0 and b1, one per 128-bit lane) take bits 0-15 (qh
+// bytes 0 and 1), its high codes bits 16-31 (bytes 2 and 3).
 INLINE T256 void fifth_bits(const uint8_t* qh0, const uint8_t* qh1, __m256i* lo, __m256i* hi) {
     uint32_t h0, h1;
     memcpy(&h0, qh0, 4);
     memcpy(&h1, qh1, 4);
     const __m256i qh = _mm256_set_m128i(_mm_cvtsi32_si128((int)h1), _mm_cvtsi32_si128((int)h0));
-    const __m256i pick = _mm256_load_si256((const __m256i*)qh_bytes_lo), bits = _mm256_load_si256((const __m256i*)qh_bits);
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    const __m256i l = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bits), bits);
-    const __m256i h = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, _mm256_add_epi8(pick, _mm256_set1_epi8(2))), bits), bits);
-    *lo = _mm256_or_si256(*lo, _mm256_and_si256(l, sixteen));
-    *hi = _mm256_or_si256(*hi, _mm256_and_si256(h, sixteen));
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    *lo = _mm256_or_si256(*lo, fifth_bit_values(qh, pick));
+    *hi = _mm256_or_si256(*hi, fifth_bit_values(qh, _mm256_add_epi8(pick, _mm256_set1_epi8(2))));
 }
 
 // Row r of a 32-element block format against MM activation rows: ggml's Q8_0, Q4_0, Q4_1,
