@@ -9,6 +9,9 @@
 #include <string.h>
 
 static int detected_level(void) {
+#ifdef MOE_CPU_AVX512_EMULATED  // tests/c/avx512_emulated.h: every AVX-512 level, in software
+    return MOE_CPU_ISA_AVX512_GFNI;
+#endif
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

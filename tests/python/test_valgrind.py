@@ -7,10 +7,13 @@ SoftMetal's harness too, which libMoESwift carries
 (SoftMetal/tests/c/softmetal_under_valgrind.c): compile, launch, a caught fault, a
 memory-checked launch; its compiled kernels' own reports (fibers switch stacks by hand) are
 suppressed by SoftMetal/tests/c/softmetal_kernels.supp, libMoESwift's are not. And the CPU
-format kernels under AddressSanitizer (built from source with cc)."""
+format kernels under AddressSanitizer (built from source with cc), and their AVX-512 files
+once more with SIMDe's AVX-512 intrinsics in software, so that they run where the CPU has
+none."""
 
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -86,6 +89,59 @@ def test_format_kernels_under_address_sanitizer(tmp_path):
         pytest.skip("no AddressSanitizer runtime: " + build.stderr[-200:])
     assert build.returncode == 0, build.stderr[-2000:]
     for isa in ("avx512gfni", "avx512vnni", "avx512", "avx2", "portable"):
+        result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600,
+                                env=dict(os.environ, MOE_CPU_ISA=isa))
+        assert result.returncode == 0 and "0 of" in result.stdout, (isa, (result.stdout + result.stderr)[-3000:])
+
+
+def simde_include():
+    """The include folder of SIMDe's headers from the cmeel-simde wheel (a test extra), or None.
+    Debian's libsimde-dev (0.7.4) lacks conversions these kernels use."""
+    from importlib import metadata
+    try:
+        files = metadata.files("cmeel-simde") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if str(f).replace("\\", "/").endswith("simde/x86/avx512.h"):
+            return pathlib.Path(f.locate()).parents[2]
+    return None
+
+
+@pytest.mark.skipif(shutil.which("clang") is None or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="needs clang on x86_64")
+@pytest.mark.skipif(simde_include() is None, reason="needs the cmeel-simde package (pip install -e '.[test]')")
+def test_avx512_kernels_emulated(tmp_path):
+    """tests/c/format_kernels_check.c with avx512.c and avx512_fixed.c built for AVX2 through
+    tests/c/avx512_emulated.h (SIMDe's intrinsics for AVX-512F/BW/VL, VNNI and GFNI;
+    isa.c then reports every AVX-512 level): each level's products against the
+    double-precision dot and the other checks of the ASan test above, those two files under
+    ASan (masked loads emulated element by element: the instructions suppress faults)."""
+    root = pathlib.Path(__file__).parents[2]
+    formats = root / "Sources" / "CMoECPU" / "formats"
+    includes = [f"-I{root / 'Sources' / 'CMoECPU' / 'include'}", f"-I{root / 'Sources' / 'CMoESwift' / 'include'}"]
+    emulated = {formats / "avx512.c", formats / "avx512_fixed.c"}
+    objects = []
+    for source in [root / "tests" / "c" / "format_kernels_check.c", root / "Sources" / "CMoECPU" / "isa.c",
+                   *sorted(formats.glob("*.c"))]:
+        obj = tmp_path / (source.stem + ".o")
+        if source in emulated:
+            # UBSan on SIMDe's code took the compiler minutes; ASan alone, seconds.
+            flags = ["-O1", "-g0", "-fsanitize=address", "-mavx2", "-mfma", "-mf16c", f"-I{simde_include()}",
+                     "-include", str(root / "tests" / "c" / "avx512_emulated.h")]
+        else:  # checked with sanitizers by the test above
+            flags = ["-O1", "-g0"]
+            if source.name == "isa.c":
+                flags.append("-DMOE_CPU_AVX512_EMULATED")
+        build = subprocess.run(["clang", "-w", *flags, *includes, "-c", str(source), "-o", str(obj)],
+                               capture_output=True, text=True)
+        if build.returncode != 0 and "asan" in build.stderr.lower():
+            pytest.skip("no AddressSanitizer runtime: " + build.stderr[-200:])
+        assert build.returncode == 0, (source.name, build.stderr[-2000:])
+        objects.append(str(obj))
+    program = tmp_path / "check"
+    subprocess.run(["clang", "-fsanitize=address", *objects, "-lm", "-lpthread", "-o", str(program)], check=True)
+    for isa in ("avx512gfni", "avx512vnni", "avx512"):
         result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600,
                                 env=dict(os.environ, MOE_CPU_ISA=isa))
         assert result.returncode == 0 and "0 of" in result.stdout, (isa, (result.stdout + result.stderr)[-3000:])

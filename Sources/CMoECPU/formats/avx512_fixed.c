@@ -78,28 +78,41 @@ INLINE T512 int prepare_fixed_avx512(const int kind, int64_t m, const float* a, 
 // acc + the pairwise products of int16 lanes (dot_words256) or the four-way products of
 // unsigned and signed bytes (dot_bytes), in int32 lanes. Inline assembly for VNNI: an
 // always-inline function with the intrinsic could not also serve the non-VNNI build of
-// the same row kernel. No intermediate saturates: codes are at most 255 against int16,
+// the same row kernel (the intrinsics serve the emulated build of tests/c/avx512_emulated.h,
+// which has no such instructions). No intermediate saturates: codes are at most 255 against int16,
 // and at most 15 against int8 (two products stay far inside int16 in vpmaddubsw).
 INLINE T512 __m512i dot_bytes(const int vnni, __m512i acc, __m512i u, __m512i s) {
     if (vnni) {
+#ifdef MOE_CPU_AVX512_EMULATED
+        return _mm512_dpbusd_epi32(acc, u, s);
+#else
         __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
         return acc;
+#endif
     }
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
 }
 
 INLINE T512 __m256i dot_words256(const int vnni, __m256i acc, __m256i a, __m256i b) {
     if (vnni) {
+#ifdef MOE_CPU_AVX512_EMULATED
+        return _mm256_dpwssd_epi32(acc, a, b);
+#else
         __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
         return acc;
+#endif
     }
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 
 INLINE T512 __m256i dot_bytes256(const int vnni, __m256i acc, __m256i u, __m256i s) {
     if (vnni) {
+#ifdef MOE_CPU_AVX512_EMULATED
+        return _mm256_dpbusd_epi32(acc, u, s);
+#else
         __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
         return acc;
+#endif
     }
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
@@ -168,9 +181,13 @@ INLINE T512 __m512i nibble_codes(const int gfni, const uint8_t* p) {
         // Byte 7 - i of a lane's matrix selects the source bits of result bit i.
         const __m512i low = _mm512_set1_epi64(0x0102040800000000), high = _mm512_set1_epi64(0x1020408000000000);
         const __m512i m = _mm512_inserti64x4(low, _mm512_castsi512_si256(high), 1);
+#ifdef MOE_CPU_AVX512_EMULATED
+        return _mm512_gf2p8affine_epi64_epi8(b, m, 0);
+#else
         __m512i q;
         __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(q) : "v"(b), "v"(m));
         return q;
+#endif
     }
     const __m256i b = _mm256_loadu_si256((const __m256i*)p), nibble = _mm256_set1_epi8(15);
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, nibble)),

@@ -307,7 +307,9 @@ HIDDEN extern const moe_cpu_format_kernels moe_cpu_formats_avx512;
 HIDDEN int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
                                   int64_t row0, float* c, int64_t ldc);
 
+#ifndef MOE_CPU_AVX512_EMULATED  // tests/c/avx512_emulated.h: SIMDe's intrinsics, no target
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#endif
 
 // avx512_fixed.c: the fixed-point product for K_Q4 and K_Q8; 0 (nothing done) where it
 // does not apply, and the float product then serves.
