@@ -14,7 +14,7 @@
 #include <simde/x86/gfni.h>
 #define T512
 
-// What SIMDe 0.8.2 lacks, from its 256-bit halves.
+// What SIMDe 0.8.2 lacks, written here.
 static inline simde__m512i moe_emu_halves(simde__m256i lo, simde__m256i hi) {
     return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
 }
@@ -34,7 +34,7 @@ static inline simde__m512i moe_emu_cvtepu8_epi32(simde__m128i a) {
     return moe_emu_halves(simde_mm256_cvtepu8_epi32(a), simde_mm256_cvtepu8_epi32(simde_mm_srli_si128(a, 8)));
 }
 static inline float moe_emu_reduce_add_ps(simde__m512 a) {
-    // vaddps's pairing as GCC's and clang's _mm512_reduce_add_ps: halves, then quarters, ...
+    // A tree of halves, then quarters, ...: the checks allow for rounding, not one order.
     float v[16];
     simde_mm512_storeu_ps(v, a);
     for (int w = 8; w >= 1; w /= 2)
