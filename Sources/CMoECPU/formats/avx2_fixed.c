@@ -185,12 +185,10 @@ T256 int moe_cpu_matmul_fixed_avx2(int64_t m, int64_t n, const float* a, int64_t
         const int mm = (int)MIN(4, m - i0);
         const fixed_key key = {FIXED_LAYOUT_AVX2_Q4, w->group_size, rows, mm, cols};
         if (!moe_cpu_fixed_scratch_holds(&key, a + i0 * lda, lda)) {
-            if (!prepare_fixed_avx2(mm, a + i0 * lda, lda, cols, w->group_size, &x)) {
-                // Rows done so far stay; the float product redoes the call (the same meaning).
-                moe_cpu_fixed_scratch_prepared(NULL, NULL, 0);
-                return 0;
-            }
-            moe_cpu_fixed_scratch_prepared(&key, a + i0 * lda, lda);
+            const int prepared = prepare_fixed_avx2(mm, a + i0 * lda, lda, cols, w->group_size, &x);
+            moe_cpu_fixed_scratch_prepared(prepared ? &key : NULL, a + i0 * lda, lda);
+            // Rows done so far stay; the float product redoes the call (the same meaning).
+            if (!prepared) return 0;
         }
         fixed_rows_fn* const rows_fn = fixed_rows_table[mm - 1][gsi];
         for (int64_t j = 0; j < n; j += 4) {

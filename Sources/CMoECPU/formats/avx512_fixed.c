@@ -361,11 +361,9 @@ T512 int moe_cpu_matmul_fixed_avx512(int64_t m, int64_t n, const float* a, int64
         const int mm = (int)MIN(4, m - i0);
         const fixed_key key = {kind == K_Q4 ? FIXED_LAYOUT_AVX512_Q4 : FIXED_LAYOUT_AVX512_Q8, w->group_size, rows, mm, cols};
         if (!moe_cpu_fixed_scratch_holds(&key, a + i0 * lda, lda)) {
-            if (!prepare_fixed_avx512(kind, mm, a + i0 * lda, lda, cols, w->group_size, &x)) {
-                moe_cpu_fixed_scratch_prepared(NULL, NULL, 0);
-                return 0;
-            }
-            moe_cpu_fixed_scratch_prepared(&key, a + i0 * lda, lda);
+            const int prepared = prepare_fixed_avx512(kind, mm, a + i0 * lda, lda, cols, w->group_size, &x);
+            moe_cpu_fixed_scratch_prepared(prepared ? &key : NULL, a + i0 * lda, lda);
+            if (!prepared) return 0;
         }
         fixed_rows_fn* const rows_fn = fixed_rows_table[kind == K_Q8][level][mm - 1][gsi];
         for (int64_t j = 0; j < n; j += 4) {
