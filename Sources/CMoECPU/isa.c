@@ -17,7 +17,9 @@ static int detected_level(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         if (!__builtin_cpu_supports("avx512vnni")) return MOE_CPU_ISA_AVX512;
-        return __builtin_cpu_supports("gfni") ? MOE_CPU_ISA_AVX512_GFNI : MOE_CPU_ISA_AVX512_VNNI;
+        // Every CPU with GFNI and AVX-512 has VBMI (Ice Lake on, Zen 4 on); q8_avx512.c takes both.
+        return __builtin_cpu_supports("gfni") && __builtin_cpu_supports("avx512vbmi") ? MOE_CPU_ISA_AVX512_GFNI
+                                                                                     : MOE_CPU_ISA_AVX512_VNNI;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return MOE_CPU_ISA_AVX2;

@@ -117,15 +117,15 @@ def simde_include():
                     reason="needs clang on x86_64")
 @pytest.mark.skipif(simde_include() is None, reason="needs the cmeel-simde package (pip install -e '.[test]')")
 def test_avx512_kernels_emulated(tmp_path):
-    """tests/c/format_kernels_check.c with avx512.c and avx512_fixed.c built for AVX2 through
-    tests/c/avx512_emulated.h (SIMDe's intrinsics for AVX-512F/BW/VL, VNNI and GFNI;
+    """tests/c/format_kernels_check.c with avx512.c, avx512_fixed.c and q8_avx512.c built for AVX2 through
+    tests/c/avx512_emulated.h (SIMDe's intrinsics for AVX-512F/BW/VL, VNNI, VBMI and GFNI;
     isa.c then reports every AVX-512 level): each level's products against the
     double-precision dot and the other checks of the ASan test above, those two files under
     ASan (masked loads emulated element by element: the instructions suppress faults)."""
     root = pathlib.Path(__file__).parents[2]
     formats = root / "Sources" / "CMoECPU" / "formats"
     includes = [f"-I{root / 'Sources' / 'CMoECPU' / 'include'}", f"-I{root / 'Sources' / 'CMoESwift' / 'include'}"]
-    emulated = {formats / "avx512.c", formats / "avx512_fixed.c"}
+    emulated = {formats / "avx512.c", formats / "avx512_fixed.c", formats / "q8_avx512.c"}
     objects = []
     for source in [root / "tests" / "c" / "format_kernels_check.c", root / "Sources" / "CMoECPU" / "isa.c",
                    *sorted(formats.glob("*.c"))]:

@@ -132,6 +132,43 @@ INLINE T256 void q6_k_codes(const uint8_t* b, int half, __m256i q[4]) {
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
 }
 
+// Q4_K / Q5_K's eight 6-bit scales and minimums (k_scale_min's values) from their 12
+// bytes at q, as bytes: the bytes taken as three words, each byte lane of a word one
+// sub-block, so that the eight unpackings are a few word operations together rather than a
+// scalar loop (which cost as much as a block's integer products).
+INLINE void k_scales_mins(const uint8_t* q, uint64_t* sc, uint64_t* m) {
+    uint32_t w[3];
+    memcpy(w, q, sizeof w);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+    // Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums); 4-7: a
+    // nibble of bytes 8-11 below the top two bits of bytes 0-3 (scales) and 4-7 (minimums).
+    *sc = (uint64_t)((w[2] & low4) | ((w[0] >> 6) & top2) << 4) << 32 | (w[0] & low6);
+    *m = (uint64_t)(((w[2] >> 4) & low4) | ((w[1] >> 6) & top2) << 4) << 32 | (w[1] & low6);
+}
+
+// Eight E8M0 exponents (byte q of e: block q) as mxfp4's scales of doubled E2M1 codes,
+// 2^(e - 128); 255 is NaN.
+INLINE T256 __m256 e8m0_half_scales(__m128i e) {
+    const __m256i v = _mm256_cvtepu8_epi32(e);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), v);
+    __m256i bits = _mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v));
+    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(v, _mm256_set1_epi32(255)));
+    return _mm256_castsi256_ps(bits);
+}
+
+// The 8-bit-activation products' lookup tables of 4-bit codes that are not the nibbles
+// themselves, moved up to unsigned values: mxfp4's by 12 (vpmaddubsw's pairs stay far
+// below 2^15), iq4_nl's by 128 (vpdpbusd, which cannot saturate); the offset comes back as
+// offset * the activation block's sum.
+static const int8_t mxfp4_table_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+static const uint8_t iq4nl_table_plus128[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+// The lanes of eight 32-element blocks that a group's scale reaches, for groups of 32, 64
+// and 128 (group_lanes[shift - 5]).
+static const int32_t group_lanes[3][8] __attribute__((aligned(32))) = {
+    {0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 0, 0, 1, 1, 1, 1}};
+
 #endif
 
 #endif

@@ -309,7 +309,14 @@ HIDDEN int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a
 
 #ifndef MOE_CPU_AVX512_EMULATED  // tests/c/avx512_emulated.h: SIMDe's intrinsics, no target
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+// The instruction set level MOE_CPU_ISA_AVX512_GFNI: VNNI and VBMI too.
+#define T512Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")))
 #endif
+
+// q8_avx512.c: moe_cpu_matmul_q8's products of the 4-bit formats decode reads most, at
+// MOE_CPU_ISA_AVX512_GFNI; 0 (nothing done) for other formats.
+HIDDEN T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
+                                           int64_t row0, float* c, int64_t ldc);
 
 // avx512_fixed.c: the fixed-point product for K_Q4 and K_Q8; 0 (nothing done) where it
 // does not apply, and the float product then serves.

@@ -56,6 +56,8 @@ int moe_cpu_matmul_q8(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_
                       float* c, int64_t ldc) {
     if (m <= 0 || n <= 0) return 1;
 #ifdef MOE_CPU_FORMATS_X86
+    if (moe_cpu_isa_level() >= MOE_CPU_ISA_AVX512_GFNI && moe_cpu_q8_matmul_avx512(m, n, a, w, row0, c, ldc))
+        return 1;
     if (moe_cpu_q8_supported(w)) return moe_cpu_q8_matmul_avx2(m, n, a, w, row0, c, ldc);
 #endif
     return 0;

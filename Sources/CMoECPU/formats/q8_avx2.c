@@ -184,20 +184,6 @@ INLINE T256 __m256i pick_words(__m256i scales, int p) {
     return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * p)));
 }
 
-// The eight 6-bit scales and minimums of a Q4_K / Q5_K block (k_scale_min's values) from
-// its 12 bytes at q, as bytes: the bytes taken as three words, each byte lane of a word
-// one sub-block, so that the eight unpackings are a few word operations together rather
-// than a scalar loop (which cost as much as a block's integer products).
-INLINE void k_scales_mins(const uint8_t* q, uint64_t* sc, uint64_t* m) {
-    uint32_t w[3];
-    memcpy(w, q, sizeof w);
-    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x03030303u;
-    // Sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums); 4-7: a
-    // nibble of bytes 8-11 below the top two bits of bytes 0-3 (scales) and 4-7 (minimums).
-    *sc = (uint64_t)((w[2] & low4) | ((w[0] >> 6) & top2) << 4) << 32 | (w[0] & low6);
-    *m = (uint64_t)(((w[2] >> 4) & low4) | ((w[1] >> 6) & top2) << 4) << 32 | (w[1] & low6);
-}
-
 // Q4_K / Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j, q unsigned; the pairs of
 // q * x (below 2 * 31 * 127) times sc_j in vpmaddwd. The minimums' terms (lane j: sub-blocks
 // j) multiply the activation blocks' sums d_x * sum q_x into the accumulator, whose lanes
@@ -324,20 +310,11 @@ static const int32_t pair_order[8] __attribute__((aligned(32))) = {0, 2, 4, 6, 1
 
 // The scales of the eight blocks from b on (`bytes` apart): float16 ones through one
 // conversion; ggml's mxfp4 E8M0 exponents as 2^(e - 128) (its doubled E2M1 codes), 255 NaN.
-INLINE T256 __m256 e8m0_half_scales(uint64_t e) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e));
-    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
-    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), v);
-    __m256i bits = _mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v));
-    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(v, _mm256_set1_epi32(255)));
-    return _mm256_castsi256_ps(bits);
-}
-
 INLINE T256 __m256 octet_scales(const int F, const uint8_t* b, int bytes) {
     if (F == MOE_FORMAT_GGML_MXFP4) {
         uint64_t e = 0;
         for (int q = 0; q < 8; q++) e |= (uint64_t)b[q * bytes] << (8 * q);
-        return e8m0_half_scales(e);
+        return e8m0_half_scales(_mm_cvtsi64_si128((long long)e));
     }
     // Inserted word by word (vpinsrw from memory): shifting and or-ing them into two
     // integers first took a third more of the octet's instructions (Q4_0 from L2: 8-14%).
@@ -355,9 +332,6 @@ INLINE T256 __m256 octet_scales(const int F, const uint8_t* b, int bytes) {
 // Our affine scales or biases (one per group of 2^shift elements, 32 to 128) of octet o,
 // one per block: the octet's groups are loaded (exactly their bytes: the array may end
 // there) and spread over their blocks' lanes.
-static const int32_t group_lanes[3][8] __attribute__((aligned(32))) = {
-    {0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 0, 0, 1, 1, 1, 1}};
-
 INLINE T256 __m256 group_octet(const uint8_t* p, int type, int shift, int64_t o) {
     const int groups = 8 >> (shift - 5);
     const int64_t g0 = (o * OCTET) >> shift;
@@ -388,12 +362,6 @@ static T256 void nibble_pair_x(int mm, const moe_cpu_q8_rows* a, int64_t pairs, 
             xp[2 * (i * pairs + p) + 1] = _mm256_permute2x128_si256(x0, x1, 0x31);
         }
 }
-
-// Lookup tables of the 4-bit types whose codes are not the nibbles themselves: ggml's mxfp4
-// moved up by 12 to unsigned values (their pairs stay far below 2^15 in vpmaddubsw; the 12
-// comes back as 12 * the activation block's sum), iq4_nl's (and iq4_xs's) signed (its
-// -127 needs the sign trick).
-static const int8_t mxfp4_table_plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 // Where a 32-element ggml block's 16 code bytes start.
 INLINE int octet_code_offset(const int F) {
@@ -463,7 +431,7 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
         } else if (F == MOE_FORMAT_MXFP4) {
             uint64_t e;
             memcpy(&e, gc.scales + 8 * o, 8);
-            dw = e8m0_half_scales(e);
+            dw = e8m0_half_scales(_mm_cvtsi64_si128((long long)e));
         } else if (xs) {
             int32_t ls[8];
             const uint16_t high = load_u16(b + 2, 0);

@@ -1,0 +1,284 @@
+// Decode products against 8-bit activations (moe_cpu_matmul_q8) with AVX-512, VNNI and
+// VBMI: the 4-bit formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4 and Q4_K,
+// ours in 4 bits). q8_avx2.c serves every other format, and these on other CPUs.
+//
+// Per 256 elements AVX2 spends about 75 instructions (q8_avx2.c's octets): vpmaddubsw,
+// vpmaddwd and an add per 32 codes and activation row, a transposing reduction of the
+// blocks' sums, eight float16 scales gathered word by word. On two cores that arithmetic
+// is as slow as DRAM itself, and decode then reads well below the read bandwidth. Here:
+// - codes four blocks to a 512-bit register: a block's 16 bytes in a 128-bit lane, its low
+//   nibbles elements 0-15 and high nibbles 16-31 (ggml's order, and the CPU's order of
+//   ours), against the activation codes rearranged to match once per call;
+// - vpdpbusd multiplies 64 unsigned codes by 64 signed activation codes into int32 lanes,
+//   four lanes per block, exactly (|sum| < 2^24: nothing saturates, nothing rounds);
+// - the lanes stay unreduced: each is converted to float and multiplied by its block's
+//   factor d_w * d_x (eight factors spread over the lanes by one permute per register);
+// - ggml's blocks of 17 or 18 bytes are moved into that order by vpermt2b from three
+//   64-byte loads, and their eight scales by one more.
+// Unsigned codes carry an offset (Q4_0: q - 8, mxfp4: table + 12, iq4_nl: table + 128,
+// ours: the affine bias) that multiplies the activation block's sum d_x * sum q_x.
+#include "ggml_avx2_blocks.h"
+
+#include <stdlib.h>
+
+#ifdef MOE_CPU_FORMATS_X86
+
+enum { Q8X_ROWS = 4, OCTET_ELEMS = 256 };
+#ifndef MOE_Q8_PREFETCH
+#define MOE_Q8_PREFETCH 4096
+#endif
+// As q8_avx2.c's: bytes ahead of the block being read.
+enum { PREFETCH_AHEAD = MOE_Q8_PREFETCH };
+
+// Which rearrangement of the activation codes a format reads, and how its codes lie.
+enum { FAMILY_NONE, FAMILY_STRIDED, FAMILY_CONTIGUOUS, FAMILY_K };
+
+INLINE int family_of(const moe_cpu_matrix* w) {
+    switch (w->format) {
+    case MOE_FORMAT_GGML_Q4_0: case MOE_FORMAT_GGML_IQ4_NL: case MOE_FORMAT_GGML_MXFP4: return FAMILY_STRIDED;
+    case MOE_FORMAT_GGML_Q4_K: return FAMILY_K;
+    case MOE_FORMAT_MXFP4: return w->split_nibbles ? FAMILY_CONTIGUOUS : FAMILY_NONE;
+    case MOE_FORMAT_AFFINE:
+        return w->bits == 4 && w->split_nibbles && w->group_size >= 32 && w->group_size <= 128 ? FAMILY_CONTIGUOUS
+                                                                                                 : FAMILY_NONE;
+    default: return FAMILY_NONE;
+    }
+}
+
+INLINE uint64_t low_bits64(int64_t n) { return n <= 0 ? 0 : n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+// The activation codes of one row, 128 at a time, as the codes meet them: two registers
+// (XL, XH) per 128, each 64 bytes. 32-element blocks: block q's elements 0-15 in lane q of
+// XL, 16-31 in lane q of XH. Q4_K: elements 0-31 and 64-95 in XL, 32-63 and 96-127 in XH
+// (its low nibbles are sub-blocks 0 and 2 of each 128, its high ones 1 and 3). `cols`
+// codes are read; the rest of the last 256 is zero.
+INLINE T512Q8 void arrange_x(const int family, const int8_t* x, int64_t cols, int8_t* out, int64_t padded) {
+    const __m512i lo = family == FAMILY_K ? _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11)
+                                          : _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);
+    const __m512i hi = family == FAMILY_K ? _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15)
+                                          : _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    for (int64_t k = 0; k < padded; k += 128) {
+        const __m512i a = _mm512_maskz_loadu_epi8(low_bits64(cols - k), x + k);
+        const __m512i b = _mm512_maskz_loadu_epi8(low_bits64(cols - k - 64), x + k + 64);
+        _mm512_storeu_si512(out + k, _mm512_permutex2var_epi64(a, lo, b));
+        _mm512_storeu_si512(out + k + 64, _mm512_permutex2var_epi64(a, hi, b));
+    }
+}
+
+// vpermt2b indices that move ggml's 32-element blocks (`bytes` apart, codes from `head`)
+// into the lane order: codes[0] from bytes 0-127 of the eight (blocks 0-3), codes[1]
+// from bytes 64-127 and the last 64 (blocks 4-7), scales: the first `scale_bytes` bytes
+// of each block from bytes 0-127.
+typedef struct {
+    __m512i codes[2], scales;
+} octet_indices;
+
+INLINE T512Q8 octet_indices indices_for(int bytes, int head, int scale_bytes) {
+    uint8_t c0[64], c1[64], s[64] = {0};
+    const int last = 8 * bytes - 64;  // where the third load starts
+    for (int j = 0; j < 64; j++) {
+        c0[j] = (uint8_t)((j >> 4) * bytes + head + (j & 15));
+        const int at = (4 + (j >> 4)) * bytes + head + (j & 15);
+        c1[j] = (uint8_t)(at < 128 ? at - 64 : 64 + at - last);
+    }
+    for (int q = 0; q < 8; q++)
+        for (int i = 0; i < scale_bytes; i++) s[q * scale_bytes + i] = (uint8_t)(q * bytes + i);
+    octet_indices ix;
+    ix.codes[0] = _mm512_loadu_si512(c0);
+    ix.codes[1] = _mm512_loadu_si512(c1);
+    ix.scales = _mm512_loadu_si512(s);
+    return ix;
+}
+
+// A group's scale or bias for each of the blocks of an octet whose first `blocks` blocks
+// are in the row (the masked loads touch nothing after them).
+INLINE T512Q8 __m256 group_octet_masked(const uint8_t* p, int type, int shift, int64_t o, int blocks) {
+    const int64_t g0 = (o * OCTET_ELEMS) >> shift;
+    const __mmask8 k = (__mmask8)((1u << ((blocks * 32) >> shift)) - 1);
+    __m256 v;
+    if (type == MOE_DTYPE_F32) {
+        v = _mm256_maskz_loadu_ps(k, (const float*)p + g0);
+    } else {
+        const __m128i h = _mm_maskz_loadu_epi16(k, p + 2 * g0);
+        v = type == MOE_DTYPE_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_permutevar8x32_ps(v, _mm256_load_si256((const __m256i*)group_lanes[shift - 5]));
+}
+
+// One octet (eight 32-element blocks, the first `blocks` of them in the row) of row b's
+// format F against MM activation rows: acc[i][h] += the lanes of register h's blocks times
+// their factors; sums[i] += the offset's factor per block times the activation blocks' sums.
+INLINE T512Q8 void octet(const int F, const int MM, const int blocks, const uint8_t* b, const group_cursor* gc,
+                         int64_t o, const octet_indices* ix, const int8_t* const* xr, const float* const* xs,
+                         const float* const* xsum, __m512 acc[][2], __m256* sums) {
+    const int whole = blocks == 8;
+    const __mmask8 kb = (__mmask8)((1u << blocks) - 1);
+    __m512i z[2];
+    __m256 dw, bw = _mm256_setzero_ps();
+    if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) {
+        const int64_t n = 16 * blocks;
+        z[0] = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n), b);
+        z[1] = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n - 64), b + 64);
+        if (F == MOE_FORMAT_AFFINE) {
+            dw = group_octet_masked(gc->scales, gc->type, gc->shift, o, blocks);
+            bw = group_octet_masked(gc->biases, gc->type, gc->shift, o, blocks);
+        } else {
+            dw = e8m0_half_scales(_mm_maskz_loadu_epi8(kb, gc->scales + 8 * o));
+        }
+    } else {
+        const int bytes = F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18, n = bytes * blocks, last = 8 * bytes - 64;
+        const __m512i r0 = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n), b);
+        const __m512i r1 = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n - 64), b + 64);
+        const __m512i r2 = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n - last), b + last);
+        z[0] = _mm512_permutex2var_epi8(r0, ix->codes[0], r1);
+        z[1] = _mm512_permutex2var_epi8(r1, ix->codes[1], r2);
+        const __m128i s = _mm512_castsi512_si128(_mm512_permutex2var_epi8(r0, ix->scales, r1));
+        dw = F == MOE_FORMAT_GGML_MXFP4 ? e8m0_half_scales(s) : _mm256_cvtph_ps(s);
+    }
+    // Blocks past the row: codes and scales 0 (their loads were masked), and so are their
+    // activation codes, scales and sums.
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    __m512i lo[2], hi[2];
+    for (int h = 0; h < 2; h++) {
+        lo[h] = _mm512_and_si512(z[h], mask);
+        hi[h] = _mm512_and_si512(_mm512_srli_epi16(z[h], 4), mask);
+        if (F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4 || F == MOE_FORMAT_GGML_IQ4_NL) {
+            const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                (const __m128i*)(F == MOE_FORMAT_GGML_IQ4_NL ? (const void*)iq4nl_table_plus128 : (const void*)mxfp4_table_plus12)));
+            lo[h] = _mm512_shuffle_epi8(table, lo[h]);
+            hi[h] = _mm512_shuffle_epi8(table, hi[h]);
+        }
+    }
+    const __m512i spread0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i spread1 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+    for (int i = 0; i < MM; i++) {
+        const __m256 ds = _mm256_mul_ps(dw, _mm256_maskz_loadu_ps(kb, xs[i] + 8 * o));
+        sums[i] = _mm256_fmadd_ps(F == MOE_FORMAT_AFFINE ? bw : dw, _mm256_maskz_loadu_ps(kb, xsum[i] + 8 * o), sums[i]);
+        const int8_t* x = xr[i] + o * OCTET_ELEMS;
+        for (int h = 0; h < 2; h++) {
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[h], _mm512_loadu_si512(x + 128 * h));
+            dot = _mm512_dpbusd_epi32(dot, hi[h], _mm512_loadu_si512(x + 128 * h + 64));
+            const __m512 f = _mm512_permutexvar_ps(h ? spread1 : spread0, _mm512_castps256_ps512(ds));
+            acc[i][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), f, acc[i][h]);
+        }
+    }
+}
+
+// Row r of a 32-element block format against MM activation rows: whole octets, then the
+// blocks after the last one (a row of 2880: two) as an octet with its missing blocks masked.
+INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w, int64_t r,
+                              const octet_indices* ix, const int8_t* const* xr, const float* const* xs,
+                              const float* const* xsum, float* c, int64_t ldc) {
+    const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
+    const int octet_bytes = ours ? 128 : 8 * (F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18);
+    const float offset = F == MOE_FORMAT_GGML_Q4_0 ? 8.0f
+                       : F == MOE_FORMAT_GGML_IQ4_NL ? 128.0f
+                       : F == MOE_FORMAT_AFFINE ? -1.0f : 12.0f;
+    const uint8_t* b = row_data(w, r);
+    group_cursor gc = {0};
+    if (ours) gc = group_cursor_for(w, r);
+    const int64_t octets = w->cols / OCTET_ELEMS;
+    const int rest = (int)(w->cols % OCTET_ELEMS) / 32;
+    __m512 acc[Q8X_ROWS][2];
+    __m256 sums[Q8X_ROWS];
+    for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps(), sums[i] = _mm256_setzero_ps();
+    int64_t o = 0;
+    for (; o < octets; o++, b += octet_bytes) {
+        for (int l = 0; l < octet_bytes; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+        octet(F, MM, 8, b, &gc, o, ix, xr, xs, xsum, acc, sums);
+    }
+    if (rest) octet(F, MM, rest, b, &gc, o, ix, xr, xs, xsum, acc, sums);
+    for (int i = 0; i < MM; i++)
+        c[i * ldc] = fmaf(-offset, hsum8(sums[i]), _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])));
+}
+
+// Q4_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j with q unsigned. Its 128 code
+// bytes are two registers whose low nibbles are sub-blocks 0, 2 (4, 6) and high ones 1, 3
+// (5, 7); the factor d * sc_j * d_x of each sub-block reaches its eight lanes by one
+// permute per register, and the minimums multiply the activation blocks' sums.
+INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
+                            const float* const* xs, const float* const* xsum, float* c, int64_t ldc) {
+    const uint8_t* b = row_data(w, r);
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    // Lanes of the registers' sub-blocks: low nibbles (0, 2) / (4, 6), high (1, 3) / (5, 7).
+    const __m512i spread[4] = {
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+        _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
+        _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
+    __m512 acc[Q8X_ROWS][2];
+    __m256 mins[Q8X_ROWS];
+    for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps(), mins[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < w->cols; k += 256, b += 144) {
+        for (int l = 0; l < 144; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+        _mm_prefetch((const char*)b + PREFETCH_AHEAD + 143, _MM_HINT_T0);
+        uint64_t sc8, m8;
+        k_scales_mins(b + 4, &sc8, &m8);
+        const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)),
+                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)sc8))));
+        const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b + 2)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)m8))));
+        __m512i q[4];
+        for (int h = 0; h < 2; h++) {
+            const __m512i z = _mm512_loadu_si512(b + 16 + 64 * h);
+            q[2 * h] = _mm512_and_si512(z, mask);
+            q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), mask);
+        }
+        for (int i = 0; i < MM; i++) {
+            const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(dsc, _mm256_loadu_ps(xs[i] + (k >> 5))));
+            mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[i] + (k >> 5)), mins[i]);
+            const int8_t* x = xr[i] + k;
+#pragma clang loop unroll(full)
+            for (int p = 0; p < 4; p++) {
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], _mm512_loadu_si512(x + 64 * p));
+                acc[i][p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(spread[p], f), acc[i][p & 1]);
+            }
+        }
+    }
+    for (int i = 0; i < MM; i++)
+        c[i * ldc] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])) - hsum8(mins[i]);
+}
+
+T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
+                                    int64_t row0, float* c, int64_t ldc) {
+    const int family = family_of(w), F = w->format;
+    if (family == FAMILY_NONE || w->cols % 32) return 0;
+    const int64_t padded = (w->cols + OCTET_ELEMS - 1) / OCTET_ELEMS * OCTET_ELEMS;
+    // Without memory for the rearranged codes, q8_avx2.c's product serves.
+    int8_t* arranged = aligned_alloc(64, (size_t)(MIN(m, Q8X_ROWS) * padded));
+    if (!arranged) return 0;
+    const octet_indices ix = family == FAMILY_STRIDED
+        ? indices_for(F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18, F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2,
+                      F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2)
+        : (octet_indices){0};
+    for (int64_t i0 = 0; i0 < m; i0 += Q8X_ROWS) {
+        const int mm = (int)MIN(Q8X_ROWS, m - i0);
+        const int8_t* xr[Q8X_ROWS];
+        const float *xs[Q8X_ROWS], *xsum[Q8X_ROWS];
+        for (int i = 0; i < mm; i++) {
+            const int64_t row = (i0 + i) * a->stride;
+            arrange_x(family, a->codes + row, w->cols, arranged + i * padded, padded);
+            xr[i] = arranged + i * padded;
+            xs[i] = a->scales + row / 32;
+            xsum[i] = a->sums + row / 32;
+        }
+        float* ci = c + i0 * ldc;
+        for (int64_t j = 0; j < n; j++) {
+#define ROW_(MM)                                                                                                    \
+    switch (F) {                                                                                                    \
+    case MOE_FORMAT_GGML_Q4_K: row_q4_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc); break;                        \
+    case MOE_FORMAT_GGML_Q4_0: row_blocks(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
+    case MOE_FORMAT_GGML_IQ4_NL: row_blocks(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
+    case MOE_FORMAT_GGML_MXFP4: row_blocks(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
+    case MOE_FORMAT_MXFP4: row_blocks(MOE_FORMAT_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break;   \
+    default: row_blocks(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break;               \
+    }
+            ROWS_AS_CONSTANT(mm, ROW_)
+#undef ROW_
+        }
+    }
+    free(arranged);
+    return 1;
+}
+
+#endif
