@@ -17,7 +17,8 @@
  * by the environment variable MOE_CPU_ISA=portable|avx2|avx512|avx512vnni|avx512gfni, read
  * once per process. AVX512_VNNI runs the AVX-512 kernels with vpdpwssd / vpdpbusd in the
  * fixed-point affine product (AVX512 computes the same integers with vpmaddwd + vpaddd);
- * AVX512_GFNI adds one vgf2p8affineqb for unpacking 4-bit codes (same results). */
+ * AVX512_GFNI adds one vgf2p8affineqb for unpacking 4-bit codes (same results) and, with
+ * VBMI, the 8-bit-activation products of q8_avx512.c (which sum in another order). */
 #define MOE_CPU_ISA_PORTABLE 0
 #define MOE_CPU_ISA_AVX2 1
 #define MOE_CPU_ISA_AVX512 2

@@ -162,8 +162,8 @@ const char* moe_last_error(void);
 /* 1 if the backend can be created in this process, else 0. */
 int32_t moe_backend_available(int32_t backend);
 
-/* The instruction set of the CPU backend's kernels: "avx512gfni" (AVX-512 with VNNI and
- * GFNI), "avx512vnni", "avx512", "avx2" or "portable" (a static string). The best this
+/* The instruction set of the CPU backend's kernels: "avx512gfni" (AVX-512 with VNNI,
+ * VBMI and GFNI), "avx512vnni", "avx512", "avx2" or "portable" (a static string). The best this
  * CPU has, or a lower one named by the environment variable MOE_CPU_ISA (read once per
  * process, before the first CPU forward). */
 const char* moe_cpu_instruction_set(void);
