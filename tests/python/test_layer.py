@@ -113,6 +113,15 @@ def test_inputs_of_any_real_dtype_and_layout():
         xi = np.arange(40).reshape(2, 20) % 5  # integer input
         np.testing.assert_array_equal(a(xi.astype(np.float32)), a(xi))
         np.testing.assert_array_equal(a(x.tolist()), a(x))  # nested lists
+        # float32 arrays that the C-contiguous native float32 fast path must leave to the
+        # general one: another byte order, Fortran order, a strided view.
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        y = a(x32)
+        np.testing.assert_array_equal(a(x32.astype(">f4")), y)
+        np.testing.assert_array_equal(a(np.asfortranarray(x32)), y)
+        wide = np.zeros((12, 40), np.float32)
+        wide[:, ::2] = x32
+        np.testing.assert_array_equal(a(wide[:, ::2]), y)
 
 
 def test_weights_are_copied():
