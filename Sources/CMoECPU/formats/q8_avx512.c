@@ -1,5 +1,5 @@
 // Decode products against 8-bit activations (moe_cpu_matmul_q8) with AVX-512, VNNI and
-// VBMI: the 4-bit formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4 and Q4_K,
+// VBMI: the formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4, Q4_K and Q6_K,
 // ours in 4 bits). q8_avx2.c serves every other format, and these on other CPUs.
 //
 // Per 256 elements AVX2 spends about 75 instructions (q8_avx2.c's octets): vpmaddubsw,
@@ -31,12 +31,13 @@ enum { Q8X_ROWS = 4, OCTET_ELEMS = 256 };
 enum { PREFETCH_AHEAD = MOE_Q8_PREFETCH };
 
 // Which rearrangement of the activation codes a format reads, and how its codes lie.
-enum { FAMILY_NONE, FAMILY_STRIDED, FAMILY_CONTIGUOUS, FAMILY_K };
+enum { FAMILY_NONE, FAMILY_STRIDED, FAMILY_CONTIGUOUS, FAMILY_K, FAMILY_Q6_K };
 
 INLINE int family_of(const moe_cpu_matrix* w) {
     switch (w->format) {
     case MOE_FORMAT_GGML_Q4_0: case MOE_FORMAT_GGML_IQ4_NL: case MOE_FORMAT_GGML_MXFP4: return FAMILY_STRIDED;
     case MOE_FORMAT_GGML_Q4_K: return FAMILY_K;
+    case MOE_FORMAT_GGML_Q6_K: return FAMILY_Q6_K;
     case MOE_FORMAT_MXFP4: return w->split_nibbles ? FAMILY_CONTIGUOUS : FAMILY_NONE;
     case MOE_FORMAT_AFFINE:
         return w->bits == 4 && w->split_nibbles && w->group_size >= 32 && w->group_size <= 128 ? FAMILY_CONTIGUOUS
@@ -192,6 +193,16 @@ INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w
         c[i * ldc] = fmaf(-offset, hsum8(sums[i]), _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])));
 }
 
+// The K-quants' 256 elements as four registers of 64 codes against 256 activation codes
+// at x: acc += each int32 lane times its sub-block's factor, which spread[p] picks from f.
+INLINE T512Q8 void add_quarters(const __m512i q[4], const int8_t* x, const __m512i spread[4], __m512 f, __m512 acc[2]) {
+#pragma clang loop unroll(full)
+    for (int p = 0; p < 4; p++) {
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], _mm512_loadu_si512(x + 64 * p));
+        acc[p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(spread[p], f), acc[p & 1]);
+    }
+}
+
 // Q4_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j with q unsigned. Its 128 code
 // bytes are two registers whose low nibbles are sub-blocks 0, 2 (4, 6) and high ones 1, 3
 // (5, 7); the factor d * sc_j * d_x of each sub-block reaches its eight lanes by one
@@ -227,16 +238,68 @@ INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, co
         for (int i = 0; i < MM; i++) {
             const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(dsc, _mm256_loadu_ps(xs[i] + (k >> 5))));
             mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[i] + (k >> 5)), mins[i]);
-            const int8_t* x = xr[i] + k;
-#pragma clang loop unroll(full)
-            for (int p = 0; p < 4; p++) {
-                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], _mm512_loadu_si512(x + 64 * p));
-                acc[i][p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(spread[p], f), acc[i][p & 1]);
-            }
+            add_quarters(q, xr[i] + k, spread, f, acc[i]);
         }
     }
     for (int i = 0; i < MM; i++)
         c[i * ldc] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])) - hsum8(mins[i]);
+}
+
+// The sums of each 16 activation codes of a row, as floats, for row_q6_k's offsets:
+// vpsadbw sums the codes biased by 128 in eights.
+INLINE T512Q8 void sixteens(const int8_t* x, int64_t cols, float* out) {
+    for (int64_t k = 0; k < cols; k += 64) {
+        const __m512i eights = _mm512_sad_epu8(_mm512_xor_si512(_mm512_loadu_si512(x + k), _mm512_set1_epi8((char)0x80)),
+                                               _mm512_setzero_si512());
+        // Both qwords of each 128-bit lane: its 16 codes' biased sum.
+        const __m512i lanes = _mm512_add_epi64(eights, _mm512_shuffle_epi32(eights, _MM_PERM_BADC));
+        const __m256i sums = _mm256_permutevar8x32_epi32(_mm512_cvtepi64_epi32(lanes), _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0));
+        _mm_storeu_ps(out + k / 16, _mm_cvtepi32_ps(_mm_sub_epi32(_mm256_castsi256_si128(sums), _mm_set1_epi32(16 * 128))));
+    }
+}
+
+// Q6_K: d * sc * (q - 32), q unsigned 6-bit, a signed 8-bit scale per 16 elements. Per half
+// (128 elements) the 64 low-nibble bytes give elements 0-63 (low nibbles) and 64-127 (high
+// ones) in element order, their two high bits from the 32 qh bytes shifted into place per
+// 32 elements (per qword: the shifts keep within bytes what the mask keeps). The factor
+// d * sc_j * d_x of each 16 elements reaches its four lanes by one permute per register;
+// the -32 multiplies the activation codes' sums per 16 (sixteens) by the same factors.
+INLINE T512Q8 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
+                            const float* const* xs, const float* const* x16, float* c, int64_t ldc) {
+    const uint8_t* b = row_data(w, r);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30);
+    const __m512i left = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), right = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    // Each sub-block of 16's factor to its four lanes, for the four registers of 64.
+    __m512i spread[4];
+    for (int q = 0; q < 4; q++)
+        spread[q] = _mm512_add_epi32(_mm512_set1_epi32(4 * q), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512 acc[Q8X_ROWS][2], offsets[Q8X_ROWS];
+    for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = offsets[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
+        for (int l = 0; l < 210; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+        _mm_prefetch((const char*)b + PREFETCH_AHEAD + 209, _MM_HINT_T0);
+        const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(half_to_float(b + 208)),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_cvtepi8_epi16(
+                                             _mm_loadu_si128((const __m128i*)(b + 192))))));
+        __m512i q[4];
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h));
+            const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+            // (nibbles & low4) | high bits in one vpternlogd (0xEC: A & C | B).
+            q[2 * h] = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi64(hh, left), top2), low4, 0xEC);
+            q[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
+                                                     _mm512_and_si512(_mm512_srlv_epi64(hh, right), top2), low4, 0xEC);
+        }
+        for (int i = 0; i < MM; i++) {
+            const __m512 f = _mm512_mul_ps(dsc, _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(xs[i] + (k >> 5)))));
+            offsets[i] = _mm512_fmadd_ps(f, _mm512_loadu_ps(x16[i] + (k >> 4)), offsets[i]);
+            add_quarters(q, xr[i] + k, spread, f, acc[i]);
+        }
+    }
+    for (int i = 0; i < MM; i++)
+        c[i * ldc] = fmaf(-32.0f, _mm512_reduce_add_ps(offsets[i]), _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])));
 }
 
 T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows* a, const moe_cpu_matrix* w,
@@ -244,8 +307,11 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
     const int family = family_of(w), F = w->format;
     if (family == FAMILY_NONE || w->cols % 32) return 0;
     const int64_t padded = (w->cols + OCTET_ELEMS - 1) / OCTET_ELEMS * OCTET_ELEMS;
-    // Without memory for the rearranged codes, q8_avx2.c's product serves.
-    int8_t* arranged = aligned_alloc(64, (size_t)(MIN(m, Q8X_ROWS) * padded));
+    // The rearranged codes (Q6_K: the sums of 16 codes); without memory for them,
+    // q8_avx2.c's product serves.
+    const int q6 = family == FAMILY_Q6_K;
+    const size_t per_row = q6 ? (size_t)(padded / 16) * sizeof(float) : (size_t)padded;
+    int8_t* arranged = aligned_alloc(64, (size_t)MIN(m, Q8X_ROWS) * per_row);
     if (!arranged) return 0;
     const octet_indices ix = family == FAMILY_STRIDED
         ? indices_for(F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18, F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2,
@@ -257,16 +323,24 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
         const float *xs[Q8X_ROWS], *xsum[Q8X_ROWS];
         for (int i = 0; i < mm; i++) {
             const int64_t row = (i0 + i) * a->stride;
-            arrange_x(family, a->codes + row, w->cols, arranged + i * padded, padded);
-            xr[i] = arranged + i * padded;
+            int8_t* mine = arranged + i * per_row;
+            if (q6) {
+                sixteens(a->codes + row, w->cols, (float*)mine);
+                xr[i] = a->codes + row;
+                xsum[i] = (const float*)mine;
+            } else {
+                arrange_x(family, a->codes + row, w->cols, mine, padded);
+                xr[i] = mine;
+                xsum[i] = a->sums + row / 32;
+            }
             xs[i] = a->scales + row / 32;
-            xsum[i] = a->sums + row / 32;
         }
         float* ci = c + i0 * ldc;
         for (int64_t j = 0; j < n; j++) {
 #define ROW_(MM)                                                                                                    \
     switch (F) {                                                                                                    \
     case MOE_FORMAT_GGML_Q4_K: row_q4_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc); break;                        \
+    case MOE_FORMAT_GGML_Q6_K: row_q6_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc); break;                        \
     case MOE_FORMAT_GGML_Q4_0: row_blocks(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
     case MOE_FORMAT_GGML_IQ4_NL: row_blocks(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
     case MOE_FORMAT_GGML_MXFP4: row_blocks(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
