@@ -2,10 +2,10 @@
 // VBMI: the formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4, Q4_K and Q6_K,
 // ours in 4 bits). q8_avx2.c serves every other format, and these on other CPUs.
 //
-// Per 256 elements AVX2 spends about 75 instructions (q8_avx2.c's octets): vpmaddubsw,
-// vpmaddwd and an add per 32 codes and activation row, a transposing reduction of the
-// blocks' sums, eight float16 scales gathered word by word. On two cores that arithmetic
-// is as slow as DRAM itself, and decode then reads well below the read bandwidth. Here:
+// AVX2 (q8_avx2.c's octets) spends a vpmaddubsw, a vpmaddwd and an add per 32 codes and
+// activation row, a transposing reduction of the blocks' sums and eight float16 scales
+// gathered word by word; from L2 one core then multiplies 4-bit blocks about as fast as it
+// reads them from DRAM (benchmarks/q8_stream.py), and decode reads below the bandwidth. Here:
 // - codes four blocks to a 512-bit register: a block's 16 bytes in a 128-bit lane, its low
 //   nibbles elements 0-15 and high nibbles 16-31 (ggml's order, and the CPU's order of
 //   ours), against the activation codes rearranged to match once per call;
