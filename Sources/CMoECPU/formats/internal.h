@@ -310,7 +310,7 @@ HIDDEN int moe_cpu_q8_matmul_avx2(int64_t m, int64_t n, const moe_cpu_q8_rows* a
 #ifndef MOE_CPU_AVX512_EMULATED  // tests/c/avx512_emulated.h: SIMDe's intrinsics, no target
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 // The instruction set level MOE_CPU_ISA_AVX512_GFNI: VNNI and VBMI too.
-#define T512Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")))
+#define T512Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,fma,f16c")))
 #endif
 
 // q8_avx512.c: moe_cpu_matmul_q8's products of the 4-bit formats decode reads most, at

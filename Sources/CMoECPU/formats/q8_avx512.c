@@ -46,18 +46,28 @@ INLINE int family_of(const moe_cpu_matrix* w) {
     }
 }
 
+// The high nibble of each byte moved down: one vgf2p8affineqb where shift and mask take two
+// (byte 7 - i of the matrix selects the source bit of result bit i).
+INLINE T512Q8 __m512i high_nibbles(__m512i z) {
+    return _mm512_gf2p8affine_epi64_epi8(z, _mm512_set1_epi64(0x1020408000000000), 0);
+}
+
 INLINE uint64_t low_bits64(int64_t n) { return n <= 0 ? 0 : n >= 64 ? ~0ull : (1ull << n) - 1; }
 
-// The activation codes of one row, 128 at a time, as the codes meet them: two registers
-// (XL, XH) per 128, each 64 bytes. 32-element blocks: block q's elements 0-15 in lane q of
-// XL, 16-31 in lane q of XH. Q4_K: elements 0-31 and 64-95 in XL, 32-63 and 96-127 in XH
-// (its low nibbles are sub-blocks 0 and 2 of each 128, its high ones 1 and 3). `cols`
-// codes are read; the rest of the last 256 is zero.
+// The activation codes of one row as the codes meet them. 32-element blocks, 128 at a
+// time in two registers (XL, XH) of 64 bytes: block q's elements 0-15 in lane q of XL,
+// 16-31 in lane q of XH. Q4_K, per 256 in four registers: lane q of register r holds
+// elements 16 r + 64 q to 16 r + 64 q + 15, as row_q4_k's registers of codes hold their
+// sub-blocks' quarters. `cols` codes are read; the rest of the last 256 is zero.
 INLINE T512Q8 void arrange_x(const int family, const int8_t* x, int64_t cols, int8_t* out, int64_t padded) {
-    const __m512i lo = family == FAMILY_K ? _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11)
-                                          : _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);
-    const __m512i hi = family == FAMILY_K ? _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15)
-                                          : _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    if (family == FAMILY_K) {
+        // A transpose of the 4 x 4 lanes of 16 bytes in each 256 (cols is a multiple of 256).
+        for (int64_t k = 0; k < padded; k += 256)
+            for (int r = 0; r < 4; r++)
+                for (int q = 0; q < 4; q++) memcpy(out + k + 64 * r + 16 * q, x + k + 16 * r + 64 * q, 16);
+        return;
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), hi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
     for (int64_t k = 0; k < padded; k += 128) {
         const __m512i a = _mm512_maskz_loadu_epi8(low_bits64(cols - k), x + k);
         const __m512i b = _mm512_maskz_loadu_epi8(low_bits64(cols - k - 64), x + k + 64);
@@ -142,7 +152,7 @@ INLINE T512Q8 void octet(const int F, const int MM, const int blocks, const uint
     __m512i lo[2], hi[2];
     for (int h = 0; h < 2; h++) {
         lo[h] = _mm512_and_si512(z[h], mask);
-        hi[h] = _mm512_and_si512(_mm512_srli_epi16(z[h], 4), mask);
+        hi[h] = high_nibbles(z[h]);
         if (F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4 || F == MOE_FORMAT_GGML_IQ4_NL) {
             const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(
                 (const __m128i*)(F == MOE_FORMAT_GGML_IQ4_NL ? (const void*)iq4nl_table_plus128 : (const void*)mxfp4_table_plus12)));
@@ -193,8 +203,8 @@ INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w
         c[i * ldc] = fmaf(-offset, hsum8(sums[i]), _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])));
 }
 
-// The K-quants' 256 elements as four registers of 64 codes against 256 activation codes
-// at x: acc += each int32 lane times its sub-block's factor, which spread[p] picks from f.
+// Q6_K's 256 elements as four registers of 64 codes against 256 activation codes at x:
+// acc += each int32 lane times its sub-block's factor, which spread[p] picks from f.
 INLINE T512Q8 void add_quarters(const __m512i q[4], const int8_t* x, const __m512i spread[4], __m512 f, __m512 acc[2]) {
 #pragma clang loop unroll(full)
     for (int p = 0; p < 4; p++) {
@@ -203,20 +213,21 @@ INLINE T512Q8 void add_quarters(const __m512i q[4], const int8_t* x, const __m51
     }
 }
 
-// Q4_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j with q unsigned. Its 128 code
-// bytes are two registers whose low nibbles are sub-blocks 0, 2 (4, 6) and high ones 1, 3
-// (5, 7); the factor d * sc_j * d_x of each sub-block reaches its eight lanes by one
-// permute per register, and the minimums multiply the activation blocks' sums.
+// Q4_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j with q unsigned. Byte i of each 32
+// of its 128 code bytes holds element i of an even sub-block (low nibble) and of the next
+// odd one (high nibble). Two registers take the first and the second 16 bytes of each 32
+// (a qword permute of the two loads), so that the low nibbles of both meet one even
+// sub-block in the same four lanes (two vpdpbusd into one register) and the high ones one
+// odd sub-block: four lanes per sub-block, half the conversions and multiplies of eight.
+// The factor d * sc_j * d_x reaches its lanes by one permute per register; the minimums
+// multiply the activation blocks' sums.
 INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
                             const float* const* xs, const float* const* xsum, float* c, int64_t ldc) {
     const uint8_t* b = row_data(w, r);
     const __m512i mask = _mm512_set1_epi8(0x0f);
-    // Lanes of the registers' sub-blocks: low nibbles (0, 2) / (4, 6), high (1, 3) / (5, 7).
-    const __m512i spread[4] = {
-        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-        _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
-        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
-        _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
+    const __m512i first = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), second = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    const __m512i even = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const __m512i odd = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
     __m512 acc[Q8X_ROWS][2];
     __m256 mins[Q8X_ROWS];
     for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps(), mins[i] = _mm256_setzero_ps();
@@ -229,16 +240,20 @@ INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, co
                                          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)sc8))));
         const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b + 2)),
                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)m8))));
-        __m512i q[4];
-        for (int h = 0; h < 2; h++) {
-            const __m512i z = _mm512_loadu_si512(b + 16 + 64 * h);
-            q[2 * h] = _mm512_and_si512(z, mask);
-            q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), mask);
-        }
+        const __m512i z0 = _mm512_loadu_si512(b + 16), z1 = _mm512_loadu_si512(b + 80);
+        const __m512i a = _mm512_permutex2var_epi64(z0, first, z1), s = _mm512_permutex2var_epi64(z0, second, z1);
+        const __m512i lo_a = _mm512_and_si512(a, mask), lo_s = _mm512_and_si512(s, mask);
+        const __m512i hi_a = high_nibbles(a), hi_s = high_nibbles(s);
         for (int i = 0; i < MM; i++) {
             const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(dsc, _mm256_loadu_ps(xs[i] + (k >> 5))));
             mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[i] + (k >> 5)), mins[i]);
-            add_quarters(q, xr[i] + k, spread, f, acc[i]);
+            const int8_t* x = xr[i] + k;
+            const __m512i de = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo_a, _mm512_loadu_si512(x)),
+                                                   lo_s, _mm512_loadu_si512(x + 64));
+            const __m512i dd = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi_a, _mm512_loadu_si512(x + 128)),
+                                                   hi_s, _mm512_loadu_si512(x + 192));
+            acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(de), _mm512_permutexvar_ps(even, f), acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dd), _mm512_permutexvar_ps(odd, f), acc[i][1]);
         }
     }
     for (int i = 0; i < MM; i++)
