@@ -10,6 +10,8 @@ import Glibc
 final class CPUPass: MoEPass {
     /// Tokens per router work item.
     static let routerChunk = 16
+    /// The fewest experts' rows in each half of a decode call's split router product.
+    static let routerHalfRows = 4
     /// Output columns per down-projection work item.
     static let downBlock = 256
     /// Marks the shared expert in a work item.
@@ -136,10 +138,9 @@ final class CPUPass: MoEPass {
         let inputNorm = self.inputNorm
         let xQ8 = self.xQ8
         xQuantized = xQ8 != nil
-        parallelFor((tokens + chunk - 1) / chunk) { c in
-            let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
-            // The input norm where the rows are read anyway: the chunk's normalised rows stay
-            // in cache for the router product, and every later stage reads them.
+        // The input norm where the rows are read anyway: the chunk's normalised rows stay
+        // in cache for the router product, and every later stage reads them.
+        func prepare(_ t0: Int, _ t1: Int) {
             if let (norm, source, normed) = inputNorm {
                 for t in t0..<t1 {
                     let v = source + t * h
@@ -151,8 +152,8 @@ final class CPUPass: MoEPass {
             if let xQ8 {
                 for t in t0..<t1 { xQ8.quantize(row: t, from: x + t * h) }
             }
-            routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
-                                  c: logits + t0 * e, ldc: e, tile: nil)
+        }
+        func select(_ c: Int, _ t0: Int, _ t1: Int) {
             for t in t0..<t1 {
                 let row = logits + t * e
                 if let bias { for i in 0..<e { row[i] += bias[i] } }
@@ -166,6 +167,27 @@ final class CPUPass: MoEPass {
                     sharedFactor[t] = 1
                 }
             }
+        }
+        // Decode: one chunk of tokens, whose router product (the whole router read from
+        // memory) would keep one core busy while the others wait. Its rows are split in
+        // two halves instead; the row kernels compute each logit alone, so the logits are
+        // the same as from one product.
+        if tokens <= WeightMatrix.registerRowLimit && e >= 2 * Self.routerHalfRows {
+            prepare(0, tokens)
+            let half = e / 2
+            parallelFor(2) { part in
+                let r0 = part * half, n = part == 0 ? half : e - half
+                routerWeight.multiply(m: tokens, rows: r0, count: n, a: x, lda: h, c: logits + r0, ldc: e, tile: nil)
+            }
+            select(0, 0, tokens)
+            return
+        }
+        parallelFor((tokens + chunk - 1) / chunk) { c in
+            let t0 = c * chunk, t1 = Swift.min(tokens, t0 + chunk)
+            prepare(t0, t1)
+            routerWeight.multiply(m: t1 - t0, rows: 0, count: e, a: x + t0 * h, lda: h,
+                                  c: logits + t0 * e, ldc: e, tile: nil)
+            select(c, t0, t1)
         }
     }
 
