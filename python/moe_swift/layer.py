@@ -91,8 +91,7 @@ def run_layers(layers, x, input_norms=None, input_norm_offset=0.0):
             parsed = _norm(f"input_norms[{i}]", norm, H, "input_norm_offset", input_norm_offset)
             keep.append(parsed[0])
             _set_norm(ffi, norms[i], parsed)
-    status = lib.moe_run_layers_ex(handles, len(layers), ffi.cast("const float *", x.ctypes.data), T,
-                                   ffi.cast("float *", y.ctypes.data), norms)
+    status = lib.moe_run_layers_ex(handles, len(layers), _address(ffi, x), T, _address(ffi, y), norms)
     if status != _native.OK and any(layer._closed for layer in layers):
         raise ValueError("a MoELayer of run_layers was closed during the call")
     _native.check(status)
@@ -175,6 +174,14 @@ def _real(name, value):
     if abs(value) > _FLOAT32_MAX:
         raise ValueError(f"{name} must be within float32's range (|x| <= {_FLOAT32_MAX:.4g}), got {value:g}")
     return value
+
+
+def _address(ffi, array, ctype="float[]"):
+    """The data of a C-contiguous NumPy array (which the caller keeps alive) as a pointer
+    for one call. ffi.from_buffer, not array.ctypes: a decode step calls each layer with
+    the caches cold (the layers in between stream their weights through them), and
+    array.ctypes then spends tens of microseconds in the ctypes machinery per pointer."""
+    return ffi.from_buffer(ctype, array)
 
 
 def _norm(name, value, H, offset_name, offset):
@@ -520,7 +527,7 @@ class MoELayer:
             residual = _array("residual", residual)
             if residual.shape != x.shape:
                 raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
-            desc.residual = ffi.cast("const float *", residual.ctypes.data)
+            desc.residual = _address(ffi, residual)
         norms = []  # the weights stay alive until the call returns
         if input_norm is not None:
             norms.append(_norm("input_norm", input_norm, H, "input_norm_offset", input_norm_offset))
@@ -530,7 +537,7 @@ class MoELayer:
             norms.append(_norm("next_norm", next_norm, H, "next_norm_offset", next_norm_offset))
             _set_norm(ffi, desc.next_norm, norms[-1])
             normed = np.empty(x.shape, dtype=np.float32)
-            desc.normed = ffi.cast("float *", normed.ctypes.data)
+            desc.normed = _address(ffi, normed)
         if out is None:
             y = np.empty(x.shape, dtype=np.float32)
         else:
@@ -542,9 +549,9 @@ class MoELayer:
             if out.shape != x.shape:
                 raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
             y = out
-        desc.x = ffi.cast("const float *", x.ctypes.data)
+        desc.x = _address(ffi, x)
         desc.num_tokens = T
-        desc.y = ffi.cast("float *", y.ctypes.data)
+        desc.y = _address(ffi, y)
         handle = self._live_handle()
         self._check(self._lib.moe_layer_forward_ex(handle, desc))
         h = y if out is not None else restore(y)
@@ -574,8 +581,7 @@ class MoELayer:
         handle = self._live_handle()
         ffi = self._ffi
         self._check(self._lib.moe_layer_forward_routed(
-            handle, ffi.cast("const float *", x.ctypes.data), T, ffi.cast("const int32_t *", ids_array.ctypes.data),
-            ffi.cast("const float *", w.ctypes.data), ffi.cast("float *", y.ctypes.data)))
+            handle, _address(ffi, x), T, _address(ffi, ids_array, "int32_t[]"), _address(ffi, w), _address(ffi, y)))
         return restore(y)
 
     def route(self, x):
@@ -585,9 +591,9 @@ class MoELayer:
         ids = np.empty((T, self.top_k), dtype=np.int32)
         weights = np.empty((T, self.top_k), dtype=np.float32)
         handle = self._live_handle()
-        self._check(self._lib.moe_layer_route(
-            handle, self._ffi.cast("const float *", x.ctypes.data), T,
-            self._ffi.cast("int32_t *", ids.ctypes.data), self._ffi.cast("float *", weights.ctypes.data)))
+        ffi = self._ffi
+        self._check(self._lib.moe_layer_route(handle, _address(ffi, x), T, _address(ffi, ids, "int32_t[]"),
+                                              _address(ffi, weights)))
         return ids, weights
 
     # --- lifetime -----------------------------------------------------------------
