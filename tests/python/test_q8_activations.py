@@ -273,6 +273,27 @@ def test_dense_weights_and_the_router_take_float32():
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("quantized", ["gate", "up"])
+def test_gate_and_up_in_different_formats(quantized):
+    """Only the quantized one of gate and up takes the 8-bit rows; the other reads x's
+    float32 rows (gathered only then), so both sides of that rule meet the reference."""
+    rng = np.random.default_rng(7)
+    E, H, I = 4, 512, 256
+    args = _layer_args("q4_K", rng, E=E, H=H, I=I)
+    del args["shared_expert"]
+    dense = "up_proj" if quantized == "gate" else "gate_proj"
+    args[dense] = (rng.standard_normal((E, I, H)) * H ** -0.5).astype(np.float32)
+    with moe_swift.MoELayer(**args, backend="cpu", activation_quantization="q8") as layer:
+        for T in (1, 8):
+            x = _inputs(rng, T, H)
+            y = layer(x)
+            ids, _ = layer.route(x)
+            grid = reference.moe_forward(x, **args, ids=ids, activation_quantization="q8")
+            assert np.abs(y - grid).max() <= 1e-3 * np.abs(grid).max() + 1e-5, (T, np.abs(y - grid).max())
+            exact = reference.moe_forward(x, **args, ids=ids)
+            assert np.abs(y - exact).max() > 1e-6 * np.abs(exact).max(), "the quantized product took float32 rows"
+
+
 # --- bad values ----------------------------------------------------------------------------
 
 

@@ -37,7 +37,9 @@ final class CPUPass: MoEPass {
     private let expertStart: UnsafeMutablePointer<Int>     // (E + 1) row offsets
     private let rowPair: UnsafeMutablePointer<Int32>       // row -> pair
     private let pairRow: UnsafeMutablePointer<Int32>       // pair -> row
-    private let gathered: UnsafeMutablePointer<Float>      // (rows, H) input row of each pair
+    /// (rows, H) input row of each pair; empty when both gate and up take 8-bit activations.
+    private let gathered: UnsafeMutablePointer<Float>
+    private let gathersFloats: Bool
     private let gateUpOut: UnsafeMutablePointer<Float>     // (rows, 2I)
     private let activated: UnsafeMutablePointer<Float>     // (rows, I)
     private let downOut: UnsafeMutablePointer<Float>       // (rows, H), weighted
@@ -79,6 +81,7 @@ final class CPUPass: MoEPass {
         q8Experts = backend.experts.quantizesActivations(c.activationQuantization)
         q8Shared = backend.shared?.quantizesActivations(c.activationQuantization) ?? (false, false, false)
         let expertsX = q8Experts.gate || q8Experts.up
+        gathersFloats = !(q8Experts.gate && q8Experts.up)
         let anyX = expertsX || q8Shared.gate || q8Shared.up
         let q8Arrays = (anyX ? Q8Rows.arrays(rows: tokens, cols: h) : [])
             + (expertsX ? Q8Rows.arrays(rows: rows, cols: h) : [])
@@ -87,7 +90,7 @@ final class CPUPass: MoEPass {
         let bytes = ScratchArena.bytes(for: q8Arrays + [
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
             (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
-            (rows * h, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
+            (gathersFloats ? rows * h : 0, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
             (tokens * 2 * si, f), (tokens * si, f), (tokens * h, f), (inputNorm == nil ? 0 : tokens * h, f),
         ])
         arena = try backend.scratch.checkOut(bytes: bytes)
@@ -100,7 +103,7 @@ final class CPUPass: MoEPass {
         expertStart = arena.take(Int.self, e + 1)
         rowPair = arena.take(Int32.self, rows)
         pairRow = arena.take(Int32.self, rows)
-        gathered = arena.take(Float.self, rows * h)
+        gathered = arena.take(Float.self, gathersFloats ? rows * h : 0)
         gateUpOut = arena.take(Float.self, rows * 2 * inner)
         activated = arena.take(Float.self, rows * inner)
         downOut = arena.take(Float.self, rows * h)
@@ -215,7 +218,7 @@ final class CPUPass: MoEPass {
         expertStart[0] = 0
 
         let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
-        let (xQ8, gatheredQ8) = (self.xQ8, self.gatheredQ8)
+        let (xQ8, gatheredQ8, gathersFloats) = (self.xQ8, self.gatheredQ8, self.gathersFloats)
         if let xQ8, !xQuantized {
             parallelFor(tokens) { t in xQ8.quantize(row: t, from: x + t * h) }
             xQuantized = true
@@ -224,7 +227,7 @@ final class CPUPass: MoEPass {
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
                 let token = Int(rowPair[row]) / k
-                (gathered + row * h).update(from: x + token * h, count: h)
+                if gathersFloats { (gathered + row * h).update(from: x + token * h, count: h) }
                 if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }
             }
         }
