@@ -304,6 +304,9 @@ final class CPUPass: MoEPass {
                 product(ffn.up, q8Up, column: 2 * c0 + w)
             }
             let bias = ffn.gateUpBias.map { UnsafePointer($0.pointer + index * 2 * width + c0) }
+            // With 8-bit activations for down, the block's columns are quantized here while
+            // they are in cache (whole activation blocks: blockWidth is a multiple of them).
+            let downQ8 = expert == Self.sharedExpert ? sharedActivatedQ8 : activatedQ8
             for r in 0..<rows {
                 let gu = out + r * 2 * width + 2 * c0
                 let a = activated + r * width + c0
@@ -312,27 +315,14 @@ final class CPUPass: MoEPass {
                 } else {
                     for i in 0..<w { a[i] = act(gu[i], gu[w + i]) }
                 }
+                downQ8?.quantize(row: first + r, from: a, columns: c0, count: w)
             }
         }
     }
 
     func down() {
-        // 8-bit activations: each activation row is quantized once (its grid values in
-        // place: nothing reads the float32 rows after this), before any item reads it.
-        let shared = withShared ? sharedActivatedQ8 : nil
-        let expertRows = activatedQ8 == nil ? 0 : tokens * k
-        if expertRows + (shared == nil ? 0 : tokens) > 0 {
-            let (activated, sharedActivated, inner, activatedQ8) = (self.activated, self.sharedActivated, self.inner,
-                                                                   self.activatedQ8)
-            parallelFor(expertRows + (shared == nil ? 0 : tokens)) { r in
-                if r < expertRows {
-                    activatedQ8!.quantize(row: r, from: activated + r * inner)
-                } else {
-                    let t = r - expertRows
-                    shared!.quantize(row: t, from: sharedActivated + t * shared!.cols)
-                }
-            }
-        }
+        // With 8-bit activations the rows were quantized by gateUp's items (their grid values
+        // in place: nothing reads the float32 rows after that).
         let items = downItems
         parallelFor(items.count) { n in
             let (expert, block) = items[n]

@@ -6,6 +6,7 @@
 /// `blockWidth` gate rows and the matching up rows, then applies the activation while
 /// the block's outputs are still in cache. Down weights are (count * H, I) rows.
 final class PackedFFN: @unchecked Sendable {
+    /// A multiple of MOE_Q8_ACTIVATION_BLOCK: an item quantizes its own activation columns.
     static let blockWidth = 128
 
     /// Row `base + expert * stride + column` of `matrix` is that expert's output column.

@@ -40,6 +40,16 @@ struct Q8Rows {
                             grid + row * cols)
     }
 
+    /// Columns `[start, start + count)` of row `row` from the float32 values at `x` (which may
+    /// be their own grid values): the blocks `quantize(row:from:)` makes of them, so `start`
+    /// is a multiple of the block and `count` too, unless it reaches the row's end.
+    func quantize(row: Int, from x: UnsafePointer<Float>, columns start: Int, count: Int) {
+        let block = Int(MOE_Q8_ACTIVATION_BLOCK)
+        precondition(start % block == 0 && (count % block == 0 || start + count == cols))
+        moe_cpu_q8_quantize(x, Int64(count), codes + row * cols + start, scales + row * blocks + start / block,
+                            sums + row * blocks + start / block, grid + row * cols + start)
+    }
+
     /// Row `row` of `source` (same cols) copied into row `to`.
     func copy(row: Int, of source: Q8Rows, to: Int) {
         (codes + to * cols).update(from: source.codes + row * cols, count: cols)
