@@ -36,8 +36,7 @@ struct Q8Rows {
 
     /// Row `row` from the float32 row `x` (which may be its own grid row).
     func quantize(row: Int, from x: UnsafePointer<Float>) {
-        moe_cpu_q8_quantize(x, Int64(cols), codes + row * cols, scales + row * blocks, sums + row * blocks,
-                            grid + row * cols)
+        quantize(row: row, from: x, columns: 0, count: cols)
     }
 
     /// Columns `[start, start + count)` of row `row` from the float32 values at `x` (which may
