@@ -205,7 +205,7 @@ def _norm(name, value, H, offset_name, offset):
 
 def _set_norm(ffi, target, norm):
     weight, eps, offset = norm
-    target.weight = ffi.cast("const float *", weight.ctypes.data)
+    target.weight = _address(ffi, weight)
     target.eps, target.offset = eps, offset
 
 
