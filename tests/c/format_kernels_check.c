@@ -216,6 +216,54 @@ static int check_prepared_reuse(void) {
     return ok;
 }
 
+// moe_cpu_q8_quantize against the definition (reference.quantize_activations_q8), element
+// by element in float32, bit for bit: whole and short blocks, zeros, ties, an outlier, a
+// block whose d is subnormal (the clamp), non-finite elements; and in place (grid = x).
+static int check_quantizer(void) {
+    enum { N = 32 * 7 + 5 };
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 97.0f;
+    for (int i = 0; i < 32; i++) x[i] = 0;                         // block 0: zeros
+    for (int i = 32; i < 64; i++) x[i] = (float)(i - 32) - 15.5f;  // block 1: d = 1 with x[63] = 127, ties
+    x[63] = 127;
+    x[70] = 1e4f;                                                   // block 2: an outlier
+    for (int i = 96; i < 128; i++) x[i] = 1e-43f * (float)(i % 5);  // block 3: d subnormal
+    x[140] = INFINITY;                                              // block 4: non-finite
+    x[170] = NAN;                                                   // block 5: NaN
+    int8_t codes[N];
+    float scales[8], sums[8], grid[N], in_place[N];
+    moe_cpu_q8_quantize(x, N, codes, scales, sums, grid);
+    memcpy(in_place, x, sizeof x);
+    int8_t codes2[N];
+    float scales2[8], sums2[8];
+    moe_cpu_q8_quantize(in_place, N, codes2, scales2, sums2, in_place);
+    int bad = 0;
+    for (int b = 0; b * 32 < N; b++) {
+        const int len = N - b * 32 < 32 ? N - b * 32 : 32;
+        const float* v = x + b * 32;
+        float amax = 0;
+        int finite = 1;
+        for (int i = 0; i < len; i++) {
+            finite &= isfinite(v[i]) != 0;
+            if (fabsf(v[i]) > amax) amax = fabsf(v[i]);
+        }
+        const float d = finite ? amax / 127.0f : NAN;
+        int total = 0;
+        for (int i = 0; i < len; i++) {
+            const int8_t q = d > 0 ? (int8_t)fminf(fmaxf(rintf(v[i] / d), -127.0f), 127.0f) : 0;
+            const float g = d * (float)q;
+            total += q;
+            bad += codes[b * 32 + i] != q || codes2[b * 32 + i] != q;
+            bad += memcmp(&grid[b * 32 + i], &g, 4) != 0 || memcmp(&in_place[b * 32 + i], &g, 4) != 0;
+        }
+        const float sum = d * (float)total;
+        bad += memcmp(&scales[b], &d, 4) != 0 || memcmp(&sums[b], &sum, 4) != 0;
+        bad += memcmp(&scales2[b], &d, 4) != 0 || memcmp(&sums2[b], &sum, 4) != 0;
+    }
+    if (bad) printf("FAIL q8 quantizer: %d values differ from the definition\n", bad);
+    return bad == 0;
+}
+
 int main(void) {
     int fails = 0, n = 0;
     int ms[] = {1, 2, 3, 4, 5, 9};
@@ -262,7 +310,8 @@ int main(void) {
             }
         }
     fails += !check_prepared_reuse();
-    n++;
+    fails += !check_quantizer();
+    n += 2;
     printf("%d of %d cases failed\n", fails, n);
     return fails != 0;
 }
