@@ -37,7 +37,8 @@ final class CPUPass: MoEPass {
     private let expertStart: UnsafeMutablePointer<Int>     // (E + 1) row offsets
     private let rowPair: UnsafeMutablePointer<Int32>       // row -> pair
     private let pairRow: UnsafeMutablePointer<Int32>       // pair -> row
-    /// (rows, H) input row of each pair; empty when both gate and up take 8-bit activations.
+    /// (rows, H) input row of each pair whose expert has more than one (an expert with one
+    /// reads its token's row in place); empty when both gate and up take 8-bit activations.
     private let gathered: UnsafeMutablePointer<Float>
     private let gathersFloats: Bool
     private let gateUpOut: UnsafeMutablePointer<Float>     // (rows, 2I)
@@ -46,8 +47,8 @@ final class CPUPass: MoEPass {
 
     // 8-bit activations (MoEActivationQuantization.q8): which products take them; x
     // (tokens, H) quantized once per token, copied to the gathered rows (rows, H) for the
-    // experts' gate and up; each row of `activated` (rows, I) and `sharedActivated`
-    // (tokens, Is) quantized once for down, its grid values in place.
+    // experts' gate and up (as the float32 rows are); each row of `activated` (rows, I)
+    // and `sharedActivated` (tokens, Is) quantized once for down, its grid values in place.
     private let q8Experts: (gate: Bool, up: Bool, down: Bool)
     private let q8Shared: (gate: Bool, up: Bool, down: Bool)
     private let xQ8: Q8Rows?
@@ -217,8 +218,8 @@ final class CPUPass: MoEPass {
         for i in stride(from: e, to: 0, by: -1) { expertStart[i] = expertStart[i - 1] }
         expertStart[0] = 0
 
-        let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
-        let (xQ8, gatheredQ8, gathersFloats) = (self.xQ8, self.gatheredQ8, self.gathersFloats)
+        let (x, h, k, gathered, rowPair, ids) = (self.x, self.h, self.k, self.gathered, self.rowPair, self.ids)
+        let (xQ8, gatheredQ8, gathersFloats, expertStart) = (self.xQ8, self.gatheredQ8, self.gathersFloats, self.expertStart)
         if let xQ8, !xQuantized {
             parallelFor(tokens) { t in xQ8.quantize(row: t, from: x + t * h) }
             xQuantized = true
@@ -226,7 +227,9 @@ final class CPUPass: MoEPass {
         let chunk = 64
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
-                let token = Int(rowPair[row]) / k
+                let pair = Int(rowPair[row]), expert = Int(ids[pair])
+                if expertStart[expert + 1] - expertStart[expert] == 1 { continue }  // read in place
+                let token = pair / k
                 if gathersFloats { (gathered + row * h).update(from: x + token * h, count: h) }
                 if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }
             }
@@ -270,18 +273,26 @@ final class CPUPass: MoEPass {
             let (expert, block) = items[n]
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>,
                 activated: UnsafeMutablePointer<Float>, index: Int
-            // The rows' 8-bit activations (from row `first`) and which products take them.
-            let q8: Q8Rows?, first: Int, q8Gate: Bool, q8Up: Bool
+            // The rows' 8-bit activations (from row `q8First`) and which products take them;
+            // `first`: the rows' first row of the outputs.
+            let q8: Q8Rows?, first: Int, q8First: Int, q8Gate: Bool, q8Up: Bool
             if expert == Self.sharedExpert {
                 ffn = backend.shared!
                 (rows, input, out, activated, index) = (tokens, x, sharedGateUp, sharedActivated, 0)
-                (q8, first, q8Gate, q8Up) = (xQ8, 0, q8Shared.gate, q8Shared.up)
+                (q8, first, q8First, q8Gate, q8Up) = (xQ8, 0, 0, q8Shared.gate, q8Shared.up)
             } else {
                 ffn = backend.experts
                 first = expertStart[expert]
                 rows = expertStart[expert + 1] - first
-                input = UnsafePointer(gathered + first * h)
-                (q8, q8Gate, q8Up) = (gatheredQ8, q8Experts.gate, q8Experts.up)
+                (q8Gate, q8Up) = (q8Experts.gate, q8Experts.up)
+                // One row (every expert of a one-token call): its token's row where it lies,
+                // not gathered (groupPairsByExpert).
+                if rows == 1 {
+                    let token = Int(rowPair[first]) / k
+                    (input, q8, q8First) = (x + token * h, xQ8, token)
+                } else {
+                    (input, q8, q8First) = (UnsafePointer(gathered + first * h), gatheredQ8, first)
+                }
                 out = gateUpOut + first * 2 * inner
                 activated = self.activated + first * inner
                 index = expert
@@ -293,7 +304,7 @@ final class CPUPass: MoEPass {
                 func product(_ part: PackedFFN.Rows, _ quantized: Bool, column: Int) {
                     let row0 = part.row(expert: index, column: c0)
                     if quantized, let q8 {
-                        part.matrix.multiply(m: rows, rows: row0, count: w, q: q8, first: first,
+                        part.matrix.multiply(m: rows, rows: row0, count: w, q: q8, first: q8First,
                                              c: out + column, ldc: 2 * width, tile: tile)
                     } else {
                         part.matrix.multiply(m: rows, rows: row0, count: w, a: input, lda: h,
