@@ -68,6 +68,11 @@ INLINE T256 void row_kernel(const int kind, const int MM, const moe_cpu_matrix* 
     for (int64_t seg = 0; seg < kv;) {
         const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
         for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
+            if (is_dense(kind)) {
+                const char* next = (const char*)row_data(w, r) + dense_bytes(kind) * k0 + DENSE_PREFETCH;
+                _mm_prefetch(next, _MM_HINT_T0);
+                if (kind == K_F32) _mm_prefetch(next + 64, _MM_HINT_T0);  // a chunk is two lines
+            }
             __m256 v[4];
             unpack_avx2(kind, w, &gc, r, &p, seg, k0, v);
             for (int i = 0; i < MM; i++) {

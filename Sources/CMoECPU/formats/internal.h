@@ -234,6 +234,7 @@ static __attribute__((unused)) void unpack_chunk_portable(const moe_cpu_matrix* 
 }
 
 INLINE int is_dense(int kind) { return kind == K_F32 || kind == K_F16 || kind == K_BF16; }
+INLINE int64_t dense_bytes(int kind) { return kind == K_F32 ? 4 : 2; }
 
 // ---- ggml's blocks (ggml.c) -----------------------------------------------------------
 
@@ -457,6 +458,11 @@ INLINE __attribute__((target("f16c"))) int64_t load_segment(const group_cursor* 
 // Bytes ahead of the 4-bit codes being read that a product prefetches (8-bit codes stream
 // faster without it).
 enum { CODE_PREFETCH = 1024 };
+// Bytes ahead of the float32 / float16 / bfloat16 weights being read that the dense decode
+// product prefetches, every cache line: a dense row streams so many bytes per FMA that the
+// hardware prefetchers, which restart at each 4 KiB page, leave a core well short of its
+// share of the bandwidth (benchmarks/run.py --formats bf16 at T = 1).
+enum { DENSE_PREFETCH = 4096 };
 // Floats of activation group sums a factored product keeps on the stack; a row may have
 // at most FACTORED_SUMS / 4 groups.
 enum { FACTORED_SUMS = 4096 };
