@@ -65,8 +65,11 @@ final class CPUPass: MoEPass {
 
     /// False when the routing was given (setRouting): the routed experts alone.
     private var withShared: Bool
-    private var gateUpItems: [(expert: Int, block: Int)] = []
-    private var downItems: [(expert: Int, block: Int)] = []
+    /// The experts that have rows, in order, then the shared expert if it runs: the work
+    /// items are their blocks (`gateUpItem`, `downItem`), counted, not listed.
+    private let busyExperts: UnsafeMutablePointer<Int32>  // (E + 1)
+    private var busyCount = 0
+    private var routedCount = 0
 
     init(backend: CPUBackend, input: UnsafePointer<Float>, tokens: Int, inputNorm: RMSNorm?) throws {
         let c = backend.configuration
@@ -90,7 +93,7 @@ final class CPUPass: MoEPass {
             + (q8Shared.down ? Q8Rows.arrays(rows: tokens, cols: si, grid: false) : [])
         let bytes = ScratchArena.bytes(for: q8Arrays + [
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
-            (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4),
+            (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4), (e + 1, 4),
             (gathersFloats ? rows * h : 0, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
             (tokens * 2 * si, f), (tokens * si, f), (tokens * h, f), (inputNorm == nil ? 0 : tokens * h, f),
         ])
@@ -104,6 +107,7 @@ final class CPUPass: MoEPass {
         expertStart = arena.take(Int.self, e + 1)
         rowPair = arena.take(Int32.self, rows)
         pairRow = arena.take(Int32.self, rows)
+        busyExperts = arena.take(Int32.self, e + 1)
         gathered = arena.take(Float.self, gathersFloats ? rows * h : 0)
         gateUpOut = arena.take(Float.self, rows * 2 * inner)
         activated = arena.take(Float.self, rows * inner)
@@ -235,18 +239,35 @@ final class CPUPass: MoEPass {
             }
         }
 
-        let blocks = backend.experts.blocksPerExpert
-        let downBlocks = (h + Self.downBlock - 1) / Self.downBlock
-        gateUpItems.removeAll(keepingCapacity: true)
-        downItems.removeAll(keepingCapacity: true)
+        busyCount = 0
         for expert in 0..<e where expertStart[expert + 1] > expertStart[expert] {
-            for b in 0..<blocks { gateUpItems.append((expert, b)) }
-            for b in 0..<downBlocks { downItems.append((expert, b)) }
+            busyExperts[busyCount] = Int32(expert)
+            busyCount += 1
         }
-        if withShared, let shared = backend.shared {
-            for b in 0..<shared.blocksPerExpert { gateUpItems.append((Self.sharedExpert, b)) }
-            for b in 0..<downBlocks { downItems.append((Self.sharedExpert, b)) }
+        routedCount = busyCount
+        if withShared && backend.shared != nil {
+            busyExperts[busyCount] = Int32(Self.sharedExpert)
+            busyCount += 1
         }
+    }
+
+    /// Gate/up work items: `blocksPerExpert` of each busy expert's FFN.
+    private var gateUpItemCount: Int {
+        routedCount * backend.experts.blocksPerExpert + (busyCount - routedCount) * (backend.shared?.blocksPerExpert ?? 0)
+    }
+
+    /// Gate/up work item n: each routed expert's blocks, then the shared expert's.
+    private func gateUpItem(_ n: Int) -> (expert: Int, block: Int) {
+        let blocks = backend.experts.blocksPerExpert
+        if n < routedCount * blocks { return (Int(busyExperts[n / blocks]), n % blocks) }
+        return (Self.sharedExpert, n - routedCount * blocks)
+    }
+
+    private var downBlocks: Int { (h + Self.downBlock - 1) / Self.downBlock }
+
+    /// Down work item n: each busy expert's blocks of output columns.
+    private func downItem(_ n: Int) -> (expert: Int, block: Int) {
+        (Int(busyExperts[n / downBlocks]), n % downBlocks)
     }
 
     /// Runs `body` with dequantization scratch for one work item of `ffn` that multiplies
@@ -268,9 +289,8 @@ final class CPUPass: MoEPass {
         let act = GatedActivation(kind: backend.configuration.activation,
                                   alpha: backend.configuration.swigluAlpha,
                                   limit: backend.configuration.swigluLimit)
-        let items = gateUpItems
-        parallelFor(items.count) { n in
-            let (expert, block) = items[n]
+        parallelFor(gateUpItemCount) { n in
+            let (expert, block) = gateUpItem(n)
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>,
                 activated: UnsafeMutablePointer<Float>, index: Int
             // The rows' 8-bit activations (from row `q8First`) and which products take them;
@@ -334,9 +354,8 @@ final class CPUPass: MoEPass {
     func down() {
         // With 8-bit activations the rows were quantized by gateUp's items (their grid values
         // in place: nothing reads the float32 rows after that).
-        let items = downItems
-        parallelFor(items.count) { n in
-            let (expert, block) = items[n]
+        parallelFor(busyCount * downBlocks) { n in
+            let (expert, block) = downItem(n)
             let h0 = block * Self.downBlock, bh = Swift.min(Self.downBlock, h - h0)
             let ffn: PackedFFN, rows: Int, input: UnsafePointer<Float>, out: UnsafeMutablePointer<Float>, index: Int
             let first = expert == Self.sharedExpert ? 0 : expertStart[expert]
