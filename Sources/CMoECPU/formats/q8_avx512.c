@@ -179,7 +179,7 @@ INLINE T512Q8 void octet(const int F, const int MM, const int blocks, const uint
 // blocks after the last one (a row of 2880: two) as an octet with its missing blocks masked.
 INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w, int64_t r,
                               const octet_indices* ix, const int8_t* const* xr, const float* const* xs,
-                              const float* const* xsum, float* c, int64_t ldc) {
+                              const float* const* xsum, float* c, int64_t ldc, const uint8_t* stop) {
     const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
     const int octet_bytes = ours ? 128 : 8 * (F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18);
     const float offset = F == MOE_FORMAT_GGML_Q4_0 ? 8.0f
@@ -195,7 +195,8 @@ INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w
     for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps(), sums[i] = _mm256_setzero_ps();
     int64_t o = 0;
     for (; o < octets; o++, b += octet_bytes) {
-        for (int l = 0; l < octet_bytes; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+        if (b + PREFETCH_AHEAD < stop)
+            for (int l = 0; l < octet_bytes; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
         octet(F, MM, 8, b, &gc, o, ix, xr, xs, xsum, acc, sums);
     }
     if (rest) octet(F, MM, rest, b, &gc, o, ix, xr, xs, xsum, acc, sums);
@@ -222,7 +223,8 @@ INLINE T512Q8 void add_quarters(const __m512i q[4], const int8_t* x, const __m51
 // The factor d * sc_j * d_x reaches its lanes by one permute per register; the minimums
 // multiply the activation blocks' sums.
 INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
-                            const float* const* xs, const float* const* xsum, float* c, int64_t ldc) {
+                            const float* const* xs, const float* const* xsum, float* c, int64_t ldc,
+                            const uint8_t* stop) {
     const uint8_t* b = row_data(w, r);
     const __m512i mask = _mm512_set1_epi8(0x0f);
     const __m512i first = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), second = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
@@ -232,8 +234,10 @@ INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, co
     __m256 mins[Q8X_ROWS];
     for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps(), mins[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < w->cols; k += 256, b += 144) {
-        for (int l = 0; l < 144; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
-        _mm_prefetch((const char*)b + PREFETCH_AHEAD + 143, _MM_HINT_T0);
+        if (b + PREFETCH_AHEAD < stop) {
+            for (int l = 0; l < 144; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+            _mm_prefetch((const char*)b + PREFETCH_AHEAD + 143, _MM_HINT_T0);
+        }
         uint64_t sc8, m8;
         k_scales_mins(b + 4, &sc8, &m8);
         const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)),
@@ -280,7 +284,8 @@ INLINE T512Q8 void sixteens(const int8_t* x, int64_t cols, float* out) {
 // d * sc_j * d_x of each 16 elements reaches its four lanes by one permute per register;
 // the -32 multiplies the activation codes' sums per 16 (sixteens) by the same factors.
 INLINE T512Q8 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
-                            const float* const* xs, const float* const* x16, float* c, int64_t ldc) {
+                            const float* const* xs, const float* const* x16, float* c, int64_t ldc,
+                            const uint8_t* stop) {
     const uint8_t* b = row_data(w, r);
     const __m512i low4 = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30);
     const __m512i left = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), right = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
@@ -292,8 +297,10 @@ INLINE T512Q8 void row_q6_k(const int MM, const moe_cpu_matrix* w, int64_t r, co
     __m512 acc[Q8X_ROWS][2], offsets[Q8X_ROWS];
     for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = offsets[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < w->cols; k += 256, b += 210) {
-        for (int l = 0; l < 210; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
-        _mm_prefetch((const char*)b + PREFETCH_AHEAD + 209, _MM_HINT_T0);
+        if (b + PREFETCH_AHEAD < stop) {
+            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+            _mm_prefetch((const char*)b + PREFETCH_AHEAD + 209, _MM_HINT_T0);
+        }
         const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(half_to_float(b + 208)),
                                          _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_cvtepi8_epi16(
                                              _mm_loadu_si128((const __m128i*)(b + 192))))));
@@ -351,16 +358,24 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
             xs[i] = a->scales + row / 32;
         }
         float* ci = c + i0 * ldc;
+        // A work item reads rows row0..row0+n-1 (one block of an expert's matrix): their
+        // first PREFETCH_AHEAD bytes are requested at once rather than met by demand misses,
+        // and nothing past the last row is prefetched (other items' rows, read later).
+        const uint8_t* stop = row_data(w, row0 + n);
+        if (i0 == 0) {
+            const uint8_t* start = row_data(w, row0);
+            for (int64_t l = 0; l < PREFETCH_AHEAD && start + l < stop; l += 64) _mm_prefetch((const char*)start + l, _MM_HINT_T0);
+        }
         for (int64_t j = 0; j < n; j++) {
 #define ROW_(MM)                                                                                                    \
     switch (F) {                                                                                                    \
-    case MOE_FORMAT_GGML_Q4_K: row_q4_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc); break;                        \
-    case MOE_FORMAT_GGML_Q6_K: row_q6_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc); break;                        \
-    case MOE_FORMAT_GGML_Q4_0: row_blocks(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
-    case MOE_FORMAT_GGML_IQ4_NL: row_blocks(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
-    case MOE_FORMAT_GGML_MXFP4: row_blocks(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break; \
-    case MOE_FORMAT_MXFP4: row_blocks(MOE_FORMAT_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break;   \
-    default: row_blocks(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc); break;               \
+    case MOE_FORMAT_GGML_Q4_K: row_q4_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;                        \
+    case MOE_FORMAT_GGML_Q6_K: row_q6_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;                        \
+    case MOE_FORMAT_GGML_Q4_0: row_blocks(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
+    case MOE_FORMAT_GGML_IQ4_NL: row_blocks(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
+    case MOE_FORMAT_GGML_MXFP4: row_blocks(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
+    case MOE_FORMAT_MXFP4: row_blocks(MOE_FORMAT_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break;   \
+    default: row_blocks(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break;               \
     }
             ROWS_AS_CONSTANT(mm, ROW_)
 #undef ROW_
