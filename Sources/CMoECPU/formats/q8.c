@@ -41,8 +41,9 @@ _Static_assert(MOE_Q8_ACTIVATION_BLOCK == 32, "quantize_block_avx2 holds a block
 
 // A whole block, every output wanted: quantize_block's operations lane by lane (a vector
 // division and round-to-nearest-even are the scalar ones), so the results are its bits.
-// Decode quantizes every row it multiplies; scalar, nearbyintf and the division took
-// about 5 ns an element. All of x is loaded before grid (which may be x) is written.
+// Decode quantizes every row it multiplies, where the scalar loop's call to nearbyintf and
+// division per element were the cost. All of x is loaded before grid (which may be x) is
+// written.
 T256 static void quantize_block_avx2(const float* x, int8_t* codes, float* scale, float* sum, float* grid) {
     const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
     __m256 v[4], amax = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
