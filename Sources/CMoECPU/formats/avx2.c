@@ -69,7 +69,7 @@ INLINE T256 void row_kernel(const int kind, const int MM, const moe_cpu_matrix* 
         const int64_t end = load_segment(&gc, is_dense(kind), seg, kv, &p);
         for (int64_t k0 = seg; k0 < end; k0 += CHUNK) {
             if (is_dense(kind)) {
-                const char* next = (const char*)row_data(w, r) + dense_bytes(kind) * k0 + DENSE_PREFETCH;
+                const char* next = (const char*)row_data(w, r) + dense_bytes(kind) * k0 + WIDE_PREFETCH;
                 _mm_prefetch(next, _MM_HINT_T0);
                 if (kind == K_F32) _mm_prefetch(next + 64, _MM_HINT_T0);  // a chunk is two lines
             }
@@ -111,6 +111,8 @@ INLINE T256 void row_affine_kernel(const int kind, const int MM, const int GS, c
     for (int64_t g = 0; g < groups; g++) {
         const int64_t k0 = g * gs;
         if (kind == K_Q4) _mm_prefetch((const char*)row + (k0 >> 1) + CODE_PREFETCH, _MM_HINT_T0);
+        if (kind == K_Q8)
+            for (int64_t l = 0; l < gs; l += 64) _mm_prefetch((const char*)row + k0 + l + WIDE_PREFETCH, _MM_HINT_T0);
         __m256 acc[4][2];
         for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
         for (int64_t k = k0; k < k0 + gs; k += CHUNK) {

@@ -152,6 +152,7 @@ INLINE T512 void group_fixed_q8(const int MM, const int64_t gs, const int vnni, 
                                 __m512 hi_total[][2], __m512 lo_total[][2]) {
     __m256i hs[4][2], ls[4][2];  // [activation row][half]
     for (int i = 0; i < MM; i++) hs[i][0] = hs[i][1] = ls[i][0] = ls[i][1] = _mm256_setzero_si256();
+    for (int64_t l = 0; l < gs; l += 64) _mm_prefetch((const char*)row + g * gs + l + WIDE_PREFETCH, _MM_HINT_T0);
     for (int64_t e = g * gs; e < (g + 1) * gs; e += 32)
         for (int h = 0; h < 2; h++) {
             const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(row + e + 16 * h)));

@@ -455,14 +455,14 @@ INLINE __attribute__((target("f16c"))) int64_t load_segment(const group_cursor* 
     return k1;
 }
 
-// Bytes ahead of the 4-bit codes being read that a product prefetches (8-bit codes stream
-// faster without it).
+// Bytes ahead of the 4-bit codes being read that a product prefetches.
 enum { CODE_PREFETCH = 1024 };
-// Bytes ahead of the float32 / float16 / bfloat16 weights being read that the dense decode
-// product prefetches, every cache line: a dense row streams so many bytes per FMA that the
-// hardware prefetchers, which restart at each 4 KiB page, leave a core well short of its
-// share of the bandwidth (benchmarks/run.py --formats bf16 at T = 1).
-enum { DENSE_PREFETCH = 4096 };
+// Bytes ahead of the weights being read that the decode products of wide elements (float32,
+// float16 and bfloat16 rows, affine 8-bit codes) prefetch, every cache line: such rows
+// stream so many bytes per multiply-add that the hardware prefetchers, which restart at
+// each 4 KiB page, leave a core well short of its share of the bandwidth
+// (docs/cpu-backend.md).
+enum { WIDE_PREFETCH = 4096 };
 // Floats of activation group sums a factored product keeps on the stack; a row may have
 // at most FACTORED_SUMS / 4 groups.
 enum { FACTORED_SUMS = 4096 };
