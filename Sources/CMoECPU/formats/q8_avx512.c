@@ -339,6 +339,11 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
         ? indices_for(F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18, F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2,
                       F == MOE_FORMAT_GGML_MXFP4 ? 1 : 2)
         : (octet_indices){0};
+    // A work item reads rows row0..row0+n-1 (one block of an expert's matrix): their first
+    // PREFETCH_AHEAD bytes are requested at once rather than met by demand misses, and
+    // nothing past the last row is prefetched (other items' rows, read later).
+    const uint8_t* start = row_data(w, row0), *stop = row_data(w, row0 + n);
+    for (int64_t l = 0; l < PREFETCH_AHEAD && start + l < stop; l += 64) _mm_prefetch((const char*)start + l, _MM_HINT_T0);
     for (int64_t i0 = 0; i0 < m; i0 += Q8X_ROWS) {
         const int mm = (int)MIN(Q8X_ROWS, m - i0);
         const int8_t* xr[Q8X_ROWS];
@@ -358,14 +363,6 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
             xs[i] = a->scales + row / 32;
         }
         float* ci = c + i0 * ldc;
-        // A work item reads rows row0..row0+n-1 (one block of an expert's matrix): their
-        // first PREFETCH_AHEAD bytes are requested at once rather than met by demand misses,
-        // and nothing past the last row is prefetched (other items' rows, read later).
-        const uint8_t* stop = row_data(w, row0 + n);
-        if (i0 == 0) {
-            const uint8_t* start = row_data(w, row0);
-            for (int64_t l = 0; l < PREFETCH_AHEAD && start + l < stop; l += 64) _mm_prefetch((const char*)start + l, _MM_HINT_T0);
-        }
         for (int64_t j = 0; j < n; j++) {
 #define ROW_(MM)                                                                                                    \
     switch (F) {                                                                                                    \

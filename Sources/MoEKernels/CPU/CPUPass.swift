@@ -223,7 +223,7 @@ final class CPUPass: MoEPass {
         expertStart[0] = 0
 
         let (x, h, k, gathered, rowPair, ids) = (self.x, self.h, self.k, self.gathered, self.rowPair, self.ids)
-        let (xQ8, gatheredQ8, gathersFloats, expertStart) = (self.xQ8, self.gatheredQ8, self.gathersFloats, self.expertStart)
+        let (xQ8, gatheredQ8, gathersFloats) = (self.xQ8, self.gatheredQ8, self.gathersFloats)
         if let xQ8, !xQuantized {
             parallelFor(tokens) { t in xQ8.quantize(row: t, from: x + t * h) }
             xQuantized = true
@@ -231,8 +231,8 @@ final class CPUPass: MoEPass {
         let chunk = 64
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
-                let pair = Int(rowPair[row]), expert = Int(ids[pair])
-                if expertStart[expert + 1] - expertStart[expert] == 1 { continue }  // read in place
+                let pair = Int(rowPair[row])
+                if readsInPlace(Int(ids[pair])) { continue }
                 let token = pair / k
                 if gathersFloats { (gathered + row * h).update(from: x + token * h, count: h) }
                 if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }
@@ -250,6 +250,10 @@ final class CPUPass: MoEPass {
             busyCount += 1
         }
     }
+
+    /// Whether `expert`'s gate and up read their one row's token row in place (x and its
+    /// 8-bit codes), nothing gathered for it: every expert of a one-token call.
+    private func readsInPlace(_ expert: Int) -> Bool { expertStart[expert + 1] - expertStart[expert] == 1 }
 
     /// Gate/up work items: `blocksPerExpert` of each busy expert's FFN.
     private var gateUpItemCount: Int {
@@ -305,9 +309,7 @@ final class CPUPass: MoEPass {
                 first = expertStart[expert]
                 rows = expertStart[expert + 1] - first
                 (q8Gate, q8Up) = (q8Experts.gate, q8Experts.up)
-                // One row (every expert of a one-token call): its token's row where it lies,
-                // not gathered (groupPairsByExpert).
-                if rows == 1 {
+                if readsInPlace(expert) {
                     let token = Int(rowPair[first]) / k
                     (input, q8, q8First) = (x + token * h, xQ8, token)
                 } else {
