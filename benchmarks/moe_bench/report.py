@@ -67,6 +67,12 @@ def add_fractions(rows, roof):
                     per = [b / (ms * 1e-3) / 1e9 / p for ms, p in zip(rounds, probes) if ms]
                     if per:
                         d["point_probe_fraction"] = float(np.median(per))
+                reads = r.get("call_read_s")
+                if reads and rounds:
+                    # The time to read the call's bytes and nothing else over the call's time.
+                    per = [s * 1e3 / ms for ms, s in zip(rounds, reads) if ms]
+                    if per:
+                        d["call_read_fraction"] = float(np.median(per))
 
 
 def _untimed(d):
@@ -152,6 +158,11 @@ Columns (--formats):
                 at T > 8 the layer is compute-bound and this only says how far from the bandwidth limit it is
   % now         T <= 8: in each round of the point, ours' median GB/s over the native read probe run at the
                 start of that round; the median over the rounds (the bandwidth moves within a run)
+  % read        T <= 8: in each round, the time the library's threads take to read the call's own bytes
+                (the routed experts of ours' first input of the round, router, shared expert) and nothing
+                else, cold (moe_measure_read_time after the same flush), over ours' median call; the median
+                over the rounds. The roof of this call in its own pieces of memory: a 1 GiB stream (% now)
+                reads faster than a call's few MB in scattered pieces can
                 ggml's block formats (q4_0, q4_K, q6_K, q8_0, mxfp4_ggml, ...): ggml's blocks, the same
                 arrays for ours and ggml
   numpy, mlx    peer ms / ours ms (>1: ours is faster), paired per round (the median over the rounds of
@@ -166,7 +177,7 @@ Columns (--formats):
                 format (/ ours-q8 with --activations) / ggml in its type (ggml also quantizes the activations to 8 bits); in ggml's
                 block formats ggml's is against ours on the same blocks (its 8-bit activations alone)
   ours-q8       with --activations none,q8: ours with 8-bit activations (activation_quantization="q8"), timed
-                in the same rounds: its ms, % roof and % now as ours'; in the ggml columns, "a | b": ggml's
+                in the same rounds: its ms, % roof, % now and % read as ours'; in the ggml columns, "a | b": ggml's
                 time over ours' (a) and over ours-q8's (b), each paired per round
   /R            ggml's expert weights were in the CPU_REPACK buffer type (interleaved for its GEMV/GEMM)
   !             a peer whose effective bandwidth (its own bytes) is above the roof (the roof is not a ceiling)
@@ -182,14 +193,18 @@ def _ratio(r, name):
     return f"{d.get('paired_ratio') or d['ms'] / ours:.2f}x{flag}" if ours else f"{d['ms']:.2f} ms{flag}"
 
 
+def _percent(d, key):
+    return f"{d[key] * 100:.0f}%" if key in d else "-"
+
+
 def formats_tables(rows, peer_names, roof) -> str:
     """The per-format table (rows with a "format"), the effective bandwidth of every
     implementation, and the footnotes."""
     modes = [n for n in peer_names if n.startswith("ours-")]
     names = [n for n in peer_names if n not in ("ours", "reference") and n not in modes]
-    head = ["shape", "format", "T", "ours ms", "GB/s", "% roof", "% now"]
+    head = ["shape", "format", "T", "ours ms", "GB/s", "% roof", "% now", "% read"]
     for m in modes:
-        head += [f"{m} ms", "% roof", "% now"]
+        head += [f"{m} ms", "% roof", "% now", "% read"]
     for n in names:
         head.append(SHORT.get(n, n) + "".join(f" | /{m}" for m in modes if n.startswith("ggml")))
     head.append("err " + "/".join(["ours"] + modes + ["ggml"]))
@@ -208,9 +223,9 @@ def formats_tables(rows, peer_names, roof) -> str:
             d = r["impl"].get(m, {})
             if "ms" in d:
                 cells += [f"{d['ms']:.2f}" if d["ms"] < 100 else f"{d['ms']:.0f}", f"{d['bw_fraction'] * 100:.0f}%",
-                          f"{d['point_probe_fraction'] * 100:.0f}%" if "point_probe_fraction" in d else "-"]
+                          _percent(d, "point_probe_fraction"), _percent(d, "call_read_fraction")]
             else:
-                cells += [_untimed(d) if d else "-", "-", "-"]
+                cells += [_untimed(d) if d else "-", "-", "-", "-"]
         for n in names:
             c = _ratio(r, n)
             if n.startswith("ggml") and "ms" in r["impl"].get(n, {}):
@@ -224,7 +239,7 @@ def formats_tables(rows, peer_names, roof) -> str:
                       "-" if ms is None else (f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"),
                       f"{o['GBps']:.1f}" if "GBps" in o else "-",
                       f"{o['bw_fraction'] * 100:.0f}%" if "bw_fraction" in o else "-",
-                      f"{o['point_probe_fraction'] * 100:.0f}%" if "point_probe_fraction" in o else "-"] + cells + [err])
+                      _percent(o, "point_probe_fraction"), _percent(o, "call_read_fraction")] + cells + [err])
     out = [_fmt_table(head, lines)]
     out.append("")
     out.append(f"Effective read bandwidth (GB/s, each implementation's own bytes) against the roof "

@@ -133,6 +133,25 @@ def native_read(nbytes: int, repeats: int):
         return None
 
 
+def native_read_time(arrays):
+    """(seconds, bytes read) of moe_measure_read_time over the C-contiguous NumPy
+    `arrays`: the CPU backend's threads reading them once, in a call's work-item pieces;
+    None if the library cannot be loaded."""
+    try:
+        from moe_swift import _native
+        ffi, lib, _ = _native.load()
+    except Exception:  # noqa: BLE001
+        return None
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            raise ValueError(f"native_read_time reads contiguous arrays, got strides {a.strides}")
+    starts = ffi.new("void *[]", [ffi.cast("void *", a.ctypes.data) for a in arrays] or [ffi.NULL])
+    sizes = ffi.new("int64_t[]", [a.nbytes for a in arrays] or [0])
+    seconds, nbytes = ffi.new("double *"), ffi.new("int64_t *")
+    _native.check(lib.moe_measure_read_time(starts, sizes, len(arrays), seconds, nbytes))
+    return float(seconds[0]), int(nbytes[0])
+
+
 def combine(first: dict, last: dict | None) -> dict:
     """The roofline used for the fractions: the best of the measurements at the start
     and at the end of the run (the machine is shared; the best is closest to its peak).

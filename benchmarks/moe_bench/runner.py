@@ -460,10 +460,20 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
     flush = flush or CacheFlush(0)
     clock = CLOCKS[getattr(args, "clock", "wall")]
     probes = []  # the native read probe in every round of a decode point: the roof at that moment
+    reads = []  # seconds to read one call's bytes (its experts, router, shared), per round
     round_of = {n: [] for n in calls}  # the round of each timed run
     for rnd in range(rounds):
         if T <= DECODE_MAX_T and args.point_probe_mb and (p := roofline.native_read(args.point_probe_mb << 20, 2)):
             probes.append(p[0])
+            # The call's own bytes read and nothing else, cold: the routing of ours' first
+            # input of this round (the '% read' column).
+            if "ours" in calls:
+                j0 = rnd * -(-res["ours"]["runs_planned"] // rounds)
+                ids = np.unique(ours.route(xs[2 + j0])[0])
+                flush()
+                if (t := roofline.native_read_time([a[e] for a in (fw or w).expert_arrays() for e in ids]
+                                                   + w.fixed_arrays())):
+                    reads.append(t[0])
         for name, fn in calls.items():
             n = res[name]["runs_planned"]
             per = -(-n // rounds)
@@ -496,6 +506,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
                distinct_experts=n_exp, expert_bytes=expert_bytes,
                bytes_read=n_exp * expert_bytes + w.fixed_bytes(),
                point_probe_GBps=probes if len(probes) == rounds else None,
+               call_read_s=reads if len(reads) == rounds else None,
                flush_bytes=flush.nbytes, flops=w.flops(T), near_tie_tokens=int((~keep).sum()), loadavg=loadavg(), impl={})
     for name in selected:
         r = res.get(name, dict(status="not selected"))

@@ -145,6 +145,15 @@ class Weights:
             n += (2 * self.I + self.H) * 4
         return n
 
+    def expert_arrays(self) -> list:
+        """The (E, ...) arrays whose [e] is what routed expert e reads (float32)."""
+        return [a for a in (self.gate_up, self.down, self.gate_up_bias, self.down_bias) if a is not None]
+
+    def fixed_arrays(self) -> list:
+        """What every forward reads whatever the routing: router (+bias), shared expert."""
+        out = [a for a in (self.router, self.router_bias) if a is not None]
+        return out + (list(self.shared.values()) if self.shared else [])
+
     def fixed_bytes(self) -> int:
         """Weight bytes every forward reads whatever the routing: router (+bias), shared expert."""
         n = self.router.nbytes + (0 if self.router_bias is None else self.router_bias.nbytes)

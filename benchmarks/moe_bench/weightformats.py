@@ -208,6 +208,17 @@ class FormatWeights:
             n += (2 * self.master.I + self.master.H) * 4
         return n
 
+    def expert_arrays(self) -> list:
+        """The (E, ...) arrays whose [e] is what routed expert e reads: ggml blocks, or
+        codes, scales and biases, or dense rows, of gate, up and down."""
+        if self.blocks is not None:
+            return list(self.blocks)
+        out = []
+        for m in (self.gate, self.up, self.down):
+            out += [a for a in (getattr(m, n, None) for n in ("weight", "scales", "biases")) if a is not None] \
+                if hasattr(m, "weight") else [m]
+        return out + [a for a in (self.master.gate_up_bias, self.master.down_bias) if a is not None]
+
     def layer_kwargs(self) -> dict:
         kw = self.master.layer_kwargs()
         kw.update(gate_proj=self.gate, up_proj=self.up, down_proj=self.down)

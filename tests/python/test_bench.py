@@ -221,9 +221,15 @@ def test_point_probe_gives_the_roof_at_the_moment():
         per = [decode["bytes_read"] / (ms * 1e-3) / 1e9 / p for ms, p in zip(d["ms_rounds"], probes) if ms]
         assert d["point_probe_fraction"] == pytest.approx(np.median(per))
     assert "point_probe_fraction" not in prefill["impl"]["ours"]
+    # '% read': each round's time to read the call's own bytes over ours' median in that round.
+    reads = decode["call_read_s"]
+    assert len(reads) == 4 and min(reads) > 0 and prefill["call_read_s"] is None
     ours = decode["impl"]["ours"]
+    assert ours["call_read_fraction"] == pytest.approx(
+        np.median([s * 1e3 / ms for ms, s in zip(ours["ms_rounds"], reads) if ms]))
     text = report.formats_tables(rows, ["ours"], roof)
     assert "% now" in text and f"{ours['point_probe_fraction'] * 100:.0f}%" in text
+    assert "% read" in text and f"{ours['call_read_fraction'] * 100:.0f}%" in text
 
 
 def test_point_probe_size_is_checked():
@@ -422,6 +428,34 @@ def test_native_read_probe():
     for args, words in [((1 << 20, 1, out), "at least 64 MiB"), ((64 << 20, 0, out), "repeats"),
                         ((64 << 20, 1, ffi.NULL), "gb_per_s is NULL")]:
         assert lib.moe_measure_read_bandwidth(*args) == lib.MOE_ERROR_INVALID_ARGUMENT
+        assert words in ffi.string(lib.moe_last_error()).decode()
+
+
+def test_native_read_time():
+    """moe_measure_read_time, the roof of one call: the library's threads read the given
+    regions once, each from its first 64-byte boundary in whole 256-byte steps; each bad
+    argument named."""
+    from moe_swift import _native
+    ffi, lib, _ = _native.load()
+    a = np.ones(3 << 20, np.uint8)
+    regions = [a[1:1 + 100_000], a[1 << 20:(1 << 20) + 256], a[2 << 20:(2 << 20) + 255], a[:0]]
+    seconds, nbytes = roofline.native_read_time(regions)
+
+    def whole(r):  # the bytes read of region r
+        skip = -r.ctypes.data % 64
+        return max(0, (r.nbytes - skip) // 256 * 256)
+    assert seconds > 0 and nbytes == sum(whole(r) for r in regions) and nbytes > 99_000
+    assert roofline.native_read_time([])[1] == 0
+    with pytest.raises(ValueError, match="contiguous"):
+        roofline.native_read_time([a[::2]])
+    out, n = ffi.new("double *"), ffi.new("int64_t *")
+    start = ffi.new("void *[]", [ffi.cast("void *", a.ctypes.data)])
+    for args, words in [((start, ffi.new("int64_t[]", [-1]), 1, out, n), "bytes[0] is negative"),
+                        ((ffi.new("void *[]", [ffi.NULL]), ffi.new("int64_t[]", [64]), 1, out, n), "starts[0] is NULL"),
+                        ((start, ffi.new("int64_t[]", [64]), -1, out, n), "count must not be negative"),
+                        ((ffi.NULL, ffi.NULL, 1, out, n), "must not be NULL"),
+                        ((start, ffi.new("int64_t[]", [64]), 1, ffi.NULL, n), "seconds is NULL")]:
+        assert lib.moe_measure_read_time(*args) == lib.MOE_ERROR_INVALID_ARGUMENT
         assert words in ffi.string(lib.moe_last_error()).decode()
 
 

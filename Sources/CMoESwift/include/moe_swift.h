@@ -176,6 +176,16 @@ const char* moe_cpu_instruction_set(void);
  * roofline: no kernel here streams its weights faster. */
 moe_status moe_measure_read_bandwidth(int64_t bytes, int32_t repeats, double* gb_per_s);
 
+/* The time in seconds (and, when bytes_read is not NULL, the bytes) in which the CPU
+ * backend's worker threads read `count` regions [starts[i], starts[i] + bytes[i]) once,
+ * with moe_measure_read_bandwidth's loads: each region from its first 64-byte boundary in
+ * whole 256-byte steps (a few bytes at its ends are left), in pieces of 64 KiB that the
+ * threads claim as they claim a call's work items. The threads are woken before the clock
+ * starts. For a benchmark's roof of one call: the bytes that call reads, in the same
+ * places, read and nothing else (flush the caches before it as before the call). */
+moe_status moe_measure_read_time(const void* const* starts, const int64_t* bytes, int32_t count, double* seconds,
+                                 int64_t* bytes_read);
+
 /* Sets struct_size and every default (MOE_DEFAULT_* of moe_options.h); pointers NULL,
  * sizes 0. */
 void moe_layer_desc_init(moe_layer_desc* desc);

@@ -94,6 +94,25 @@ public func moe_measure_read_bandwidth(_ bytes: Int64, _ repeats: Int32, _ out: 
     }
 }
 
+@_cdecl("moe_measure_read_time")
+public func moe_measure_read_time(_ starts: UnsafePointer<UnsafeRawPointer?>?, _ bytes: UnsafePointer<Int64>?,
+                                  _ count: Int32, _ seconds: UnsafeMutablePointer<Double>?,
+                                  _ bytesRead: UnsafeMutablePointer<Int64>?) -> moe_status {
+    status {
+        guard let seconds else { throw MoEError.invalidArgument("seconds is NULL") }
+        guard count >= 0 else { throw MoEError.invalidArgument("count must not be negative, got \(count)") }
+        guard count == 0 || (starts != nil && bytes != nil) else {
+            throw MoEError.invalidArgument("starts and bytes must not be NULL when count is \(count)")
+        }
+        var none: UnsafeRawPointer? = nil
+        var zero: Int64 = 0
+        let read = try ReadProbe.secondsToRead(starts: starts ?? withUnsafePointer(to: &none) { $0 },
+                                               bytes: bytes ?? withUnsafePointer(to: &zero) { $0 }, count: Int(count))
+        seconds.pointee = read.seconds
+        bytesRead?.pointee = Int64(read.bytes)
+    }
+}
+
 @_cdecl("moe_layer_desc_init")
 public func moe_layer_desc_init(_ desc: UnsafeMutablePointer<moe_layer_desc>?) {
     desc?.pointee = LayerDescriptor.defaults

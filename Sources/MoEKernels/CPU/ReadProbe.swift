@@ -38,4 +38,40 @@ enum ReadProbe {
         return Double(buffer.count) / Double(best)
     }
 
+    /// Bytes per piece of `secondsToRead`: about a layer call's work item in decode.
+    static let piece = 64 << 10
+
+    /// The wall time of the worker threads reading `count` regions once (moe_measure_read_time),
+    /// and the bytes they read: each region from its first 64-byte boundary, whole 256-byte
+    /// steps, in pieces of `piece` bytes claimed as a call's work items are. The threads are
+    /// woken before the clock starts: this is the read alone, not a call's fixed costs.
+    static func secondsToRead(starts: UnsafePointer<UnsafeRawPointer?>, bytes: UnsafePointer<Int64>,
+                              count: Int) throws -> (seconds: Double, bytes: Int) {
+        guard count >= 0 else { throw MoEError.invalidArgument("count must not be negative, got \(count)") }
+        var pieces: [(UnsafeRawPointer, Int)] = []
+        for i in 0..<count {
+            guard bytes[i] >= 0 else { throw MoEError.invalidArgument("bytes[\(i)] is negative (\(bytes[i]))") }
+            guard bytes[i] > 0 else { continue }
+            guard let start = starts[i] else { throw MoEError.invalidArgument("starts[\(i)] is NULL with bytes[\(i)] = \(bytes[i])") }
+            let skip = (64 - Int(bitPattern: start) % 64) % 64
+            var left = (Int(bytes[i]) - skip) / 256 * 256
+            var at = start + skip
+            while left > 0 {
+                let n = Swift.min(left, piece)
+                pieces.append((at, n))
+                at += n
+                left -= n
+            }
+        }
+        let bits: Int32 = moe_cpu_isa_level() >= MOE_CPU_ISA_AVX512 ? 512 : 256
+        let parts = UnsafeMutablePointer<UInt64>.allocate(capacity: Swift.max(pieces.count, 2))
+        defer { parts.deallocate() }
+        parallelFor(2) { parts[$0] = 0 }
+        let start = DispatchTime.now().uptimeNanoseconds
+        pieces.withUnsafeBufferPointer { list in
+            parallelFor(list.count) { i in parts[i] = moe_cpu_stream_read(list[i].0, Int64(list[i].1), bits) }
+        }
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - start) * 1e-9
+        return (seconds, pieces.reduce(0) { $0 + $1.1 })
+    }
 }
