@@ -1,5 +1,5 @@
 // Decode products against 8-bit activations (moe_cpu_matmul_q8) with AVX-512, VNNI and
-// VBMI: the formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4, Q4_K and Q6_K,
+// VBMI: the formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K,
 // ours in 4 bits). q8_avx2.c serves every other format, and these on other CPUs.
 //
 // AVX2 (q8_avx2.c's octets) spends a vpmaddubsw, a vpmaddwd and an add per 32 codes and
@@ -36,7 +36,7 @@ enum { FAMILY_NONE, FAMILY_STRIDED, FAMILY_CONTIGUOUS, FAMILY_K, FAMILY_Q6_K };
 INLINE int family_of(const moe_cpu_matrix* w) {
     switch (w->format) {
     case MOE_FORMAT_GGML_Q4_0: case MOE_FORMAT_GGML_IQ4_NL: case MOE_FORMAT_GGML_MXFP4: return FAMILY_STRIDED;
-    case MOE_FORMAT_GGML_Q4_K: return FAMILY_K;
+    case MOE_FORMAT_GGML_Q4_K: case MOE_FORMAT_GGML_Q5_K: return FAMILY_K;
     case MOE_FORMAT_GGML_Q6_K: return FAMILY_Q6_K;
     case MOE_FORMAT_MXFP4: return w->split_nibbles ? FAMILY_CONTIGUOUS : FAMILY_NONE;
     case MOE_FORMAT_AFFINE:
@@ -56,8 +56,8 @@ INLINE uint64_t low_bits64(int64_t n) { return n <= 0 ? 0 : n >= 64 ? ~0ull : (1
 
 // The activation codes of one row as the codes meet them. 32-element blocks, 128 at a
 // time in two registers (XL, XH) of 64 bytes: block q's elements 0-15 in lane q of XL,
-// 16-31 in lane q of XH. Q4_K, per 256 in four registers: lane q of register r holds
-// elements 16 r + 64 q to 16 r + 64 q + 15, as row_q4_k's registers of codes hold their
+// 16-31 in lane q of XH. Q4_K and Q5_K, per 256 in four registers: lane q of register r holds
+// elements 16 r + 64 q to 16 r + 64 q + 15, as row_k's registers of codes hold their
 // sub-blocks' quarters. `cols` codes are read; the rest of the last 256 is zero.
 INLINE T512Q8 void arrange_x(const int family, const int8_t* x, int64_t cols, int8_t* out, int64_t padded) {
     if (family == FAMILY_K) {
@@ -214,29 +214,41 @@ INLINE T512Q8 void add_quarters(const __m512i q[4], const int8_t* x, const __m51
     }
 }
 
-// Q4_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j with q unsigned. Byte i of each 32
-// of its 128 code bytes holds element i of an even sub-block (low nibble) and of the next
-// odd one (high nibble). Two registers take the first and the second 16 bytes of each 32
-// (a qword permute of the two loads), so that the low nibbles of both meet one even
+// Q4_K and Q5_K: sub-block j of 32 is (d * sc_j) * q - dmin * m_j with q unsigned. Byte i
+// of each 32 of the 128 code bytes holds element i of an even sub-block (low nibble) and of
+// the next odd one (high nibble). Two registers take the first and the second 16 bytes of
+// each 32 (a qword permute of the two loads), so that the low nibbles of both meet one even
 // sub-block in the same four lanes (two vpdpbusd into one register) and the high ones one
 // odd sub-block: four lanes per sub-block, half the conversions and multiplies of eight.
 // The factor d * sc_j * d_x reaches its lanes by one permute per register; the minimums
 // multiply the activation blocks' sums.
-INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
-                            const float* const* xs, const float* const* xsum, float* c, int64_t ldc,
-                            const uint8_t* stop) {
+// Q5_K's fifth bit of element 64 q + i (i < 32) is bit 2 q of qh[i], of element 64 q + 32 + i
+// bit 2 q + 1: lane q of each code register holds 16 bytes of chunk q, so qh's 16 bytes for
+// them, broadcast to every lane, meet one vgf2p8affineqb whose matrix differs per lane
+// (bit 2 q or 2 q + 1 to bit 4) and an OR.
+INLINE T512Q8 void row_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
+                         const float* const* xs, const float* const* xsum, float* c, int64_t ldc,
+                         const uint8_t* stop) {
+    const int five = F == MOE_FORMAT_GGML_Q5_K, bytes = five ? 176 : 144, codes = five ? 48 : 16;
     const uint8_t* b = row_data(w, r);
     const __m512i mask = _mm512_set1_epi8(0x0f);
     const __m512i first = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), second = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
     const __m512i even = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     const __m512i odd = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+    // Byte 3 of a matrix qword makes result bit 4 (byte 7 - i makes bit i).
+#define BIT_TO_4(s) ((long long)(1ull << (s)) << 24)
+    const __m512i fifth_even = _mm512_setr_epi64(BIT_TO_4(0), BIT_TO_4(0), BIT_TO_4(2), BIT_TO_4(2),
+                                                 BIT_TO_4(4), BIT_TO_4(4), BIT_TO_4(6), BIT_TO_4(6));
+    const __m512i fifth_odd = _mm512_setr_epi64(BIT_TO_4(1), BIT_TO_4(1), BIT_TO_4(3), BIT_TO_4(3),
+                                                BIT_TO_4(5), BIT_TO_4(5), BIT_TO_4(7), BIT_TO_4(7));
+#undef BIT_TO_4
     __m512 acc[Q8X_ROWS][2];
     __m256 mins[Q8X_ROWS];
     for (int i = 0; i < MM; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps(), mins[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < w->cols; k += 256, b += 144) {
+    for (int64_t k = 0; k < w->cols; k += 256, b += bytes) {
         if (b + PREFETCH_AHEAD < stop) {
-            for (int l = 0; l < 144; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
-            _mm_prefetch((const char*)b + PREFETCH_AHEAD + 143, _MM_HINT_T0);
+            for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char*)b + PREFETCH_AHEAD + l, _MM_HINT_T0);
+            _mm_prefetch((const char*)b + PREFETCH_AHEAD + bytes - 1, _MM_HINT_T0);
         }
         uint64_t sc8, m8;
         k_scales_mins(b + 4, &sc8, &m8);
@@ -244,10 +256,18 @@ INLINE T512Q8 void row_q4_k(const int MM, const moe_cpu_matrix* w, int64_t r, co
                                          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)sc8))));
         const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b + 2)),
                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)m8))));
-        const __m512i z0 = _mm512_loadu_si512(b + 16), z1 = _mm512_loadu_si512(b + 80);
+        const __m512i z0 = _mm512_loadu_si512(b + codes), z1 = _mm512_loadu_si512(b + codes + 64);
         const __m512i a = _mm512_permutex2var_epi64(z0, first, z1), s = _mm512_permutex2var_epi64(z0, second, z1);
-        const __m512i lo_a = _mm512_and_si512(a, mask), lo_s = _mm512_and_si512(s, mask);
-        const __m512i hi_a = high_nibbles(a), hi_s = high_nibbles(s);
+        __m512i lo_a = _mm512_and_si512(a, mask), lo_s = _mm512_and_si512(s, mask);
+        __m512i hi_a = high_nibbles(a), hi_s = high_nibbles(s);
+        if (five) {
+            const __m512i h_a = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(b + 16)));
+            const __m512i h_s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(b + 32)));
+            lo_a = _mm512_or_si512(lo_a, _mm512_gf2p8affine_epi64_epi8(h_a, fifth_even, 0));
+            lo_s = _mm512_or_si512(lo_s, _mm512_gf2p8affine_epi64_epi8(h_s, fifth_even, 0));
+            hi_a = _mm512_or_si512(hi_a, _mm512_gf2p8affine_epi64_epi8(h_a, fifth_odd, 0));
+            hi_s = _mm512_or_si512(hi_s, _mm512_gf2p8affine_epi64_epi8(h_s, fifth_odd, 0));
+        }
         for (int i = 0; i < MM; i++) {
             const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(dsc, _mm256_loadu_ps(xs[i] + (k >> 5))));
             mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[i] + (k >> 5)), mins[i]);
@@ -366,7 +386,8 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
         for (int64_t j = 0; j < n; j++) {
 #define ROW_(MM)                                                                                                    \
     switch (F) {                                                                                                    \
-    case MOE_FORMAT_GGML_Q4_K: row_q4_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;                        \
+    case MOE_FORMAT_GGML_Q4_K: row_k(MOE_FORMAT_GGML_Q4_K, MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;    \
+    case MOE_FORMAT_GGML_Q5_K: row_k(MOE_FORMAT_GGML_Q5_K, MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;    \
     case MOE_FORMAT_GGML_Q6_K: row_q6_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;                        \
     case MOE_FORMAT_GGML_Q4_0: row_blocks(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
     case MOE_FORMAT_GGML_IQ4_NL: row_blocks(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
