@@ -318,7 +318,7 @@ INLINE T256 __m256 octet_scales(const int F, const uint8_t* b, int bytes) {
     }
     // Inserted word by word (vpinsrw from memory): shifting and or-ing them into two
     // integers first took a third more of the octet's instructions (Q4_0 from L2: 8-14%).
-    __m128i h = _mm_cvtsi32_si128(load_u16(b, 0));
+    __m128i h = u16_in_fresh_register(b);
     h = _mm_insert_epi16(h, load_u16(b + bytes, 0), 1);
     h = _mm_insert_epi16(h, load_u16(b + 2 * bytes, 0), 2);
     h = _mm_insert_epi16(h, load_u16(b + 3 * bytes, 0), 3);
