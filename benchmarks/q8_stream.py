@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Format names as the layer takes them; ours are affine 4-bit group 64 and mxfp4.
 NAMES = {"q4_0": "q4_0", "q8_0": "q8_0", "iq4_nl": "iq4_nl", "mxfp4_ggml": "mxfp4_ggml", "q4_K": "q4_K",
-         "q5_K": "q5_K", "q6_K": "q6_K", "q4": "affine", "mxfp4": "mxfp4"}
+         "q5_K": "q5_K", "q6_K": "q6_K", "iq4_xs": "iq4_xs", "q4": "affine", "mxfp4": "mxfp4"}
 
 
 def format_codes():

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     case MOE_FORMAT_GGML_MXFP4: bytes = 17; break;
     case MOE_FORMAT_GGML_Q4_K: elems = 256, bytes = 144; break;
     case MOE_FORMAT_GGML_Q5_K: elems = 256, bytes = 176; break;
+    case MOE_FORMAT_GGML_IQ4_XS: elems = 256, bytes = 136; break;
     case MOE_FORMAT_GGML_Q6_K: elems = 256, bytes = 210; break;
     case MOE_FORMAT_AFFINE: case MOE_FORMAT_MXFP4: break;
     default: fprintf(stderr, "format %d is not benchmarked here\n", format); return 2;

@@ -1,6 +1,6 @@
 // Decode products against 8-bit activations (moe_cpu_matmul_q8) with AVX-512, VNNI and
-// VBMI: the formats that decode reads most (ggml's Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K,
-// ours in 4 bits). q8_avx2.c serves every other format, and these on other CPUs.
+// VBMI: the formats that decode reads most (ggml's Q4_0, IQ4_NL, IQ4_XS, MXFP4, Q4_K, Q5_K
+// and Q6_K, ours in 4 bits). q8_avx2.c serves every other format, and these on other CPUs.
 //
 // AVX2 (q8_avx2.c's octets) spends a vpmaddubsw, a vpmaddwd and an add per 32 codes and
 // activation row, a transposing reduction of the blocks' sums and eight float16 scales
@@ -14,9 +14,10 @@
 // - the lanes stay unreduced: each is converted to float and multiplied by its block's
 //   factor d_w * d_x (eight factors spread over the lanes by one permute per register);
 // - ggml's blocks of 17 or 18 bytes are moved into that order by vpermt2b from three
-//   64-byte loads, and their eight scales by one more.
-// Unsigned codes carry an offset (Q4_0: q - 8, mxfp4: table + 12, iq4_nl: table + 128,
-// ours: the affine bias) that multiplies the activation block's sum d_x * sum q_x.
+//   64-byte loads, and their eight scales by one more; IQ4_XS's super-blocks hold their
+//   codes in that order already.
+// Unsigned codes carry an offset (Q4_0: q - 8, mxfp4: table + 12, iq4_nl and iq4_xs:
+// table + 128, ours: the affine bias) that multiplies the activation block's sum d_x * sum q_x.
 #include "ggml_avx2_blocks.h"
 
 #include <stdlib.h>
@@ -36,6 +37,7 @@ enum { FAMILY_NONE, FAMILY_STRIDED, FAMILY_CONTIGUOUS, FAMILY_K, FAMILY_Q6_K };
 INLINE int family_of(const moe_cpu_matrix* w) {
     switch (w->format) {
     case MOE_FORMAT_GGML_Q4_0: case MOE_FORMAT_GGML_IQ4_NL: case MOE_FORMAT_GGML_MXFP4: return FAMILY_STRIDED;
+    case MOE_FORMAT_GGML_IQ4_XS: return FAMILY_CONTIGUOUS;
     case MOE_FORMAT_GGML_Q4_K: case MOE_FORMAT_GGML_Q5_K: return FAMILY_K;
     case MOE_FORMAT_GGML_Q6_K: return FAMILY_Q6_K;
     case MOE_FORMAT_MXFP4: return w->split_nibbles ? FAMILY_CONTIGUOUS : FAMILY_NONE;
@@ -126,7 +128,22 @@ INLINE T512Q8 void octet(const int F, const int MM, const int blocks, const uint
     const __mmask8 kb = (__mmask8)((1u << blocks) - 1);
     __m512i z[2];
     __m256 dw, bw = _mm256_setzero_ps();
-    if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) {
+    if (F == MOE_FORMAT_GGML_IQ4_XS) {
+        // A super-block: d, 16 high and 32 low bits of eight 6-bit scales, the 128 code bytes
+        // in our lane order; block j's factor is d * (scale_j - 32). Rows are whole ones.
+        z[0] = _mm512_loadu_si512(b + 8);
+        z[1] = _mm512_loadu_si512(b + 72);
+        uint16_t high;
+        uint32_t low;
+        memcpy(&high, b + 2, 2);
+        memcpy(&low, b + 4, 4);
+        const __m256i scale = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                             _mm256_set1_epi32(15)),
+            _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                               _mm256_set1_epi32(3)), 4));
+        dw = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(scale, _mm256_set1_epi32(32))));
+    } else if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) {
         const int64_t n = 16 * blocks;
         z[0] = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n), b);
         z[1] = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n - 64), b + 64);
@@ -153,9 +170,10 @@ INLINE T512Q8 void octet(const int F, const int MM, const int blocks, const uint
     for (int h = 0; h < 2; h++) {
         lo[h] = _mm512_and_si512(z[h], mask);
         hi[h] = high_nibbles(z[h]);
-        if (F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4 || F == MOE_FORMAT_GGML_IQ4_NL) {
+        if (F == MOE_FORMAT_GGML_MXFP4 || F == MOE_FORMAT_MXFP4 || F == MOE_FORMAT_GGML_IQ4_NL || F == MOE_FORMAT_GGML_IQ4_XS) {
+            const int iq4 = F == MOE_FORMAT_GGML_IQ4_NL || F == MOE_FORMAT_GGML_IQ4_XS;
             const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                (const __m128i*)(F == MOE_FORMAT_GGML_IQ4_NL ? (const void*)iq4nl_table_plus128 : (const void*)mxfp4_table_plus12)));
+                (const __m128i*)(iq4 ? (const void*)iq4nl_table_plus128 : (const void*)mxfp4_table_plus12)));
             lo[h] = _mm512_shuffle_epi8(table, lo[h]);
             hi[h] = _mm512_shuffle_epi8(table, hi[h]);
         }
@@ -181,9 +199,9 @@ INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w
                               const octet_indices* ix, const int8_t* const* xr, const float* const* xs,
                               const float* const* xsum, float* c, int64_t ldc, const uint8_t* stop) {
     const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
-    const int octet_bytes = ours ? 128 : 8 * (F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18);
+    const int octet_bytes = ours ? 128 : F == MOE_FORMAT_GGML_IQ4_XS ? 136 : 8 * (F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18);
     const float offset = F == MOE_FORMAT_GGML_Q4_0 ? 8.0f
-                       : F == MOE_FORMAT_GGML_IQ4_NL ? 128.0f
+                       : F == MOE_FORMAT_GGML_IQ4_NL || F == MOE_FORMAT_GGML_IQ4_XS ? 128.0f
                        : F == MOE_FORMAT_AFFINE ? -1.0f : 12.0f;
     const uint8_t* b = row_data(w, r);
     group_cursor gc = {0};
@@ -391,6 +409,7 @@ T512Q8 int moe_cpu_q8_matmul_avx512(int64_t m, int64_t n, const moe_cpu_q8_rows*
     case MOE_FORMAT_GGML_Q6_K: row_q6_k(MM, w, row0 + j, xr, xs, xsum, ci + j, ldc, stop); break;                        \
     case MOE_FORMAT_GGML_Q4_0: row_blocks(MOE_FORMAT_GGML_Q4_0, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
     case MOE_FORMAT_GGML_IQ4_NL: row_blocks(MOE_FORMAT_GGML_IQ4_NL, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
+    case MOE_FORMAT_GGML_IQ4_XS: row_blocks(MOE_FORMAT_GGML_IQ4_XS, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
     case MOE_FORMAT_GGML_MXFP4: row_blocks(MOE_FORMAT_GGML_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break; \
     case MOE_FORMAT_MXFP4: row_blocks(MOE_FORMAT_MXFP4, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break;   \
     default: row_blocks(MOE_FORMAT_AFFINE, MM, w, row0 + j, &ix, xr, xs, xsum, ci + j, ldc, stop); break;               \
