@@ -38,16 +38,6 @@ INLINE int ggml_avx2_has_products(int format) {
 // Through vmovd, which zeroes the rest of its register: _cvtsh_ss compiles to vpinsrw into
 // whatever register is free, making the conversion wait for that register's last writer
 // (in a loop, often the previous iteration's products).
-// The 16 bits at p in lane 0 of a register, the others zero. Where only lane 0 is used,
-// clang would load them with a vpinsrw into whatever register it picks, which ties the
-// value to that register's last writer: in a block loop, a chain through the previous
-// block's arithmetic. The empty asm keeps the vmovd, which writes a fresh register.
-INLINE T256 __m128i u16_in_fresh_register(const uint8_t* p) {
-    __m128i h = _mm_cvtsi32_si128(load_u16(p, 0));
-    __asm__("" : "+x"(h));
-    return h;
-}
-
 INLINE T256 float half_to_float(const uint8_t* p) {
     return _mm_cvtss_f32(_mm_cvtph_ps(u16_in_fresh_register(p)));
 }

@@ -327,11 +327,21 @@ HIDDEN T512 int moe_cpu_matmul_fixed_avx512(int64_t m, int64_t n, const float* a
 HIDDEN T512 void moe_cpu_row_float_avx512(int kind, int mm, const moe_cpu_matrix* w, int64_t r, const float* a,
                                           int64_t lda, float* c, int64_t ldc);
 
+// The 16 bits at p in lane 0 of a register, the others zero. Where only lane 0 is used,
+// clang would load them with a vpinsrw into whatever register it picks, which ties the
+// value to that register's last writer: in a block loop, a chain through the previous
+// block's arithmetic. The empty asm keeps the vmovd, which writes a fresh register.
+INLINE __m128i u16_in_fresh_register(const void* p) {
+    __m128i h = _mm_cvtsi32_si128(load_u16(p, 0));
+    __asm__("" : "+x"(h));
+    return h;
+}
+
 // Group parameters with the hardware half conversion: the portable f16_to_float's
 // branches cost more than a 4-bit chunk's unpacking.
 INLINE __attribute__((target("f16c"))) float scalar_at_f16c(const void* p, int type, int64_t i) {
     switch (type) {
-    case MOE_DTYPE_F16: return _cvtsh_ss(load_u16(p, i));
+    case MOE_DTYPE_F16: return _mm_cvtss_f32(_mm_cvtph_ps(u16_in_fresh_register((const uint16_t*)p + i)));
     case MOE_DTYPE_BF16: return bf16_to_float(load_u16(p, i));
     default: return load_f32(p, i);
     }
