@@ -92,7 +92,7 @@ def parse_args(argv):
                    help="most GB of float64 expert copies for the reference (fewer tokens if needed; default 2)")
     p.add_argument("--point-probe-mb", type=int, default=256,
                    help="MiB the native read probe reads at the start of every round of a decode point "
-                        "(the '%% now' column; default 256, at least 64; 0: no point probe)")
+                        "(the '%% now' column; default 256, at least 64; 0: no point probe, and no '%% read')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="output JSON (default benchmarks/results/bench.json; --quick: bench_quick.json)")
     p.add_argument("--plot", help="output PNG (default: the JSON path with .png)")

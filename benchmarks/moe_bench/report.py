@@ -161,8 +161,9 @@ Columns (--formats):
   % read        T <= 8: in each round, the time the library's threads take to read the call's own bytes
                 (the routed experts of ours' first input of the round, router, shared expert) and nothing
                 else, cold (moe_measure_read_time after the same flush), over ours' median call; the median
-                over the rounds. The roof of this call in its own pieces of memory: a 1 GiB stream (% now)
-                reads faster than a call's few MB in scattered pieces can
+                over the rounds (with the point probe: none with --point-probe-mb 0). The roof of this call in
+                its own pieces of memory: a 256 MiB stream (% now) reads faster than a call's few MB in
+                scattered pieces can
                 ggml's block formats (q4_0, q4_K, q6_K, q8_0, mxfp4_ggml, ...): ggml's blocks, the same
                 arrays for ours and ggml
   numpy, mlx    peer ms / ours ms (>1: ours is faster), paired per round (the median over the rounds of

@@ -135,8 +135,8 @@ def native_read(nbytes: int, repeats: int):
 
 def native_read_time(arrays):
     """(seconds, bytes read) of moe_measure_read_time over the C-contiguous NumPy
-    `arrays`: the CPU backend's threads reading them once, in a call's work-item pieces;
-    None if the library cannot be loaded."""
+    `arrays`: the CPU backend's threads reading them once, in 64 KiB pieces; None if
+    the library cannot be loaded."""
     try:
         from moe_swift import _native
         ffi, lib, _ = _native.load()

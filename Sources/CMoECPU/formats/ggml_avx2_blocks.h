@@ -35,9 +35,7 @@ INLINE int ggml_avx2_has_products(int format) {
     default: ROW(4) break;        \
     }
 
-// Through vmovd, which zeroes the rest of its register: _cvtsh_ss compiles to vpinsrw into
-// whatever register is free, making the conversion wait for that register's last writer
-// (in a loop, often the previous iteration's products).
+// A float16 as a float, through a fresh register (u16_in_fresh_register says why).
 INLINE T256 float half_to_float(const uint8_t* p) {
     return _mm_cvtss_f32(_mm_cvtph_ps(u16_in_fresh_register(p)));
 }

@@ -181,8 +181,9 @@ moe_status moe_measure_read_bandwidth(int64_t bytes, int32_t repeats, double* gb
  * with moe_measure_read_bandwidth's loads: each region from its first 64-byte boundary in
  * whole 256-byte steps (a few bytes at its ends are left), in pieces of 64 KiB that the
  * threads claim as they claim a call's work items. The threads are woken before the clock
- * starts. For a benchmark's roof of one call: the bytes that call reads, in the same
- * places, read and nothing else (flush the caches before it as before the call). */
+ * starts. Every byte of every region must be readable. For a benchmark's roof of one
+ * call: the bytes that call reads, in the same places, read and nothing else (flush the
+ * caches before it as before the call). */
 moe_status moe_measure_read_time(const void* const* starts, const int64_t* bytes, int32_t count, double* seconds,
                                  int64_t* bytes_read);
 

@@ -38,7 +38,8 @@ enum ReadProbe {
         return Double(buffer.count) / Double(best)
     }
 
-    /// Bytes per piece of `secondsToRead`: about a layer call's work item in decode.
+    /// Bytes per piece of `secondsToRead`: smaller than a decode call's work items (a few
+    /// hundred KiB of 4-bit rows), so that both threads read to the end.
     static let piece = 64 << 10
 
     /// The wall time of the worker threads reading `count` regions once (moe_measure_read_time),
