@@ -433,11 +433,7 @@ INLINE T256 void row_octets(const int F, const int MM, const moe_cpu_matrix* w, 
             memcpy(&e, gc.scales + 8 * o, 8);
             dw = e8m0_half_scales(_mm_cvtsi64_si128((long long)e));
         } else if (xs) {
-            int32_t ls[8];
-            const uint16_t high = load_u16(b + 2, 0);
-            for (int sub = 0; sub < 8; sub++)
-                ls[sub] = iq4_xs_scale(b, high, sub) - 32;
-            dw = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)ls)));
+            dw = iq4_xs_factors(b);
         } else {
             dw = octet_scales(F, b, bytes);
             if (with_min) bw = octet_scales(MOE_FORMAT_GGML_Q4_1, b + 2, bytes);

@@ -129,20 +129,11 @@ INLINE T512Q8 void octet(const int F, const int MM, const int blocks, const uint
     __m512i z[2];
     __m256 dw, bw = _mm256_setzero_ps();
     if (F == MOE_FORMAT_GGML_IQ4_XS) {
-        // A super-block: d, 16 high and 32 low bits of eight 6-bit scales, the 128 code bytes
-        // in our lane order; block j's factor is d * (scale_j - 32). Rows are whole ones.
+        // A super-block: d, eight 6-bit scales, the 128 code bytes in our lane order. Rows
+        // are whole ones.
         z[0] = _mm512_loadu_si512(b + 8);
         z[1] = _mm512_loadu_si512(b + 72);
-        uint16_t high;
-        uint32_t low;
-        memcpy(&high, b + 2, 2);
-        memcpy(&low, b + 4, 4);
-        const __m256i scale = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                             _mm256_set1_epi32(15)),
-            _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                                               _mm256_set1_epi32(3)), 4));
-        dw = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(scale, _mm256_set1_epi32(32))));
+        dw = iq4_xs_factors(b);
     } else if (F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4) {
         const int64_t n = 16 * blocks;
         z[0] = _mm512_maskz_loadu_epi8(whole ? ~0ull : low_bits64(n), b);
