@@ -190,7 +190,8 @@ INLINE T512Q8 void row_blocks(const int F, const int MM, const moe_cpu_matrix* w
                               const octet_indices* ix, const int8_t* const* xr, const float* const* xs,
                               const float* const* xsum, float* c, int64_t ldc, const uint8_t* stop) {
     const int ours = F == MOE_FORMAT_AFFINE || F == MOE_FORMAT_MXFP4;
-    const int octet_bytes = ours ? 128 : F == MOE_FORMAT_GGML_IQ4_XS ? 136 : 8 * (F == MOE_FORMAT_GGML_MXFP4 ? 17 : 18);
+    const ggml_block_shape block = ggml_block_shape_of(F);
+    const int octet_bytes = ours ? 128 : block.bytes * (OCTET_ELEMS / block.elems);
     const float offset = F == MOE_FORMAT_GGML_Q4_0 ? 8.0f
                        : F == MOE_FORMAT_GGML_IQ4_NL || F == MOE_FORMAT_GGML_IQ4_XS ? 128.0f
                        : F == MOE_FORMAT_AFFINE ? -1.0f : 12.0f;
@@ -238,7 +239,7 @@ INLINE T512Q8 void add_quarters(const __m512i q[4], const int8_t* x, const __m51
 INLINE T512Q8 void row_k(const int F, const int MM, const moe_cpu_matrix* w, int64_t r, const int8_t* const* xr,
                          const float* const* xs, const float* const* xsum, float* c, int64_t ldc,
                          const uint8_t* stop) {
-    const int five = F == MOE_FORMAT_GGML_Q5_K, bytes = five ? 176 : 144, codes = five ? 48 : 16;
+    const int five = F == MOE_FORMAT_GGML_Q5_K, bytes = ggml_block_shape_of(F).bytes, codes = five ? 48 : 16;
     const uint8_t* b = row_data(w, r);
     const __m512i mask = _mm512_set1_epi8(0x0f);
     const __m512i first = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), second = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
