@@ -140,10 +140,7 @@ class Weights:
 
     def expert_bytes(self) -> int:
         """Weight bytes of one routed expert (gate, up, down and their biases)."""
-        n = 3 * self.I * self.H * 4
-        if self.gate_up_bias is not None:
-            n += (2 * self.I + self.H) * 4
-        return n
+        return sum(a.nbytes for a in self.expert_arrays()) // self.E
 
     def expert_arrays(self) -> list:
         """The (E, ...) arrays whose [e] is what routed expert e reads (float32)."""
@@ -156,10 +153,7 @@ class Weights:
 
     def fixed_bytes(self) -> int:
         """Weight bytes every forward reads whatever the routing: router (+bias), shared expert."""
-        n = self.router.nbytes + (0 if self.router_bias is None else self.router_bias.nbytes)
-        if self.shared:
-            n += sum(a.nbytes for a in self.shared.values())
-        return n
+        return sum(a.nbytes for a in self.fixed_arrays())
 
     def flops(self, T: int) -> float:
         """2 x multiply-adds of the router, the three expert matmuls over all (token, slot)

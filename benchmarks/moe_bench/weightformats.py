@@ -202,22 +202,23 @@ class FormatWeights:
     def expert_bytes(self) -> int:
         """Bytes one routed expert reads in this format: codes + scales + biases of gate,
         up and down (ggml: the blocks), plus its float32 biases if any."""
-        parts = self.blocks if self.blocks is not None else (self.gate, self.up, self.down)
-        n = sum(nbytes(a) for a in parts) // self.master.E
-        if self.master.gate_up_bias is not None:
-            n += (2 * self.master.I + self.master.H) * 4
-        return n
+        return sum(nbytes(a) for a in self.expert_arrays()) // self.master.E
 
     def expert_arrays(self) -> list:
-        """The (E, ...) arrays whose [e] is what routed expert e reads: ggml blocks, or
-        codes, scales and biases, or dense rows, of gate, up and down."""
+        """The (E, ...) C-contiguous arrays whose [e] is what routed expert e reads: ggml
+        blocks, or codes, scales and biases, or dense rows, of gate, up and down, and the
+        float32 biases. float32: the master's (its gate and up are views of one array,
+        strided where they interleave)."""
+        if self.fmt.dense == "float32":
+            return self.master.expert_arrays()
+        biases = [a for a in (self.master.gate_up_bias, self.master.down_bias) if a is not None]
         if self.blocks is not None:
-            return list(self.blocks)
+            return list(self.blocks) + biases
         out = []
         for m in (self.gate, self.up, self.down):
             out += [a for a in (getattr(m, n, None) for n in ("weight", "scales", "biases")) if a is not None] \
                 if hasattr(m, "weight") else [m]
-        return out + [a for a in (self.master.gate_up_bias, self.master.down_bias) if a is not None]
+        return out + biases
 
     def layer_kwargs(self) -> dict:
         kw = self.master.layer_kwargs()

@@ -18,6 +18,7 @@ from moe_bench import grouped, peers, report, roofline
 from moe_bench.__main__ import main, parse_args
 from moe_bench.runner import bench_shape, tolerance
 from moe_bench.shapes import SHAPES, Weights
+from moe_bench.weightformats import FormatWeights
 
 
 def tiny(name, E=8):
@@ -429,6 +430,28 @@ def test_native_read_probe():
                         ((64 << 20, 1, ffi.NULL), "gb_per_s is NULL")]:
         assert lib.moe_measure_read_bandwidth(*args) == lib.MOE_ERROR_INVALID_ARGUMENT
         assert words in ffi.string(lib.moe_last_error()).decode()
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b"])
+def test_call_read_covers_every_format(name):
+    """'% read' reads each format's expert arrays in place (gpt-oss's float32 gate and up
+    are interleaved views of one array: the master's rows are read), and the bytes a row
+    reports are those arrays' per expert."""
+    fmts = ["f32", "q4"] + ([] if peers.status("ggml") else ["q4_0"])  # ggml makes the q4_0 blocks
+    rows = bench_shape(tiny_formats(name), 8, [1], ["ours"], args(point_probe_mb=64), lambda m: None, [],
+                       formats=fmts)
+    assert [r["format"] for r in rows] == fmts
+    for r in rows:
+        assert r["call_read_s"] and min(r["call_read_s"]) > 0
+    shape = tiny_formats(name)
+    w = Weights(shape, 8)
+    for f in fmts:
+        fw = FormatWeights(w, f)
+        arrays = fw.expert_arrays()
+        assert all(a.flags.c_contiguous and a.shape[0] == 8 for a in arrays)
+        assert fw.expert_bytes() == sum(a.nbytes for a in arrays) // 8
+    assert FormatWeights(w, "f32").expert_bytes() == w.expert_bytes() == 3 * shape.inter * shape.hidden * 4 + (
+        (2 * shape.inter + shape.hidden) * 4 if shape.biases else 0)
 
 
 def test_native_read_time():
