@@ -67,6 +67,8 @@ enum ReadProbe {
         let bits: Int32 = moe_cpu_isa_level() >= MOE_CPU_ISA_AVX512 ? 512 : 256
         let parts = UnsafeMutablePointer<UInt64>.allocate(capacity: Swift.max(pieces.count, 2))
         defer { parts.deallocate() }
+        // A job of nothing rather than moe_cpu_pool_prepare, which wakes a started pool only:
+        // in a process that has run no layer yet this starts the workers, off the clock.
         parallelFor(2) { parts[$0] = 0 }
         let start = DispatchTime.now().uptimeNanoseconds
         pieces.withUnsafeBufferPointer { list in
