@@ -51,6 +51,33 @@ def as_numpy(value, name):
     return a, a.dtype.name
 
 
+_KEPT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def conversion_bytes(value, keep_half=True):
+    """The bytes that reading `value` as a C-contiguous native array would allocate, found
+    from its metadata alone, before anything is copied: 0 for a C-contiguous float32 (and,
+    with `keep_half`, float16 / bfloat16) array; a non-contiguous, broadcast or other-dtype
+    one is copied, a broadcast array at its full size. Quantized weights and unknown
+    objects (small Python lists) count 0."""
+    module = type(value).__module__.split(".")[0]
+    if module == "torch":
+        dtype = str(value.dtype).split(".")[-1]
+        n = value.numel()
+        copy = 0 if value.is_contiguous() else n * value.element_size()
+        kept = dtype == "float32" or (keep_half and dtype in _KEPT_DTYPES)
+        return copy + (0 if kept else n * 4)
+    if not isinstance(value, np.ndarray):
+        return 0
+    dtype = value.dtype.name
+    kept = dtype == "float32" or (keep_half and dtype in _KEPT_DTYPES)
+    if kept:
+        return 0 if value.flags.c_contiguous else value.size * value.itemsize
+    # float64, integers, ml_dtypes' bfloat16 read as float32: one float32 array (bfloat16
+    # through a float32 widening of a contiguous copy).
+    return value.size * 4 + (0 if value.flags.c_contiguous else value.size * value.itemsize)
+
+
 def bf16_to_float32(bits):
     """bfloat16 values (uint16 bit patterns) as float32, exactly."""
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)

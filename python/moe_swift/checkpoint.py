@@ -107,10 +107,32 @@ def _hub(not_here):
     """The huggingface_hub module; ValueError saying `not_here` and what to install without it."""
     try:
         import huggingface_hub
+        # Not imported by the package itself in every version (2.x imports it lazily), and
+        # read below for HF_HUB_OFFLINE and the cache's folder.
+        import huggingface_hub.constants  # noqa: F401
     except ImportError:
         raise ValueError(f"{not_here}; to load it as a Hugging Face Hub id, install huggingface_hub "
                          "(pip install huggingface_hub)") from None
     return huggingface_hub
+
+
+def _hub_failure(hub, what, cache_dir, error):
+    """ValueError for a Hub download or listing that failed: one line saying what could not
+    be had, why (the innermost cause, not a chain of HTTP client tracebacks), the cache
+    that was looked in and what to do."""
+    cause = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    cache = cache_dir or hub.constants.HF_HUB_CACHE
+    offline = bool(hub.constants.HF_HUB_OFFLINE)
+    reason = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}".rstrip(": ")
+    if offline:
+        advice = (f"HF_HUB_OFFLINE is set and the files are not in the cache {cache}; download them once with "
+                  "network (or unset HF_HUB_OFFLINE), or pass the local folder or .gguf file")
+    else:
+        advice = (f"check the repository id and your network, set HF_HUB_OFFLINE=1 to use only the files "
+                  f"already in the cache {cache}, or pass the local folder or .gguf file")
+    return ValueError(f"cannot get {what} from the Hugging Face Hub ({reason}); {advice}")
 
 
 def _where(repo, revision):
@@ -132,14 +154,13 @@ def _gguf_from_hub(repo, quant, revision, cache_dir):
         else:
             files = hub.list_repo_files(repo, revision=revision)
     except Exception as error:  # offline without the files, unknown repository, no network...
-        raise ValueError(f"cannot list {where} on the Hugging Face Hub: {type(error).__name__}: {error}") from error
+        raise _hub_failure(hub, f"the list of files of {where}", cache_dir, error) from None
     chosen = pick_gguf(files, quant, repo)
     try:
         folder = hub.snapshot_download(repo_id=repo, revision=revision, cache_dir=cache_dir, allow_patterns=chosen,
                                        local_files_only=bool(hub.constants.HF_HUB_OFFLINE))
     except Exception as error:
-        raise ValueError(f"cannot get {', '.join(chosen)} of {where} from the Hugging Face Hub: "
-                         f"{type(error).__name__}: {error}") from error
+        raise _hub_failure(hub, f"{', '.join(chosen)} of {where}", cache_dir, error) from None
     return os.path.join(folder, *chosen[0].split("/"))
 
 
@@ -170,8 +191,7 @@ def resolve(path, revision=None, cache_dir=None, gguf=None):
     try:
         return hub.snapshot_download(repo_id=path, revision=revision, cache_dir=cache_dir, allow_patterns=HUB_FILES)
     except Exception as error:  # offline without the files, unknown repository, no network...
-        raise ValueError(f"cannot get {_where(path, revision)} from the "
-                         f"Hugging Face Hub: {type(error).__name__}: {error}") from error
+        raise _hub_failure(hub, _where(path, revision), cache_dir, error) from None
 
 
 def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,

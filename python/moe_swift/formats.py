@@ -166,7 +166,12 @@ class GGMLQuantized(_Frozen):
             raise ValueError(f"{name}: the last dimension ({shape[-1]}) must be a multiple of {self.format}'s block "
                              f"of {self.block_elems} elements")
         row_bytes = shape[-1] // self.block_elems * self.block_bytes
-        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        rows = 1
+        for d in shape[:-1]:  # Python integers: a huge shape must not wrap around as int64 would
+            rows *= d
+        if rows * row_bytes >= 1 << 62:
+            raise ValueError(f"{name}: a {shape} tensor in {self.format} would have {rows * row_bytes} bytes "
+                             "(at least 2^62): no array has that many; check the shape")
         if b.size != rows * row_bytes:
             raise ValueError(f"{name}: a {shape} tensor in {self.format} has {rows * row_bytes} bytes "
                              f"({row_bytes} per row), got {b.size}")

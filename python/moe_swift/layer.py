@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import numbers
 import threading
+import time
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import _native
 from .arrays import as_float32 as _array
-from .arrays import as_numpy, check_shape as _check_shape, output_like as _output_like
+from .arrays import as_numpy, check_shape as _check_shape, conversion_bytes, output_like as _output_like
 from .formats import GGMLQuantized, Quantized
 from .options import ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, MAPPED_ALIGNMENT, SCORINGS
 
@@ -148,6 +151,18 @@ class _Matrix:
             t.biases = ffi.cast("const void *", q.biases.ctypes.data)
 
 
+def _conversions(shared_expert=None, **matrices):
+    """{name: bytes} of the weight arguments that reading them would copy (conversion_bytes)."""
+    if isinstance(shared_expert, Mapping):
+        matrices.update({f"shared_expert['{k}']": v for k, v in shared_expert.items() if k != "sigmoid_gate"})
+    found = {}
+    for name, value in matrices.items():
+        n = 0 if value is None or isinstance(value, (Quantized, GGMLQuantized)) else conversion_bytes(value)
+        if n:
+            found[name] = n
+    return found
+
+
 def _integer(name, value, bits):
     """An int that fits the `bits`-bit signed C field it goes to."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -247,37 +262,58 @@ def aligned_buffer(nbytes):
 
 
 def _weight_memory(value):
-    """(address, length) of `weight_memory`: a C-contiguous NumPy array, CPU torch tensor or
-    buffer-protocol object, aligned as moe_layer_desc's mapped_memory must be."""
+    """(address, length, pin) of `weight_memory`: a C-contiguous NumPy array, CPU torch
+    tensor or buffer-protocol object, aligned as moe_layer_desc's mapped_memory must be.
+
+    `pin` keeps the memory itself alive while the library reads it, which a reference to
+    `value` does not: an mmap can be closed and a tensor given other storage (`set_()`)
+    under it. For a buffer-protocol object it is an exported buffer (a memoryview), so
+    that `mmap.close()` raises BufferError; for a NumPy array also one of the object at the
+    end of its `.base` chain (NumPy keeps a reference to an mmap it views, np.memmap's
+    included, but no exported buffer, so the mmap could still be closed); for a torch
+    tensor, its storage."""
     if type(value).__module__.split(".")[0] == "torch":
         if value.device.type != "cpu":
             raise TypeError(f"weight_memory is a torch tensor on {value.device}; it must be in CPU memory")
         if not value.is_contiguous():
             raise ValueError("weight_memory must be contiguous memory (a torch tensor that is_contiguous())")
         address, length = value.data_ptr(), value.numel() * value.element_size()
+        pin = value.untyped_storage()
     else:
         try:
-            a = value if isinstance(value, np.ndarray) else np.asarray(memoryview(value))
+            pin = memoryview(value)
         except TypeError:
             raise TypeError("weight_memory must be a NumPy array, a CPU torch tensor or a buffer-protocol "
                             f"object, got {type(value).__name__}") from None
-        if not a.flags.c_contiguous:
+        if not pin.c_contiguous:
+            pin.release()
             raise ValueError("weight_memory must be C-contiguous memory")
-        address, length = a.ctypes.data, a.nbytes
+        length = pin.nbytes
+        address = np.frombuffer(pin, np.uint8).ctypes.data if length else 0
+        owner = value
+        while isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        if owner is not value and not isinstance(owner, np.ndarray):
+            try:
+                pin = (pin, memoryview(owner))
+            except TypeError:
+                pass  # not a buffer (e.g. a capsule of another library): the reference must do
     if length == 0 or address % MAPPED_ALIGNMENT or length % MAPPED_ALIGNMENT:
         raise ValueError(f"weight_memory must start at an address and have a length that are multiples of "
                          f"{MAPPED_ALIGNMENT} bytes (got address 0x{address:x}, {length} bytes); "
                          "moe_swift.aligned_buffer(nbytes) makes such memory")
-    return address, length
+    return address, length, pin
 
 
-# The weight_memory objects that native layers may still read, by the key their release
-# callback is given: each is dropped when the library calls that callback (after the last
-# call reading it, possibly on another thread), not when close() returns.
+# The weight_memory objects (and their pins) that native layers may still read, by the key
+# their release callback is given: each is dropped when the library calls that callback
+# (after the last call reading it, possibly on another thread), not when close() returns.
 _HELD = {}
 _HELD_KEYS = itertools.count(1)
-_HELD_LOCK = threading.Lock()
+_HELD_LOCK = threading.Condition()
 _RELEASE = None
+# The layers not yet closed, closed at interpreter exit (_close_at_exit).
+_LIVE = weakref.WeakSet()
 
 
 def _release_callback(ffi):
@@ -286,9 +322,40 @@ def _release_callback(ffi):
         def release(context):
             with _HELD_LOCK:
                 _HELD.pop(int(ffi.cast("intptr_t", context)), None)
+                _HELD_LOCK.notify_all()
 
         _RELEASE = ffi.callback("void(void *)", release)
     return _RELEASE
+
+
+# How long interpreter exit waits for the library to let go of weight_memory.
+_EXIT_WAIT_SECONDS = 30.0
+
+
+@atexit.register
+def _close_at_exit():
+    """Closes every open layer and waits until the library has released every weight_memory.
+    A release callback is Python code: run after the interpreter has begun to shut down
+    (a layer freed by garbage collection at exit, or a command buffer completing on a
+    SoftMetal thread), it would enter a dying interpreter and crash it. atexit handlers run
+    while the interpreter still works, so every release happens here instead."""
+    for layer in list(_LIVE):
+        try:
+            layer.close()
+        except Exception:
+            pass
+    _wait_for_releases(_EXIT_WAIT_SECONDS)
+
+
+def _wait_for_releases(seconds):
+    """Waits up to `seconds` until the library has released every weight_memory (on the
+    Metal backends the last buffers may go when a command buffer's handler runs, after
+    close() has returned); True if it has."""
+    deadline = time.monotonic() + seconds
+    with _HELD_LOCK:
+        while _HELD and time.monotonic() < deadline:
+            _HELD_LOCK.wait(0.05)
+        return not _HELD
 
 
 class MoELayer:
@@ -351,6 +418,21 @@ class MoELayer:
         self._handle = None
         self._closed = True
         ffi, lib, _ = _native.load()
+
+        # Budget before bytes: the copies that converting the arguments would make (float64
+        # or integer arrays, non-contiguous or broadcast views, torch tensors to make
+        # contiguous) are checked against the same budget as the library's own copies
+        # before any is made; the library then gets what is left of memory_limit.
+        limit = _memory_limit(memory_limit)
+        converted = _conversions(router_weight=router_weight, gate_proj=gate_proj, up_proj=up_proj,
+                                 gate_up_proj=gate_up_proj, down_proj=down_proj, shared_expert=shared_expert)
+        if converted:
+            needed = sum(converted.values())
+            what = ("converting " + ", ".join(f"{name} ({n} bytes)" for name, n in converted.items())
+                    + " to C-contiguous float32 / float16 / bfloat16")
+            _native.check(lib.moe_memory_check(needed, limit, what.encode()))
+            if limit:
+                limit = max(1, limit - needed)
 
         router = _Matrix("router_weight", router_weight, (None, None))
         E, H = router.shape
@@ -440,12 +522,12 @@ class MoELayer:
                 ffi, desc, "shared_down_proj", keep)
             desc.shared_sigmoid_gate = opt("shared_expert['sigmoid_gate']", shared_expert.get("sigmoid_gate"), (H,))
         desc.shared_intermediate_size = shared_size
-        desc.memory_limit = _memory_limit(memory_limit)
+        desc.memory_limit = limit
         if weight_memory is not None:
-            address, length = _weight_memory(weight_memory)
+            address, length, pin = _weight_memory(weight_memory)
             with _HELD_LOCK:
                 key = next(_HELD_KEYS)
-                _HELD[key] = weight_memory
+                _HELD[key] = (weight_memory, pin)
             # From here the library owns the reference: it calls the release once, on
             # failure too, before moe_layer_create returns.
             desc.mapped_memory, desc.mapped_length = ffi.cast("const void *", address), length
@@ -456,6 +538,7 @@ class MoELayer:
         del keep
         self._ffi, self._lib, self._handle = ffi, lib, out[0]
         self._closed = False
+        _LIVE.add(self)
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
         self.shared_intermediate_size = shared_size
         self.backend = _BACKEND_NAMES[lib.moe_layer_backend(self._handle)]
@@ -467,6 +550,7 @@ class MoELayer:
         ffi, lib, _ = _native.load()
         self = cls.__new__(cls)
         self._ffi, self._lib, self._handle, self._closed = ffi, lib, handle, False
+        _LIVE.add(self)
         info = ffi.new("moe_layer_info *")
         info.struct_size = ffi.sizeof("moe_layer_info")
         status = lib.moe_layer_get_info(handle, info)

@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from ._commands import run
+
 COMMANDS = ("generate", "chat", "server")
 
 
@@ -28,11 +30,19 @@ def _patched(load, backend):
     return load_and_patch
 
 
+def _usage():
+    return (f"usage: python -m moe_swift.mlx_lm {{{','.join(COMMANDS)}}} [mlx-lm's arguments]\n\n"
+            + __doc__.split("\n\n")[1])
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m moe_swift.mlx_lm {{{','.join(COMMANDS)}}} [mlx-lm's arguments]\n"
-              + __doc__.split("\n\n")[1], file=sys.stderr)
+        given = f"unknown command {argv[0]!r}\n" if argv else ""
+        print(given + _usage(), file=sys.stderr)
         return 2
     try:
         module = importlib.import_module(f"mlx_lm.{argv[0]}")
@@ -45,8 +55,8 @@ def main(argv=None) -> int:
         if hasattr(module, name):
             setattr(module, name, _patched(getattr(module, name), backend))
     sys.argv = [f"mlx_lm.{argv[0]}"] + argv[1:]
-    module.main()
-    return 0
+    # mlx-lm's own argument errors exit 2 through its argparse.
+    return run(f"python -m moe_swift.mlx_lm {argv[0]}", module.main)
 
 
 if __name__ == "__main__":

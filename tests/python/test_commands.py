@@ -77,3 +77,47 @@ def test_transformers_generate(tmp_path):
     ours = run(*args).stdout.strip()
     eager = run(*args, "--experts-implementation", "eager").stdout.strip()
     assert ours == eager and len(ours.split()) == 8
+
+
+def _fails(*args):
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return out.returncode, out.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompt", ""], "error: --prompt is empty"),
+    (["--model", "/nonexistent/model"], "error: --model /nonexistent/model: no such folder"),
+    (["--temperature", "nan"], "argument --temperature: must be a finite number >= 0"),
+    (["--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
+    (["--backend", "gpu"], "argument --backend: invalid choice: 'gpu'"),
+    (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+])
+def test_transformers_command_usage_errors(tmp_path, extra, message):
+    """Bad arguments: one line on stderr naming the argument, exit code 2, before torch or
+    the model is touched."""
+    base = {"--model": "org/name", "--prompt": "w1"}
+    for flag, value in zip(extra[::2], extra[1::2]):
+        base[flag] = value
+    args = [a for pair in base.items() for a in pair]
+    code, lines = _fails("-m", "moe_swift.transformers", "generate", *args)
+    assert code == 2 and message in lines[-1], lines
+    assert not any(line.startswith("Traceback") for line in lines), lines
+
+
+def test_transformers_command_folder_checks(tmp_path):
+    code, lines = _fails("-m", "moe_swift.transformers", "generate", "--model", str(tmp_path), "--prompt", "w1")
+    assert code == 2 and lines == [f"python -m moe_swift.transformers: error: --model {tmp_path}: the folder has no "
+                                   "config.json (a transformers model's folder has)"]
+    (tmp_path / "config.json").write_text("{}")
+    code, lines = _fails("-m", "moe_swift.transformers", "generate", "--model", str(tmp_path), "--prompt", "w1")
+    assert code == 2 and len(lines) == 1 and "the folder has no tokenizer (tokenizer.json" in lines[0]
+
+
+def test_commands_answer_help():
+    for module in ("moe_swift", "moe_swift.mlx_lm", "moe_swift.transformers"):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "usage:" in out.stdout, (module, out.stderr)
+    code, lines = _fails("-m", "moe_swift.mlx_lm", "serve")
+    assert code == 2 and lines[0] == "unknown command 'serve'"

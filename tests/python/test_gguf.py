@@ -278,6 +278,15 @@ HOSTILE = {
     "type the layer does not read": (dict(infos=_info(1, kind=9)), "Q8_1, which this layer does not read"),
     "no architecture": (dict(kvs=[kv_u32("qwen3moe.block_count", 1)]), "general.architecture"),
     "unsupported architecture": (dict(kvs=[kv_string("general.architecture", "bert")]), "not supported"),
+    "count beyond int64": (dict(kvs=[kv_string("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count", 1),
+                                     kv_u32("qwen3moe.embedding_length", H_SMALL),
+                                     _kv("qwen3moe.expert_count", 10, struct.pack("<Q", 2**64 - 1)),
+                                     kv_u32("qwen3moe.expert_used_count", 1),
+                                     kv_u32("qwen3moe.expert_feed_forward_length", I_SMALL)]),
+                           r"qwen3moe\.expert_count must be in \d+\.\.\.\d+, got 18446744073709551615"),
+    "more tensors declared than described": (dict(n_tensors=10),
+                                             r"tensor 5 of the 10 the header declares has an empty name: .* its tensor "
+                                             r"count \(10\) is larger than the tensors it describes"),
     "count of the wrong type": (dict(kvs=[kv_string("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count", 1),
                                           kv_string("qwen3moe.embedding_length", "32"),
                                           kv_u32("qwen3moe.expert_count", E_SMALL), kv_u32("qwen3moe.expert_used_count", 1),
@@ -315,6 +324,20 @@ def test_truncated_anywhere_is_a_clear_error(tmp_path):
     for cut in cuts:
         with pytest.raises(ValueError, match="truncated|not a GGUF file|outside the file"):
             _load(tmp_path, raw[:cut])
+
+
+def test_split_names_as_gguf_split_writes_them(tmp_path):
+    """Splits are <name>-<k>-of-<n>.gguf with 1 <= k <= n; the extension in any case."""
+    raw = hostile()
+    (tmp_path / "upper").mkdir()
+    (tmp_path / "upper" / "M-00001-of-00001.GGUF").write_bytes(raw)
+    assert sorted(moe_swift.from_pretrained(tmp_path / "upper" / "M-00001-of-00001.GGUF", backend="cpu")) == [0]
+    assert sorted(moe_swift.from_pretrained(tmp_path / "upper", backend="cpu")) == [0]  # found in the folder too
+    (tmp_path / "k").mkdir()
+    for name in ("m-00001-of-00002.gguf", "m-00002-of-00002.gguf", "m-00007-of-00002.gguf"):
+        (tmp_path / "k" / name).write_bytes(raw)
+    # k > n is not a split's name: the file alone, not splits 1 and 2.
+    assert sorted(moe_swift.from_pretrained(tmp_path / "k" / "m-00007-of-00002.gguf", backend="cpu")) == [0]
 
 
 def test_split_with_a_tensor_twice(tmp_path):

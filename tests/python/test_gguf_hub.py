@@ -124,8 +124,10 @@ def test_hub_quant_errors(fake_hub, monkeypatch):
     with pytest.raises(ValueError, match=r"tiny-org/tiny-qwen3-GGUF has no GGUF file in 'Q6_K'; "
                                          r"quants there: Q4_K_M, Q8_0, UD-Q4_K_XL"):
         moe_swift.from_pretrained("tiny-org/tiny-qwen3-GGUF:Q6_K", 0)
-    with pytest.raises(ValueError, match=r"cannot list 'tiny-org/absent' on the Hugging Face Hub: FileNotFoundError"):
+    with pytest.raises(ValueError, match=r"cannot get the list of files of 'tiny-org/absent' from the Hugging Face "
+                                         r"Hub \(FileNotFoundError: 404: tiny-org/absent\); check the repository id") as caught:
         moe_swift.from_pretrained("tiny-org/absent:Q4_K_M", 0)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # one message, not a chain
     with pytest.raises(ValueError, match=r"needs a Hugging Face Hub id"):
         moe_swift.from_pretrained(FIXTURES / "qwen3moe.gguf", 0, gguf="Q4_K_M")
     with pytest.raises(TypeError, match=r"gguf must name a quant"):

@@ -252,7 +252,9 @@ ACT = options.ACTIVATIONS  # every row of moe_options.h
 
 def ffn_params(*, T, H, I, k, w0, w1=None, shared=False, activation="silu", alpha=DEFAULTS["swiglu_alpha"], limit=DEFAULTS["swiglu_limit"], has_bias=False):
     extra = {} if w1 is None else dict(w1=w1.desc)
+    # E, from the weights (E, rows, cols): a routed pair's id outside [0, E) is skipped.
     return params("moe_ffn_params", tokens=T, hidden=H, inner=I, top_k=k, mode=1 if shared else 0,
+                  experts=w0.values.shape[0],
                   activation=ACT[activation], swiglu_alpha=alpha, swiglu_limit=limit, has_bias=int(has_bias),
                   w0=w0.desc, **extra)
 
@@ -338,35 +340,53 @@ def test_down_gemv(lib, T, H, I, E, k, bias):
 
 @pytest.mark.parametrize("shared,residual", [(False, False), (True, True), (False, True)])
 def test_combine(lib, shared, residual):
-    T, H, k = 5, 300, 3
+    T, H, k, E = 5, 300, 3, 4
     rng = np.random.default_rng(1)
     pair_out = f32(T * k, H, rng=rng)
     s = f32(T, H, rng=rng)
     r = f32(T, H, rng=rng)
-    expected = pair_out.reshape(T, k, H)[:, 0].copy()
-    for j in range(1, k):
-        expected += pair_out.reshape(T, k, H)[:, j]
-    if shared:
-        expected += s
-    if residual:
-        expected += r
-    p = params("moe_combine_params", tokens=T, hidden=H, top_k=k, has_shared=int(shared), has_residual=int(residual))
+    ids = rng.integers(0, E, T * k).astype(np.int32)
+
+    def combined(ids):
+        valid = ((ids >= 0) & (ids < E)).reshape(T, k)
+        expected = np.where(valid[:, :1], pair_out.reshape(T, k, H)[:, 0], np.float32(0))
+        for j in range(1, k):
+            expected = np.where(valid[:, j:j + 1], expected + pair_out.reshape(T, k, H)[:, j], expected)
+        if shared:
+            expected = expected + s
+        if residual:
+            expected = expected + r
+        return expected
+
+    expected = combined(ids)
+    p = params("moe_combine_params", tokens=T, hidden=H, top_k=k, has_shared=int(shared), has_residual=int(residual),
+               experts=E)
     out = np.full((T, H), np.nan, np.float32)
     lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
-                               5: dummy(), 6: dummy()},
+                               5: dummy(), 6: dummy(), 7: ids},
                threadgroups=(-(-H // CONST["MOE_COMBINE_THREADS"]), T),
                threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_order=True)
     np.testing.assert_array_equal(out, expected)  # float32 in the same order: bit-identical
+
+    # Pairs whose id is outside [0, E) (a caller's routing, unchecked on the GPU) add nothing.
+    bad = ids.copy()
+    bad[[0, 4, 8, 12]] = [-1, E, 2**31 - 1, -2**31]
+    out = np.full((T, H), np.nan, np.float32)
+    lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
+                               5: dummy(), 6: dummy(), 7: bad},
+               threadgroups=(-(-H // CONST["MOE_COMBINE_THREADS"]), T),
+               threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_order=True)
+    np.testing.assert_array_equal(out, combined(bad))
 
     # The next layer's norm: one threadgroup per token, the same sums, and the normed rows.
     # H = 300 is above the thread count (the loop over H) and not a multiple of it.
     weight, eps, offset = f32(H, rng=rng), 1e-5, 1.0
     p = params("moe_combine_params", tokens=T, hidden=H, top_k=k, has_shared=int(shared), has_residual=int(residual),
-               has_next_norm=1, next_norm_eps=eps, next_norm_offset=offset)
+               has_next_norm=1, next_norm_eps=eps, next_norm_offset=offset, experts=E)
     out = np.full((T, H), np.nan, np.float32)
     normed = np.full((T, H), np.nan, np.float32)
     lib.launch("moe_combine", {0: p, 1: pair_out, 2: s if shared else dummy(), 3: r if residual else dummy(), 4: out,
-                               5: weight, 6: normed},
+                               5: weight, 6: normed, 7: ids},
                threadgroups=(1, T), threads_per_threadgroup=(CONST["MOE_COMBINE_THREADS"],), check_order=True)
     np.testing.assert_array_equal(out, expected)
     ref = expected / np.sqrt((expected.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * (offset + weight)
@@ -433,6 +453,26 @@ def test_bucket(lib, T, E, k):
     n = len(ref_tiles)
     np.testing.assert_array_equal(tiles[:n], ref_tiles)
     np.testing.assert_array_equal(args, [n, 3, 1, 0, n, 5, 1, 0])
+
+
+def test_bucket_skips_ids_outside_the_experts(lib):
+    """A caller's routing (encode_routed) may hold ids outside [0, E): their pairs get no
+    row, and the last expert's range ends at the rows placed, not at P (its tiles would
+    otherwise reach rows never written)."""
+    T, E, k = 70, 6, 3
+    rng = np.random.default_rng(5)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    ids.ravel()[::7] = np.resize(np.array([-1, E, 2**31 - 1, -2**31, E + 100], np.int32), ids.size)[::7]
+    offsets, rows, tiles, args = run_bucket(lib, ids, E)
+    flat = ids.ravel()
+    valid = np.nonzero((flat >= 0) & (flat < E))[0]
+    counts = np.bincount(flat[valid], minlength=E)
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(counts)]))
+    assert offsets[E] == len(valid) < ids.size
+    np.testing.assert_array_equal(rows[:len(valid)], valid[np.argsort(flat[valid], kind="stable")])
+    BM = CONST["MOE_GEMM_BM"]
+    n = sum(-(-c // BM) for c in counts)
+    assert args[0] == n and all(t[1] + min(BM, offsets[t[0] + 1] - t[1]) <= len(valid) for t in tiles[:n])
 
 
 # --- prefill GEMMs -----------------------------------------------------------------

@@ -187,6 +187,14 @@ moe_status moe_measure_read_bandwidth(int64_t bytes, int32_t repeats, double* gb
 moe_status moe_measure_read_time(const void* const* starts, const int64_t* bytes, int32_t count, double* seconds,
                                  int64_t* bytes_read);
 
+/* Whether `bytes` more bytes of copies fit the budget that moe_layer_create checks its own
+ * copies against: the smallest of memory_limit (0: none), MemAvailable of /proc/meminfo
+ * and what the cgroup has left. MOE_OK if they fit; MOE_ERROR_OUT_OF_MEMORY with a message
+ * naming `what` (may be NULL), the bytes and what is available if not. For hosts that
+ * convert or gather weights before creating a layer: check the copies before making them,
+ * then give the layer memory_limit less those bytes. */
+moe_status moe_memory_check(int64_t bytes, int64_t memory_limit, const char* what);
+
 /* Sets struct_size and every default (MOE_DEFAULT_* of moe_options.h); pointers NULL,
  * sizes 0. */
 void moe_layer_desc_init(moe_layer_desc* desc);

@@ -94,6 +94,20 @@ public func moe_measure_read_bandwidth(_ bytes: Int64, _ repeats: Int32, _ out: 
     }
 }
 
+@_cdecl("moe_memory_check")
+public func moe_memory_check(_ bytes: Int64, _ memoryLimit: Int64, _ what: UnsafePointer<CChar>?) -> moe_status {
+    status {
+        guard bytes >= 0 else { throw MoEError.invalidArgument("bytes must not be negative, got \(bytes)") }
+        guard memoryLimit >= 0 else {
+            throw MoEError.invalidArgument("memory_limit must be >= 0 bytes, got \(memoryLimit)")
+        }
+        let name = what.map { String(cString: $0) } ?? "the host"
+        try MemoryBudget.check(needed: Int(bytes), limit: memoryLimit == 0 ? nil : Int(memoryLimit), what: name,
+                               hint: "Arrays that are already C-contiguous float32, float16 or bfloat16 are "
+                                   + "not copied before the layer is made")
+    }
+}
+
 @_cdecl("moe_measure_read_time")
 public func moe_measure_read_time(_ starts: UnsafePointer<UnsafeRawPointer?>?, _ bytes: UnsafePointer<Int64>?,
                                   _ count: Int32, _ seconds: UnsafeMutablePointer<Double>?,

@@ -7,7 +7,7 @@ import Darwin
 /// A checkpoint folder as the boundary of what a checkpoint may make us read. The folder's
 /// files name other files (the shard index names shards); all of them must be regular
 /// files inside the folder once symlinks are resolved, or inside the blob store of a
-/// Hugging Face cache when the folder is one of its snapshots
+/// Hugging Face cache when the folder is one of its snapshots or a folder in one
 /// (`models--org--name/snapshots/<rev>/x -> ../../blobs/<hash>`). Devices, FIFOs and
 /// directories are refused before they are read, so a file can neither block the call nor
 /// feed it without end.
@@ -37,9 +37,13 @@ struct CheckpointFolder {
                                            + "config.json and the safetensors files, a .gguf file, or a folder of GGUF files")
         }
         root = resolved
+        // A snapshot `snapshots/<rev>`, or a folder inside one (split GGUF quants are often
+        // in sub-folders: `snapshots/<rev>/Q8_0/`): its files link to `<repo>/blobs/`.
         let parts = resolved.split(separator: UInt8(ascii: "/"))
-        if parts.count >= 2, parts[parts.count - 2].elementsEqual("snapshots".utf8) {
-            blobStore = Self.realPath(resolved + Array("/../../blobs".utf8))
+        if let at = parts.dropLast().lastIndex(where: { $0.elementsEqual("snapshots".utf8) }), at >= 1,
+           parts[at - 1].starts(with: "models--".utf8) {
+            let repo = parts[..<at].reduce(into: [UInt8]()) { $0 += [UInt8(ascii: "/")] + $1 }
+            blobStore = Self.realPath(repo + Array("/blobs".utf8))
         } else {
             blobStore = nil
         }
@@ -62,8 +66,8 @@ struct CheckpointFolder {
         return !path.contains(0) && withCString(path, { stat($0, &info) }) == 0 && (info.st_mode & S_IFMT) == S_IFDIR
     }
 
-    /// The names of the folder's entries that end in `suffix`, sorted (what they are is
-    /// checked when one is opened).
+    /// The names of the folder's entries that end in `suffix` in any letter case (`.GGUF`
+    /// files exist), sorted (what they are is checked when one is opened).
     func names(withSuffix suffix: String) throws -> [String] {
         guard let dir = Self.withCString(root, { opendir($0) }) else {
             throw MoEError.invalidArgument("cannot list \(display): \(Self.lastError())")
@@ -74,7 +78,7 @@ struct CheckpointFolder {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
             }
-            if name.hasSuffix(suffix) && !name.hasPrefix(".") { names.append(name) }
+            if name.lowercased().hasSuffix(suffix.lowercased()) && !name.hasPrefix(".") { names.append(name) }
         }
         return names.sorted()
     }

@@ -112,6 +112,7 @@ struct GGUFValue {
         if let s = string { return CheckpointFolder.quoted(s.count > 80 ? String(s.prefix(80)) + "..." : s) }
         if let b = bool { return "\(b)" }
         if let n = integer { return "\(n)" }
+        if type == .uint64 { return "\(load(UInt64.self))" }
         if let x = number { return "\(x)" }
         return type.name
     }
@@ -215,8 +216,15 @@ final class GGUFFile {
         for t in 0..<tensorCount {
             let nameBytes = try r.string("the name of tensor \(t)", limit: Int.max)
             let name = String(decoding: nameBytes, as: UTF8.self)
+            // Which of the declared tensors: a header whose tensor count exceeds the tensors
+            // the file describes makes the reader take what follows for tensor infos.
+            let which = "tensor \(t + 1) of the \(tensorCount) the header declares"
             func bad(_ why: String) -> MoEError {
-                .invalidArgument("\(path): tensor \(CheckpointFolder.quoted(name)): \(why)")
+                .invalidArgument("\(path): \(which) (\(CheckpointFolder.quoted(name))): \(why)")
+            }
+            guard !nameBytes.isEmpty else {
+                throw MoEError.invalidArgument("\(path): \(which) has an empty name: the file is damaged, or its tensor "
+                                               + "count (\(tensorCount)) is larger than the tensors it describes")
             }
             guard nameBytes.count <= Self.maxNameBytes else {
                 throw MoEError.invalidArgument("\(path): the name of tensor \(t) is \(nameBytes.count) bytes long; "

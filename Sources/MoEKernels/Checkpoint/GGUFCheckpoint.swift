@@ -135,20 +135,23 @@ final class GGUFCheckpoint {
     }
 
     /// The names of every split of the model whose split `name` is
-    /// (`<prefix>-<k>-of-<n>.gguf`, k and n five digits, as llama.cpp's gguf-split writes
-    /// them), or nil for a name that is not a split's.
+    /// (`<prefix>-<k>-of-<n>.gguf`, k and n five digits with 1 <= k <= n, as llama.cpp's
+    /// gguf-split writes them; the extension in any letter case, kept), or nil for a name
+    /// that is not a split's.
     static func splitSet(of name: String) -> [String]? {
         let chars = Array(name.utf8)
         let tail = 20  // "-00001-of-00003.gguf"
         guard chars.count > tail else { return nil }
         let t = Array(chars[(chars.count - tail)...])
         let digits = { (r: Range<Int>) in t[r].allSatisfy { (48...57).contains($0) } }
+        let number = { (r: Range<Int>) in Int(String(decoding: t[r], as: UTF8.self)) }
+        let extensionText = String(decoding: t[15...], as: UTF8.self)
         guard t[0] == UInt8(ascii: "-"), digits(1..<6), t[6...9].elementsEqual("-of-".utf8), digits(10..<15),
-              t[15...].elementsEqual(".gguf".utf8), let n = Int(String(decoding: t[10..<15], as: UTF8.self)), n >= 1
+              extensionText.lowercased() == ".gguf", let k = number(1..<6), let n = number(10..<15), 1 <= k, k <= n
         else { return nil }
         let prefix = String(decoding: chars[..<(chars.count - tail)], as: UTF8.self)
         func pad(_ i: Int) -> String { String(repeating: "0", count: 5 - String(i).count) + String(i) }
-        return (1...n).map { "\(prefix)-\(pad($0))-of-\(pad(n)).gguf" }
+        return (1...n).map { "\(prefix)-\(pad($0))-of-\(pad(n))\(extensionText)" }
     }
 
     private init(folder: CheckpointFolder, names: [String]) throws {
@@ -222,6 +225,10 @@ final class GGUFCheckpoint {
             return value
         }
         guard let n = v.integer else {
+            if v.type == .uint64 {  // an integer, above Int.max
+                throw MoEError.invalidArgument("\(path): \(key) must be in \(range.lowerBound)...\(range.upperBound), "
+                                               + "got \(v.description)")
+            }
             throw MoEError.invalidArgument("\(path): \(key) must be an integer, got \(v.type.name) \(v.description)")
         }
         guard range.contains(n) else {

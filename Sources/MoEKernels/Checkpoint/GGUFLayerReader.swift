@@ -13,10 +13,15 @@ final class GGUFLayerReader {
     let map: Bool
     /// Stacked experts and joined bias rows; freed with the reader.
     private var temporaries: [UnsafeMutableRawBufferPointer] = []
+    /// The caller's budget for copies (nil: the system's memory alone).
+    let memoryLimit: Int?
+    /// The bytes of the stacked experts, checked against the budget before the first copy.
+    private(set) var stagedBytes = 0
 
-    init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool) {
+    init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool, memoryLimit: Int? = nil) {
         self.checkpoint = checkpoint
         self.map = map
+        self.memoryLimit = memoryLimit
         c = configuration
         prefix = "blk.\(layer)."
     }
@@ -119,6 +124,11 @@ final class GGUFLayerReader {
             gateUp = .fused(try matrix("ffn_gate_up_exps.weight", [e, 2 * i, h]))
             down = try matrix("ffn_down_exps.weight", [e, h, i])
         } else if tensor("ffn_gate_exps.weight") == nil && tensor("ffn_gate.0.weight") != nil {
+            // The whole stacking planned and budgeted before a byte is copied: the tensors'
+            // sizes come from the file, and may all point at the same bytes.
+            stagedBytes = try LayerReader.budgetStacking(
+                (0..<e).flatMap { x in ["gate", "up", "down"].map { tensor("ffn_\($0).\(x).weight")?.bytes.count ?? 0 } },
+                limit: memoryLimit, what: "stacking the \(e) per-expert tensors of \(prefix)ffn_{gate,up,down}.<e>.weight")
             gateUp = .separate(gate: try stacked("gate", [i, h]), up: try stacked("up", [i, h]))
             down = try stacked("down", [h, i])
         } else {

@@ -19,10 +19,16 @@ final class LayerReader {
     private var temporaries: [UnsafeMutableRawBufferPointer] = []
     /// Whether tensors borrowed from the files are handed over as mapped (read in place).
     let map: Bool
+    /// The caller's budget for copies (nil: the system's memory alone).
+    let memoryLimit: Int?
+    /// The bytes of the stacked experts, checked against the budget before the first copy.
+    private(set) var stagedBytes = 0
 
-    init(_ checkpoint: SafeTensorsCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true) {
+    init(_ checkpoint: SafeTensorsCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true,
+         memoryLimit: Int? = nil) {
         self.checkpoint = checkpoint
         self.map = map
+        self.memoryLimit = memoryLimit
         c = configuration
         let family = checkpoint.family
         blocks = family.blockNames.map { "model.layers.\(layer).\($0)" }
@@ -160,6 +166,13 @@ final class LayerReader {
             w = MoEWeights(router: try router(), gateUp: .fused(try dense(gateUp)), downProj: try dense(down))
         } else if let names = [("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")]
                     .first(where: { tensor("experts.0.\($0.0).weight") != nil }) {
+            // The whole stacking planned and budgeted before a byte is copied.
+            stagedBytes = try Self.budgetStacking(
+                (0..<e).flatMap { x in [names.0, names.1, names.2].flatMap { p in
+                    ["weight", "scales", "biases"].map { tensor("experts.\(x).\(p).\($0)")?.bytes.count ?? 0 }
+                } },
+                limit: memoryLimit,
+                what: "stacking the \(e) per-expert tensors of \(prefix).experts.<e>.{\(names.0),\(names.1),\(names.2)}")
             w = MoEWeights(router: try router(),
                            gateUp: .separate(gate: try stackExperts(names.0, [i, h]), up: try stackExperts(names.1, [i, h])),
                            downProj: try stackExperts(names.2, [h, i]))
@@ -180,6 +193,20 @@ final class LayerReader {
             w.shared = s
         }
         return w
+    }
+
+    /// The sum of `sizes` (bytes that stacking copies), checked against the budget: throws
+    /// MoEError.outOfMemory naming `what` before anything is allocated.
+    static func budgetStacking(_ sizes: [Int], limit: Int?, what: String) throws -> Int {
+        var total = 0
+        for size in sizes {
+            let (sum, overflow) = total.addingReportingOverflow(size)
+            total = overflow ? Int.max : sum
+        }
+        try MemoryBudget.check(needed: total, limit: limit, what: what,
+                               hint: "A checkpoint that stores one tensor per expert is stacked into copies; "
+                                   + "one whose experts are stored stacked is read in place")
+        return total
     }
 
     /// One (E, ...) tensor from E per-expert tensors, in their stored format.

@@ -22,6 +22,10 @@ public final class WeightMemory: @unchecked Sendable {
     /// Bytes, a multiple of `pageSize`.
     public let length: Int
     private let release: () -> Void
+    /// A mapped file: a descriptor of our own for it, the bytes mapped and its name. A read
+    /// of a mapped page past the file's end raises SIGBUS, so each call checks first that
+    /// the file still holds them (`checkFile`).
+    private let file: (fd: Int32, size: Int, what: String)?
 
     /// Borrows `length` bytes at `base`, both multiples of `pageSize`; `release` runs once
     /// nothing holds this object any more (a layer made from it included).
@@ -34,6 +38,7 @@ public final class WeightMemory: @unchecked Sendable {
         self.base = base
         self.length = length
         self.release = release
+        file = nil
     }
 
     /// Where a file's mapping starts, on Linux: a transparent huge page's boundary (the
@@ -78,10 +83,32 @@ public final class WeightMemory: @unchecked Sendable {
         #endif
         base = UnsafeRawPointer(aligned)
         self.length = length
-        release = { munmap(reserved, span) }
+        // The caller closes `fd`; a duplicate stays open for the size checks (none when the
+        // process has no descriptor left: then no check, as before).
+        let own = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        file = own >= 0 ? (own, size, what) : nil
+        release = {
+            munmap(reserved, span)
+            if own >= 0 { close(own) }
+        }
     }
 
     deinit { release() }
+
+    /// Throws if this memory maps a file that no longer holds the bytes mapped (truncated
+    /// since): reading them would raise SIGBUS and end the process. One fstat; a file
+    /// truncated between this check and the reads still faults, as with any mapping.
+    func checkFile() throws {
+        guard let file else { return }
+        var info = stat()
+        guard fstat(file.fd, &info) == 0 else { return }
+        if Int(info.st_size) < file.size {
+            throw MoEError.invalidArgument(
+                "\(file.what) was truncated to \(info.st_size) bytes after it was mapped (\(file.size) bytes): the layer's "
+                + "weights in it are gone, and reading them would crash the process. Close the layer and load the file "
+                + "again")
+        }
+    }
 
     /// Whether `bytes` lie inside this memory.
     func contains(_ bytes: UnsafeRawBufferPointer) -> Bool {

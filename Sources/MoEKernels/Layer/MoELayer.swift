@@ -11,6 +11,10 @@ import CMoESwift
 public final class MoELayer: @unchecked Sendable {
     public let configuration: MoEConfiguration
     let backend: any MoEBackend
+    /// The memories the weights were given in (files mapped by a checkpoint loader, the
+    /// caller's memory), checked at each call (`checkCall`). Weak: the backend holds those
+    /// it reads in place; one it copied everything from is let go, and needs no check.
+    private let weightMemories: [Weak<WeightMemory>]
 
     /// The backend this layer runs on (never `.auto`).
     public var backendKind: MoEBackendKind { backend.kind }
@@ -26,6 +30,7 @@ public final class MoELayer: @unchecked Sendable {
             throw MoEError.invalidArgument("memory_limit must be >= 0 bytes, got \(memoryLimit)")
         }
         self.configuration = configuration
+        weightMemories = weights.mappedFiles.map(Weak.init)
         CallStats.begin(requested, tokens: 0, layers: 1)
         self.backend = try BackendRegistry.make(requested, configuration: configuration, weights: weights,
                                                 memoryLimit: memoryLimit)
@@ -56,7 +61,7 @@ public final class MoELayer: @unchecked Sendable {
     public func forward(_ input: UnsafePointer<Float>, tokens: Int, residual: UnsafePointer<Float>? = nil,
                         into output: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
-        try checkTokens(tokens)
+        try checkCall(tokens: tokens)
         if tokens == 0 { return }
         try runForward(input, tokens: tokens, options: MoEForwardOptions(residual: residual.map { .buffer($0) } ?? .none),
                        into: output)
@@ -69,7 +74,7 @@ public final class MoELayer: @unchecked Sendable {
     public func forward(_ input: UnsafePointer<Float>, tokens: Int, options: MoEForwardOptions,
                         into output: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
-        try checkTokens(tokens)
+        try checkCall(tokens: tokens)
         try options.validate()
         if tokens == 0 { return }
         try runForward(input, tokens: tokens, options: options, into: output)
@@ -126,7 +131,7 @@ public final class MoELayer: @unchecked Sendable {
     public func experts(_ input: UnsafePointer<Float>, tokens: Int, ids: UnsafePointer<Int32>,
                         weights: UnsafePointer<Float>, into output: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
-        try checkTokens(tokens)
+        try checkCall(tokens: tokens)
         let e = Int32(configuration.numExperts)
         for n in 0..<tokens * configuration.topK where ids[n] < 0 || ids[n] >= e {
             let k = configuration.topK
@@ -147,7 +152,7 @@ public final class MoELayer: @unchecked Sendable {
     public func route(_ input: UnsafePointer<Float>, tokens: Int,
                       ids: UnsafeMutablePointer<Int32>, weights: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
-        try checkTokens(tokens)
+        try checkCall(tokens: tokens)
         if tokens == 0 { return }
         try withAutoreleasePool {
             let pass = try backend.makePass(input: input, tokens: tokens, inputNorm: nil)
@@ -226,11 +231,21 @@ public final class MoELayer: @unchecked Sendable {
         return input.count / h
     }
 
-    func checkTokens(_ tokens: Int) throws {
+    /// What every call checks first: its token count, and that the files the layer reads
+    /// in place still hold their bytes (a file truncated under a mapping would raise SIGBUS
+    /// in the kernels: an error here instead).
+    func checkCall(tokens: Int) throws {
         // Pair indices are 32-bit in every backend.
         let limit = Int(Int32.max) / (configuration.topK * 2)
         guard tokens >= 0 && tokens <= limit else {
             throw MoEError.invalidArgument("num_tokens must be in 0...\(limit), got \(tokens)")
         }
+        for memory in weightMemories { try memory.object?.checkFile() }
     }
+}
+
+/// A reference that does not keep its object alive.
+struct Weak<T: AnyObject> {
+    weak var object: T?
+    init(_ object: T) { self.object = object }
 }

@@ -97,7 +97,7 @@ extension MoELayer {
                               encoder: (any MTLComputeCommandEncoder)? = nil) throws {
         CallStats.begin(backend.kind, tokens: tokens)
         let metal = try encodingBackend()
-        try checkTokens(tokens)
+        try checkCall(tokens: tokens)
         try options.inputNorm?.validate("input_norm")
         try options.nextNorm?.validate("next_norm")
         if options.nextNorm != nil && options.normedOutput == nil {
@@ -131,7 +131,7 @@ extension MoELayer {
                               encoder: (any MTLComputeCommandEncoder)? = nil) throws {
         CallStats.begin(backend.kind, tokens: tokens)
         let metal = try encodingBackend()
-        try checkTokens(tokens)
+        try checkCall(tokens: tokens)
         let count = tokens * configuration.hiddenSize, pairs = tokens * configuration.topK
         try input.validate("x", elements: count, device: metal)
         try output.validate("the output", elements: count, device: metal)
@@ -170,7 +170,7 @@ extension MoELayer {
                 throw MoEError.invalidArgument(
                     "all layers must have the same hidden_size: layers[0] has \(h), layers[\(i)] has \(layer.configuration.hiddenSize)")
             }
-            try layer.checkTokens(tokens)
+            try layer.checkCall(tokens: tokens)
             backends.append(backend)
         }
         if let inputNorms {
@@ -212,10 +212,13 @@ extension MoEMetalArray {
             throw MoEError.invalidArgument(
                 "\(name): offset \(offset) is not a multiple of \(bytesPerElement) bytes (an element of \(typeName))")
         }
+        // Every sum checked: an offset near Int.max must give this message, not a trap.
         let (bytes, overflow) = elements.multipliedReportingOverflow(by: bytesPerElement)
-        guard !overflow, offset <= buffer.length, bytes <= buffer.length - offset else {
+        let (end, past) = offset.addingReportingOverflow(bytes)
+        guard !overflow, !past, end <= buffer.length else {
+            let need = overflow || past ? "more than \(Int.max)" : "\(end)"
             throw MoEError.invalidArgument(
-                "\(name): \(elements) elements of \(typeName) from offset \(offset) need \(overflow ? "more" : "\(offset + bytes)") "
+                "\(name): \(elements) elements of \(typeName) from offset \(offset) need \(need) "
                 + "bytes; the buffer has \(buffer.length)")
         }
     }

@@ -64,6 +64,15 @@ public struct MoEWeights: Sendable {
         return m
     }
 
+    /// The mapped files the weights lie in, each once.
+    var mappedFiles: [WeightMemory] {
+        let all = matrices + [routerBias, selectionBias, perExpertScale, gateUpBias, downBias, shared?.sigmoidGate]
+            .compactMap { $0 }
+        var seen: [WeightMemory] = []
+        for memory in all.compactMap(\.memory) where !seen.contains(where: { $0 === memory }) { seen.append(memory) }
+        return seen
+    }
+
     /// Throws `MoEError.invalidArgument` naming the first array whose size does not fit
     /// `configuration`, or a shared expert that is present in one and absent in the other.
     public func validate(for c: MoEConfiguration) throws {

@@ -23,7 +23,7 @@ extension MoELayer {
                 throw MoEError.invalidArgument(
                     "all layers must have the same hidden_size: layers[0] has \(h), layers[\(i)] has \(layer.configuration.hiddenSize)")
             }
-            try layer.checkTokens(tokens)
+            try layer.checkCall(tokens: tokens)
         }
         if let inputNorms {
             guard inputNorms.count == layers.count else {

@@ -61,13 +61,14 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
         tile_totals[sg] = tiles_sg;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    uint row = rows_before_sg, tile = tiles_before_sg, all_tiles = 0;
+    uint row = rows_before_sg, tile = tiles_before_sg, all_tiles = 0, all_rows = 0;
     for (uint s = 0; s < MOE_BUCKET_SIMDGROUPS; s++) {
         if (s < sg) {
             row += row_totals[s];
             tile += tile_totals[s];
         }
         all_tiles += tile_totals[s];
+        all_rows += row_totals[s];
     }
     for (uint e = e0; e < e1; e++) {
         const uint c = atomic_load_explicit(&counts[e], memory_order_relaxed);
@@ -77,7 +78,9 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
         row += c;
     }
     if (tid == 0) {
-        expert_offsets[E] = P;
+        // The rows placed: P less the pairs whose id is outside [0, E) (skipped), so
+        // that the last expert's tiles end at its own rows.
+        expert_offsets[E] = all_rows;
         dispatch_args[0] = all_tiles;
         dispatch_args[1] = p.gate_up_column_tiles;
         dispatch_args[2] = 1;

@@ -10,12 +10,17 @@
 
 static inline float moe_combine_element(constant moe_combine_params& p, device const float* pair_out,
                                         device const float* shared_out, device const float* residual,
-                                        uint t, uint h)
+                                        device const int* ids, uint t, uint h)
 {
     const ulong H = p.hidden;
     device const float* pairs = pair_out + (ulong)t * p.top_k * H + h;
-    float acc = pairs[0];
-    for (uint j = 1; j < p.top_k; j++) acc += pairs[j * H];
+    device const int* pair_ids = ids + (ulong)t * p.top_k;
+    // A pair whose id is outside [0, E) was not computed (its row holds stale scratch):
+    // it adds nothing. Valid pairs sum in the same order as ever.
+    float acc = uint(pair_ids[0]) < p.experts ? pairs[0] : 0.0f;
+    for (uint j = 1; j < p.top_k; j++) {
+        if (uint(pair_ids[j]) < p.experts) acc += pairs[j * H];
+    }
     const ulong i = (ulong)t * H + h;
     if (p.has_shared != 0) acc += shared_out[i];
     if (p.has_residual != 0) acc += residual[i];
@@ -33,6 +38,7 @@ kernel void moe_combine(constant moe_combine_params& p [[buffer(MOE_COMBINE_BUF_
                         device float* out [[buffer(MOE_COMBINE_BUF_OUTPUT)]],   // (T, H)
                         device const float* norm_weight [[buffer(MOE_COMBINE_BUF_NORM_WEIGHT)]],  // (H)
                         device float* normed [[buffer(MOE_COMBINE_BUF_NORMED)]],  // (T, H)
+                        device const int* ids [[buffer(MOE_COMBINE_BUF_IDS)]],    // (T * k)
                         uint2 group [[threadgroup_position_in_grid]],
                         uint tid [[thread_index_in_threadgroup]],
                         uint sg [[simdgroup_index_in_threadgroup]],
@@ -44,12 +50,12 @@ kernel void moe_combine(constant moe_combine_params& p [[buffer(MOE_COMBINE_BUF_
     const ulong row = (ulong)t * p.hidden;
     if (p.has_next_norm == 0) {
         const uint h = group.x * MOE_COMBINE_THREADS + tid;
-        if (h < p.hidden) out[row + h] = moe_combine_element(p, pair_out, shared_out, residual, t, h);
+        if (h < p.hidden) out[row + h] = moe_combine_element(p, pair_out, shared_out, residual, ids, t, h);
         return;
     }
     float sum = 0.0f;
     for (uint h = tid; h < p.hidden; h += MOE_COMBINE_THREADS) {
-        const float v = moe_combine_element(p, pair_out, shared_out, residual, t, h);
+        const float v = moe_combine_element(p, pair_out, shared_out, residual, ids, t, h);
         out[row + h] = v;
         sum += v * v;
     }

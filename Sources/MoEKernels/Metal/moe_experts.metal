@@ -70,7 +70,10 @@ static inline moe_job moe_decode_job(constant moe_ffn_params& p, device const in
             bool seen = false;
             for (uint q = lane; q < pair; q += MOE_SIMD_WIDTH) seen = seen || ids[q] == e;
             uint n = 0;
-            if (!simd_any(seen)) {
+            // An id outside [0, E) (only the caller's routing can hold one: encode_routed)
+            // selects nothing: its pairs are skipped here and in the combine, never read
+            // as an expert past the weights.
+            if (!simd_any(seen) && uint(e) < p.experts) {
                 for (uint base = pair; base < pairs && n < MOE_DECODE_MAX_TOKENS; base += MOE_SIMD_WIDTH) {
                     const uint q = base + lane;
                     const uint match = q < pairs && ids[q] == e ? 1u : 0u;

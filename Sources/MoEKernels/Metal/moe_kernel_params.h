@@ -154,6 +154,7 @@ typedef struct moe_weight_desc {
 #define MOE_COMBINE_BUF_OUTPUT 4
 #define MOE_COMBINE_BUF_NORM_WEIGHT 5   /* the next layer's norm weight (H) */
 #define MOE_COMBINE_BUF_NORMED 6        /* out: the output normalised (T, H) */
+#define MOE_COMBINE_BUF_IDS 7           /* the pairs' expert ids (T * k) */
 #define MOE_CONVERT_BUF_PARAMS 0
 #define MOE_CONVERT_BUF_SRC 1
 #define MOE_CONVERT_BUF_DST 2
@@ -209,7 +210,7 @@ typedef struct moe_ffn_params {
     float swiglu_limit;
     moe_u32 has_bias;
     moe_u32 gate_up_pass;         /* MOE_GATE_UP_* */
-    moe_u32 _pad1;
+    moe_u32 experts;              /* E: a routed pair whose id is outside [0, E) is skipped */
     moe_u32 _pad2;
     moe_weight_desc w0;           /* gate (gate/up kernels) or down */
     moe_weight_desc w1;           /* up (gate/up kernels) */
@@ -226,6 +227,8 @@ typedef struct moe_combine_params {
     moe_u32 has_next_norm;        /* also write NORMED = rmsnorm(out) * (offset + weight) */
     float next_norm_eps;
     float next_norm_offset;
+    moe_u32 experts;              /* E: a pair whose id is outside [0, E) adds nothing */
+    moe_u32 _pad0;
 } moe_combine_params;
 
 /* moe_load_activations_<dtype> / moe_store_activations_<dtype>: grid

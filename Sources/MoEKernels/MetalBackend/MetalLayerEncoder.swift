@@ -251,6 +251,7 @@ struct MetalLayerEncoder {
         p.top_k = UInt32(c.topK)
         p.has_shared = withShared && scratch.sharedOut != nil ? 1 : 0
         p.has_residual = residual == nil ? 0 : 1
+        p.experts = UInt32(c.numExperts)
         if let nextNorm {
             p.has_next_norm = 1
             p.next_norm_eps = nextNorm.eps
@@ -264,6 +265,7 @@ struct MetalLayerEncoder {
         set(MOE_COMBINE_BUF_OUTPUT, output)
         set(MOE_COMBINE_BUF_NORM_WEIGHT, nextNorm == nil ? nil : scratch.nextNormWeight)
         set(MOE_COMBINE_BUF_NORMED, nextNorm == nil ? MetalBinding(context.placeholder) : normed)
+        set(MOE_COMBINE_BUF_IDS, ids)
         let threads = Int(MOE_COMBINE_THREADS)
         let columnGroups = nextNorm == nil ? (c.hiddenSize + threads - 1) / threads : 1
         dispatch(groups: (columnGroups, tokens), threads: MOE_COMBINE_THREADS)
@@ -305,6 +307,7 @@ struct MetalLayerEncoder {
         p.inner = UInt32(inner)
         p.top_k = shared ? 1 : UInt32(c.topK)
         p.mode = UInt32(shared ? MOE_FFN_SHARED : MOE_FFN_ROUTED)
+        p.experts = UInt32(c.numExperts)
         p.activation = UInt32(c.activation.rawValue)
         p.swiglu_alpha = c.swigluAlpha
         p.swiglu_limit = c.swigluLimit

@@ -31,15 +31,17 @@ enum MemoryBudget {
         return needed <= found.bytes
     }
 
+    static let readInPlaceHint = "Weights loaded with from_pretrained are read in place from the mapped files "
+        + "where the backend's kernels can read their stored format"
+
     /// Throws MoEError.outOfMemory naming `needed` (the bytes `what` would copy) if they
-    /// exceed what `available(limit:)` says.
-    static func check(needed: Int, limit: Int?, what: String) throws {
+    /// exceed what `available(limit:)` says; `hint` says how to need fewer.
+    static func check(needed: Int, limit: Int?, what: String, hint: String = readInPlaceHint) throws {
         guard let found = available(limit: limit), needed > found.bytes else { return }
         let (bytes, source) = found
         throw MoEError.outOfMemory(
             "\(what) needs \(needed) bytes (\(gib(needed))) for its copies of the weights, but only \(bytes) bytes "
-            + "(\(gib(bytes))) are available (\(source)); nothing was allocated. Weights loaded with from_pretrained "
-            + "are read in place from the mapped files where the backend's kernels can read their stored format")
+            + "(\(gib(bytes))) are available (\(source)); nothing was allocated. \(hint)")
     }
 
     private static func gib(_ bytes: Int) -> String {

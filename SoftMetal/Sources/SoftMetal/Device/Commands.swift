@@ -199,16 +199,28 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         self.dispatchType = dispatchType
     }
 
+    /// Metal's validation layer stops the program at a misuse; SoftMetal fails the command
+    /// buffer with it instead. Before endEncoding() the first one is kept and recorded at
+    /// endEncoding(); after it (an ended encoder used again) it is recorded at once, or the
+    /// calls would be dropped with nothing said and the command buffer would complete.
     private func misuse(_ message: String) {
+        if ended {
+            if !failedAfterEnd { commandBuffer.append(DispatchCommand.failing(.invalidUsage(message))) }
+            failedAfterEnd = true
+            return
+        }
         if encodingError == nil { encodingError = .invalidUsage(message) }
     }
+    private var failedAfterEnd = false
 
     public func setComputePipelineState(_ state: any MTLComputePipelineState) {
+        if ended { return misuse("setComputePipelineState(_:) after endEncoding()") }
         guard let s = state as? SoftMetalComputePipelineState else { return misuse("the pipeline was not made by SoftMetal") }
         pipeline = s
     }
 
     public func setBuffer(_ buffer: (any MTLBuffer)?, offset: Int, index: Int) {
+        if ended { return misuse("setBuffer(_:offset:index:) after endEncoding()") }
         guard index >= 0 && index < 31 else { return misuse("setBuffer: index \(index) is outside 0...30") }
         guard let buffer else { buffers[index] = nil; return }
         guard let b = buffer as? SoftMetalBuffer else { return misuse("setBuffer: the buffer was not made by SoftMetal") }
@@ -220,6 +232,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
 
     /// The bytes are copied into a new guarded buffer, as Metal copies them at this call.
     public func setBytes(_ bytes: UnsafeRawPointer, length: Int, index: Int) {
+        if ended { return misuse("setBytes(_:length:index:) after endEncoding()") }
         guard index >= 0 && index < 31 else { return misuse("setBytes: index \(index) is outside 0...30") }
         guard length > 0, let b = SoftMetalBuffer(device: device, length: length) else {
             return misuse("setBytes: length \(length) at index \(index)")
@@ -229,6 +242,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     }
 
     public func setThreadgroupMemoryLength(_ length: Int, index: Int) {
+        if ended { return misuse("setThreadgroupMemoryLength(_:index:) after endEncoding()") }
         guard index >= 0 && index < 31 else { return misuse("setThreadgroupMemoryLength: index \(index) is outside 0...30") }
         guard length >= 0 && length % 16 == 0 else {
             return misuse("setThreadgroupMemoryLength: \(length) bytes at index \(index) is not a multiple of 16")
@@ -277,6 +291,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     }
 
     public func endEncoding() {
+        if ended { return misuse("endEncoding() called twice") }
         flushUnordered()
         ended = true
         if let encodingError { commandBuffer.append(DispatchCommand.failing(encodingError)) }
