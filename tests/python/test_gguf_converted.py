@@ -140,6 +140,14 @@ def test_a_required_tensor_is_refused_by_name(tmp_path, case, tensor):
         moe_swift.from_pretrained(path, layer, backend="cpu")
 
 
+def test_ungated_llama_experts_are_refused_as_such(tmp_path):
+    """llama.cpp's llama loader makes ffn_gate_exps optional (its experts then run
+    ungated); this layer computes gated experts only, and says so."""
+    path = _renamed(tmp_path, "mixtral-f32", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_exps.weighX")
+    with pytest.raises(ValueError, match="no blk[.]0[.]ffn_gate_exps[.]weight: llama.cpp runs such llama experts ungated"):
+        moe_swift.from_pretrained(path, 0, backend="cpu")
+
+
 def test_an_optional_tensor_may_be_absent(tmp_path):
     """deepseek2's selection bias is TENSOR_NOT_REQUIRED in llama.cpp (DeepSeek-V2 has none)."""
     path = _renamed(tmp_path, "deepseek_v3-f32", "blk.1.exp_probs_b.bias", "blk.1.exp_probs_b.biaX")

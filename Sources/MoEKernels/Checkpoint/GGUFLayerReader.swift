@@ -145,6 +145,13 @@ final class GGUFLayerReader {
             gateUp = .separate(gate: try stacked("gate", [i, h]), up: try stacked("up", [i, h]))
             down = try stacked("down", [h, i])
         } else {
+            if checkpoint.architecture == "llama" && tensor("ffn_gate_exps.weight") == nil {
+                // llama.cpp's llama loader marks ffn_gate_exps TENSOR_NOT_REQUIRED: without it
+                // the experts are ungated (act(up x)), which this layer does not compute.
+                throw MoEError.invalidArgument("\(checkpoint.display) has no \(prefix)ffn_gate_exps.weight: llama.cpp "
+                                               + "runs such llama experts ungated, which this layer does not compute "
+                                               + "(it computes gated experts)")
+            }
             gateUp = .separate(gate: try matrix("ffn_gate_exps.weight", [e, i, h]),
                                up: try matrix("ffn_up_exps.weight", [e, i, h]))
             down = try matrix("ffn_down_exps.weight", [e, h, i])
