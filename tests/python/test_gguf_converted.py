@@ -144,7 +144,8 @@ def test_ungated_llama_experts_are_refused_as_such(tmp_path):
     """llama.cpp's llama loader makes ffn_gate_exps optional (its experts then run
     ungated); this layer computes gated experts only, and says so."""
     path = _renamed(tmp_path, "mixtral-f32", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_exps.weighX")
-    with pytest.raises(ValueError, match="no blk[.]0[.]ffn_gate_exps[.]weight: llama.cpp runs such llama experts ungated"):
+    with pytest.raises(ValueError, match="no blk[.]0[.]ffn_gate_exps[.]weight: llama.cpp runs such llama experts "
+                                         "ungated"):
         moe_swift.from_pretrained(path, 0, backend="cpu")
 
 
