@@ -32,18 +32,33 @@ final class GGUFLayerReader {
 
     private func tensor(_ name: String) -> GGUFTensor? { checkpoint.tensor(prefix + name) }
 
+    /// A tensor llama.cpp's loader requires of this layer (created without
+    /// TENSOR_NOT_REQUIRED): its absence is the file's error, named as llama.cpp would.
     private func require(_ name: String) throws -> GGUFTensor {
         guard let t = tensor(name) else {
-            throw MoEError.invalidArgument("no tensor \(prefix + name) in \(checkpoint.display)")
+            throw MoEError.invalidArgument("no tensor \(prefix + name) in \(checkpoint.display): llama.cpp's "
+                                           + "\(checkpoint.architecture) loader requires it of every MoE layer")
         }
         return t
     }
 
+    /// llama.cpp's `check_tensor_dims`: the file's ne and the expected ne are compared over
+    /// all of ggml's GGML_MAX_DIMS dimensions, an absent dimension being 1. So trailing unit
+    /// dimensions of ne (leading ones of the row-major shape) do not count: the converter
+    /// writes Qwen2-MoE's shared-expert gate, a (1, H) Linear in transformers, as ne [H, 1]
+    /// where the loader asks for [H]. The bytes are the same either way (ggml tensors here
+    /// are contiguous), so only the comparison changes.
+    static func sameDimensions(_ ne: [Int], _ shape: [Int]) -> Bool {
+        let want = Array(shape.reversed())
+        let count = Swift.max(ne.count, want.count, GGUFFile.maxDims)
+        return (0..<count).allSatisfy { d in (d < ne.count ? ne[d] : 1) == (d < want.count ? want[d] : 1) }
+    }
+
     private func check(_ t: GGUFTensor, _ shape: [Int]) throws {
-        guard t.shape == shape else {
+        guard Self.sameDimensions(t.ne, shape) else {
             throw MoEError.invalidArgument(
                 "\(t.name) has shape \(t.shapeDescription) (ggml ne \(t.ne)); the \(checkpoint.architecture) metadata implies ("
-                + shape.map(String.init).joined(separator: ", ") + ")")
+                + shape.map(String.init).joined(separator: ", ") + ") (dimensions of 1 aside, as llama.cpp compares them)")
         }
     }
 
@@ -115,6 +130,14 @@ final class GGUFLayerReader {
         return .dense(t.bytes, type)
     }
 
+    private func requiredVector(_ name: String, _ shape: [Int]) throws -> WeightData {
+        guard let v = try vector(name, shape) else {
+            _ = try require(name)
+            throw MoEError.internalError("\(prefix + name) is absent yet was found")
+        }
+        return v
+    }
+
     func weights() throws -> MoEWeights {
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
         let arch = checkpoint.architectureInfo
@@ -132,27 +155,36 @@ final class GGUFLayerReader {
             gateUp = .separate(gate: try stacked("gate", [i, h]), up: try stacked("up", [i, h]))
             down = try stacked("down", [h, i])
         } else {
+            if checkpoint.architecture == "llama" && tensor("ffn_gate_exps.weight") == nil {
+                // llama.cpp's llama loader marks ffn_gate_exps TENSOR_NOT_REQUIRED: without it
+                // the experts are ungated (act(up x)), which this layer does not compute.
+                throw MoEError.invalidArgument("\(checkpoint.display) has no \(prefix)ffn_gate_exps.weight: llama.cpp "
+                                               + "runs such llama experts ungated, which this layer does not compute "
+                                               + "(it computes gated experts)")
+            }
             gateUp = .separate(gate: try matrix("ffn_gate_exps.weight", [e, i, h]),
                                up: try matrix("ffn_up_exps.weight", [e, i, h]))
             down = try matrix("ffn_down_exps.weight", [e, h, i])
         }
         var w = MoEWeights(router: try matrix("ffn_gate_inp.weight", [e, h]), gateUp: gateUp, downProj: down)
         if arch.selectionBias {
-            w.selectionBias = try vector("exp_probs_b.bias", [e])
-            if arch.selectionBiasRequired && w.selectionBias == nil { _ = try require("exp_probs_b.bias") }
+            // Optional in deepseek2 (TENSOR_NOT_REQUIRED: V2 has none), required in glm4moe.
+            w.selectionBias = arch.selectionBiasRequired ? try requiredVector("exp_probs_b.bias", [e])
+                : try vector("exp_probs_b.bias", [e])
         }
         if arch.gptOSS {
-            w.routerBias = try vector("ffn_gate_inp.bias", [e])
-            if let gate = try vector("ffn_gate_exps.bias", [e, i]) {
-                guard let up = try vector("ffn_up_exps.bias", [e, i]),
-                      case .dense(let g, let type) = gate, case .dense(let u, type) = up else {
-                    throw MoEError.invalidArgument("\(prefix)ffn_gate_exps.bias needs \(prefix)ffn_up_exps.bias of its type")
-                }
-                let out = temporary(2 * e * i * type.size)
-                LayerReader.joinRows(g, u, rows: e, rowBytes: i * type.size, into: out)
-                w.gateUpBias = .dense(UnsafeRawBufferPointer(out), type)
+            // llama.cpp's gpt-oss loader requires all four biases (none is TENSOR_NOT_REQUIRED):
+            // a file without one is not a gpt-oss file llama.cpp runs, so it is refused by name.
+            w.routerBias = try requiredVector("ffn_gate_inp.bias", [e])
+            let gate = try requiredVector("ffn_gate_exps.bias", [e, i])
+            let up = try requiredVector("ffn_up_exps.bias", [e, i])
+            guard case .dense(let g, let type) = gate, case .dense(let u, type) = up else {
+                throw MoEError.invalidArgument("\(prefix)ffn_gate_exps.bias and \(prefix)ffn_up_exps.bias must share a type")
             }
-            w.downBias = try vector("ffn_down_exps.bias", [e, h])
+            let out = temporary(2 * e * i * type.size)
+            LayerReader.joinRows(g, u, rows: e, rowBytes: i * type.size, into: out)
+            w.gateUpBias = .dense(UnsafeRawBufferPointer(out), type)
+            w.downBias = try requiredVector("ffn_down_exps.bias", [e, h])
         }
         if c.hasSharedExpert {
             let si = c.sharedIntermediateSize
@@ -160,11 +192,7 @@ final class GGUFLayerReader {
                                         upProj: try matrix("ffn_up_shexp.weight", [si, h]),
                                         downProj: try matrix("ffn_down_shexp.weight", [h, si]))
             if arch.shared == .gatedLength {
-                guard let gate = try vector("ffn_gate_inp_shexp.weight", [h]) else {
-                    _ = try require("ffn_gate_inp_shexp.weight")
-                    throw MoEError.internalError("unreachable")
-                }
-                s.sigmoidGate = .array(gate.floats())
+                s.sigmoidGate = .array(try requiredVector("ffn_gate_inp_shexp.weight", [h]).floats())
             }
             w.shared = s
         }
