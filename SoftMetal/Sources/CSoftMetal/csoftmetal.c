@@ -112,7 +112,7 @@ static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 // it is still three mappings (guard, data, guard), but the address space is finite
 // (x86_64: 128 TiB for the process): the reservations stay within a budget
 // (SOFTMETAL_GUARD_SPACE_GB, default 32 TiB = about 250 live buffers), beyond which,
-// or where mmap refuses (a finite RLIMIT_AS, valgrind), a region gets page guards.
+// under a finite RLIMIT_AS, or where mmap refuses the reservation, a region gets page guards.
 #define WIDE_GUARD ((size_t)1 << 36)
 
 static size_t wide_in_use;  // bytes of address space the live wide reservations take
