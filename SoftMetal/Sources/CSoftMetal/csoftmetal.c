@@ -17,6 +17,7 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,6 +37,7 @@ typedef struct region {
     uintptr_t data, length;     // the usable bytes
     int32_t tag, kind;
     size_t stack_size;          // KIND_STACKS: the block size (guard page at each block's bottom)
+    size_t wide;                // bytes of the wide-guard budget this region holds (0: page guards)
 } region;
 
 static region registry[REGISTRY_SIZE];
@@ -43,11 +45,12 @@ static int registry_top;  // entries below this index may be live
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void registry_add(uintptr_t lo, uintptr_t hi, uintptr_t data, uintptr_t length, int32_t tag,
-                         int32_t kind, size_t stack_size) {
+                         int32_t kind, size_t stack_size, size_t wide) {
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < REGISTRY_SIZE; i++) {
         if (__atomic_load_n(&registry[i].hi, __ATOMIC_ACQUIRE) == 0) {
             registry[i].lo = lo;
+            registry[i].wide = wide;
             registry[i].data = data;
             registry[i].length = length;
             registry[i].tag = tag;
@@ -96,25 +99,77 @@ size_t csm_page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
+// MARK: wide guards
+// A page of guard catches an index just past the end, but not one far out: a kernel that
+// writes 4 MB past a 4 KB buffer would land in whatever the process has mapped there (the
+// interpreter's heap) and corrupt it silently, the process dying later or never. A kernel
+// forms its addresses from 32-bit indices (uint or int), so how far it can reach is
+// bounded: 2^32 elements of a 16-byte type (float4, int4) is 64 GiB either way (a uint
+// index goes forward, `p - i` or a negative int index backward). Each guarded region is
+// therefore placed in a reservation with WIDE_GUARD bytes of PROT_NONE on each side, so
+// that every such access faults and is reported with its kernel and buffer. Reserving
+// address space with PROT_NONE and MAP_NORESERVE costs no memory and no page tables, and
+// it is still three mappings (guard, data, guard), but the address space is finite
+// (x86_64: 128 TiB for the process): the reservations stay within a budget
+// (SOFTMETAL_GUARD_SPACE_GB, default 32 TiB = about 250 live buffers), beyond which,
+// under a finite RLIMIT_AS, or where mmap refuses the reservation, a region gets page guards.
+#define WIDE_GUARD ((size_t)1 << 36)
+
+static size_t wide_in_use;  // bytes of address space the live wide reservations take
+
+static size_t wide_budget(void) {
+    static size_t budget = (size_t)-1;
+    size_t b = __atomic_load_n(&budget, __ATOMIC_RELAXED);
+    if (b == (size_t)-1) {
+        b = sizeof(void*) < 8 ? 0 : (size_t)32 << 40;
+        const char* env = getenv("SOFTMETAL_GUARD_SPACE_GB");
+        if (env && *env) b = (size_t)strtoull(env, NULL, 10) << 30;
+        // Under a limit on address space (ulimit -v), reservations would count against it
+        // and starve the process's own allocations: page guards only.
+        struct rlimit limit;
+        if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) b = 0;
+        __atomic_store_n(&budget, b, __ATOMIC_RELAXED);
+    }
+    return b;
+}
+
 static void* guarded_map(size_t length, int32_t tag, int32_t kind) {
     size_t page = csm_page_size();
     size_t data_pages = round_up(length, page) / page;
-    size_t total = (data_pages + 2) * page;
-    char* base = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) return NULL;
+    size_t guard = page, wide = 0;
+    size_t wide_total = 2 * WIDE_GUARD + data_pages * page;
+    char* base = MAP_FAILED;
+    // Charged before the mmap (so that concurrent allocations cannot overshoot the
+    // budget together) and given back when the reservation is not made.
+    if (wide_total <= wide_budget()) {
+        if (__atomic_add_fetch(&wide_in_use, wide_total, __ATOMIC_RELAXED) <= wide_budget())
+            base = mmap(NULL, wide_total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base != MAP_FAILED) {
+            guard = WIDE_GUARD;
+            wide = wide_total;
+        } else {
+            __atomic_sub_fetch(&wide_in_use, wide_total, __ATOMIC_RELAXED);
+        }
+    }
+    if (base == MAP_FAILED) {
+        base = mmap(NULL, (data_pages + 2) * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+    }
+    size_t total = 2 * guard + data_pages * page;
     // The data pages are mapped again without MAP_NORESERVE, so they are charged to the
     // process like malloc'd memory: an impossible size fails here (makeBuffer returns nil,
     // as Metal does) instead of growing until the OOM killer ends the process.
-    if (data_pages > 0 && mmap(base + page, data_pages * page, PROT_READ | PROT_WRITE,
+    if (data_pages > 0 && mmap(base + guard, data_pages * page, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
         munmap(base, total);
+        if (wide) __atomic_sub_fetch(&wide_in_use, wide, __ATOMIC_RELAXED);
         return NULL;
     }
-    // The usable bytes end at the trailing guard page. Since the alignment divides the
+    // The usable bytes end at the trailing guard. Since the alignment divides the
     // length, the start keeps that alignment.
-    char* end = base + page + data_pages * page;
+    char* end = base + guard + data_pages * page;
     char* data = end - length;
-    registry_add((uintptr_t)base, (uintptr_t)(base + total), (uintptr_t)data, length, tag, kind, 0);
+    registry_add((uintptr_t)base, (uintptr_t)(base + total), (uintptr_t)data, length, tag, kind, 0, wide);
     return data;
 }
 
@@ -124,7 +179,23 @@ void csm_guarded_free(void* data, size_t length) {
     (void)length;
     if (data == NULL) return;
     region r;
-    if (registry_remove((uintptr_t)data, &r)) munmap((void*)r.lo, r.hi - r.lo);
+    if (registry_remove((uintptr_t)data, &r)) {
+        munmap((void*)r.lo, r.hi - r.lo);
+        if (r.wide) __atomic_sub_fetch(&wide_in_use, r.wide, __ATOMIC_RELAXED);
+    }
+}
+
+size_t csm_guard_width(const void* data) {
+    size_t width = 0;
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < registry_top; i++) {
+        if (registry[i].hi != 0 && registry[i].data == (uintptr_t)data && registry[i].kind != KIND_STACKS) {
+            width = registry[i].wide ? WIDE_GUARD : csm_page_size();
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return width;
 }
 
 // MARK: buffers within a budget of memory mappings ---------------------------------------
@@ -361,7 +432,7 @@ static int ensure_stacks(thread_state* ts, uint32_t count) {
     ts->stacks = first;
     ts->stack_size = size;
     ts->stack_count = n;
-    registry_add((uintptr_t)first, (uintptr_t)(first + n * size), (uintptr_t)first, n * size, -1, KIND_STACKS, size);
+    registry_add((uintptr_t)first, (uintptr_t)(first + n * size), (uintptr_t)first, n * size, -1, KIND_STACKS, size, 0);
     return 1;
 }
 

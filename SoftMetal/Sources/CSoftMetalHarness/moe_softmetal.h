@@ -37,7 +37,11 @@ typedef struct moe_softmetal_launch_desc {
     const char* kernel;
     int32_t num_buffers;
     const int32_t* buffer_indices;         /* [[buffer(i)]] of each buffer */
-    void* const* buffer_data;              /* copied into guarded buffers, and back after */
+    void* const* buffer_data;              /* copied into guarded buffers, and back after;
+                                              entries whose byte ranges overlap (one array at
+                                              several indices, overlapping views) share one
+                                              buffer, each bound at its offset in it, as one
+                                              MTLBuffer bound twice is: same addresses */
     const int64_t* buffer_lengths;         /* bytes */
     const int32_t* buffer_write_back;      /* 0: input only (not copied back); NULL: all 1 */
     int32_t num_threadgroup_memory;

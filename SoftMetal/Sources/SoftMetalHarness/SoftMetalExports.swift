@@ -173,10 +173,15 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
         let device = h.library.device
         let pipeline = try device.makeComputePipelineState(function: function)
 
-        // Copy the arrays into guarded buffers.
+        // The host's arrays, as ranges of its memory. Entries whose ranges overlap (one array
+        // bound at several indices, overlapping views of one array) become one device buffer,
+        // each bound at its offset in it, as one MTLBuffer bound twice is on Metal: the same
+        // addresses, so that `src1 != src0` (ggml's soft_max without a mask) and in-place
+        // kernels see what they see on a GPU, and a write through one binding is not undone
+        // by copying back another binding's stale copy.
         let count = Int(d.num_buffers)
         guard count >= 0, count <= 31 else { throw usage("num_buffers \(count) is outside 0...31") }
-        var buffers: [(index: Int, buffer: any MTLBuffer, data: UnsafeMutableRawPointer, length: Int, back: Bool)] = []
+        var entries: [(index: Int, start: UInt, length: Int, back: Bool)] = []
         for i in 0..<count {
             guard let indices = d.buffer_indices, let datas = d.buffer_data, let lengths = d.buffer_lengths else {
                 throw usage("buffer_indices, buffer_data and buffer_lengths are required when num_buffers > 0")
@@ -189,12 +194,46 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
             guard length > 0 else {
                 throw usage("buffer(\(index)) has 0 bytes: Metal has no empty buffers (makeBuffer(length: 0) is nil)")
             }
+            let start = UInt(bitPattern: data)
+            guard start <= UInt.max - UInt(length) else { throw usage("buffer(\(index)): the range wraps around the address space") }
+            entries.append((index, start, length, d.buffer_write_back.map { $0[i] != 0 } ?? true))
+        }
+        // Groups of overlapping ranges: sorted by start, a range joins the group before it
+        // while it begins below that group's end. Ranges that only touch stay apart (each
+        // keeps its guard).
+        var groups: [(start: UInt, end: UInt, members: [Int])] = []
+        for e in entries.indices.sorted(by: { entries[$0].start < entries[$1].start }) {
+            let end = entries[e].start + UInt(entries[e].length)
+            if let last = groups.last, entries[e].start < last.end {
+                groups[groups.count - 1].end = max(last.end, end)
+                groups[groups.count - 1].members.append(e)
+            } else {
+                groups.append((entries[e].start, end, [e]))
+            }
+        }
+        var bindings: [(index: Int, buffer: any MTLBuffer, offset: Int)] = []
+        // What is copied back after the dispatch: per group, the union of its write-back
+        // members' ranges, each byte once.
+        var copyBack: [(buffer: any MTLBuffer, offset: Int, host: UnsafeMutableRawPointer, length: Int)] = []
+        for g in groups {
+            let length = Int(g.end - g.start)
             guard let b = device.makeBuffer(length: length, options: .storageModeShared) else {
                 throw HarnessError(kind: MOE_SOFTMETAL_RUNTIME, status: MOE_ERROR_OUT_OF_MEMORY, message: "cannot allocate \(length) bytes")
             }
-            if length > 0 { b.contents().copyMemory(from: data, byteCount: length) }
-            let back = d.buffer_write_back.map { $0[i] != 0 } ?? true
-            buffers.append((index, b, data, length, back))
+            b.contents().copyMemory(from: UnsafeRawPointer(bitPattern: g.start)!, byteCount: length)
+            var back: (start: UInt, end: UInt)?
+            for e in g.members {  // in order of start
+                bindings.append((entries[e].index, b, Int(entries[e].start - g.start)))
+                guard entries[e].back else { continue }
+                let end = entries[e].start + UInt(entries[e].length)
+                if let r = back, entries[e].start <= r.end {
+                    back = (r.start, max(r.end, end))
+                } else {
+                    if let r = back { copyBack.append((b, Int(r.start - g.start), UnsafeMutableRawPointer(bitPattern: r.start)!, Int(r.end - r.start))) }
+                    back = (entries[e].start, end)
+                }
+            }
+            if let r = back { copyBack.append((b, Int(r.start - g.start), UnsafeMutableRawPointer(bitPattern: r.start)!, Int(r.end - r.start))) }
         }
         var indirect: (any MTLBuffer)?
         if d.mode == 2 {
@@ -226,7 +265,7 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
             }
         }
         encoder.setComputePipelineState(pipeline)
-        for b in buffers { encoder.setBuffer(b.buffer, offset: 0, index: b.index) }
+        for b in bindings { encoder.setBuffer(b.buffer, offset: b.offset, index: b.index) }
         for i in 0..<Int(max(0, d.num_threadgroup_memory)) {
             guard let indices = d.threadgroup_memory_indices, let lengths = d.threadgroup_memory_lengths else {
                 throw usage("threadgroup_memory_indices and threadgroup_memory_lengths are required")
@@ -249,8 +288,8 @@ public func moe_softmetal_launch(_ library: OpaquePointer?, _ desc: UnsafeMutabl
         d.seconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
         desc.pointee.seconds = d.seconds
         if let error = cb.error { throw error }
-        for b in buffers where b.back && b.length > 0 {
-            b.data.copyMemory(from: b.buffer.contents(), byteCount: b.length)
+        for c in copyBack {
+            c.host.copyMemory(from: c.buffer.contents() + c.offset, byteCount: c.length)
         }
     }
 #else

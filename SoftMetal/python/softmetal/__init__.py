@@ -15,7 +15,9 @@ of guarded memory - whether it runs layers, kernels or both.
 NumPy arrays are copied into guarded Metal buffers and their contents copied back after
 the dispatch (in place; arrays must be C-contiguous and writeable). Anything else that
 exposes a buffer (bytes, ctypes structures, np.void records, read-only arrays) is an
-input only. `buffers` may also be a dict {index: array}. `grid=(x, y, z)` instead of
+input only. Arrays whose memory overlaps (one array at two indices, overlapping views of
+one array) are one Metal buffer bound at offsets, as one MTLBuffer bound twice is: the
+kernel sees the same addresses and each one's writes through the other. `buffers` may also be a dict {index: array}. `grid=(x, y, z)` instead of
 `threadgroups` dispatches threads (dispatchThreads, partial edge threadgroups);
 `indirect=(array, byte_offset)` reads the threadgroup counts from an
 MTLDispatchThreadgroupsIndirectArguments buffer.
@@ -26,7 +28,9 @@ converted to the constant's declared type and must be exact in it.
 
 The checks (SoftMetal's README has the table: what each catches, misses and costs):
 
-- always on: guard pages after every buffer (an access just past the end, OutOfBoundsError),
+- always on: guard space around every buffer, 64 GiB each side (any address a 32-bit index of
+  16-byte elements forms: 4 MB past the end, out[-1], out[0xFFFFFFFF]; OutOfBoundsError),
+  within a budget of address space (SOFTMETAL_GUARD_SPACE_GB), beyond it one page,
   threadgroup memory poisoned with 0xFF (NaN: a read of unwritten memory shows in the
   output, unnamed), barrier divergence and deadlock (BarrierDivergenceError).
 - `checks="all"` (or SOFTMETAL_CHECKS=all): every check below at once but check_order,
@@ -326,10 +330,15 @@ class Library:
         keep = []
         indices, datas, lengths, back = [], [], [], []
         for index, value in items:
+            # Arrays go to the harness by address, not copied: it binds arrays whose memory
+            # overlaps (one array at two indices, overlapping views, a read-only view of an
+            # array written through another index) as one buffer at offsets, as Metal does.
             if isinstance(value, np.ndarray) and value.flags.writeable:
                 if not value.flags.c_contiguous:
                     raise InvalidUsageError(f"buffer({index}): the array must be C-contiguous")
                 array, write_back = value, 1
+            elif isinstance(value, np.ndarray) and value.flags.c_contiguous and value.nbytes > 0:
+                array, write_back = value, 0
             else:
                 array, write_back = np.frombuffer(memoryview(value).cast("B").tobytes(), dtype=np.uint8).copy(), 0
             keep.append(array)

@@ -170,6 +170,29 @@ def test_ggml_soft_max(ggml, kernel, width):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("kernel,width", [("kernel_soft_max_f32", 1), ("kernel_soft_max_f32_4", 4)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_ggml_soft_max_without_mask_binds_src0_for_src1_and_src2(ggml, kernel, width, in_place):
+    """Without a mask and sinks, ggml binds src0's buffer at src1's and src2's indices, and
+    the kernel tells by comparing pointers (`src1 != src0 ? ... : nullptr`): one buffer bound
+    three times must be one address, or the logits are read as their own mask. ggml also runs
+    ops in place (dst is src0's buffer)."""
+    rows, heads, ne00, scale = 3, 2, 96, 0.5
+    x = RNG.standard_normal((heads, rows, ne00)).astype(np.float32) * 4
+    logits = x.astype(np.float64) * scale
+    out = x if in_place else np.zeros_like(x)
+    nb01 = ne00 * 4
+    # ne12/ne13 = 1 so that `i02 % ne12` divides by something (the mask's shape is unused).
+    args = kargs("ggml_metal_kargs_soft_max", ne00=ne00, ne01=rows, ne02=heads, nb01=nb01, nb02=nb01 * rows,
+                 nb03=nb01 * rows * heads, ne11=rows, ne12=1, ne13=1, nb1=nb01, nb2=nb01 * rows,
+                 nb3=nb01 * rows * heads, scale=scale, max_bias=0.0, n_head_log2=1)
+    ggml.launch(kernel, buffers=[args, x, x, x, out], threadgroups=(rows, heads, 1),
+                threads_per_threadgroup=(64 // width, 1, 1) if width == 4 else (64, 1, 1),
+                threadgroup_memory={0: 32 * 4})
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 # ---- gated linear units ----
 
 @pytest.mark.parametrize("kernel", ["kernel_swiglu_f32", "kernel_reglu_f32"])

@@ -4,8 +4,9 @@
  * - sm_dispatch: the C ABI between the Swift host and the launchers that the MSL
  *   translator generates for each kernel. The runtime header (Runtime/abi.h)
  *   declares the same struct; SM_ABI_VERSION guards the two against drifting apart.
- * - guarded memory: buffer storage whose end touches a PROT_NONE page, registered so that
- *   the SIGSEGV handler recognises faults in it;
+ * - guarded memory: buffer storage whose end touches PROT_NONE guard space (64 GiB on each
+ *   side within a budget of address space, else a page), registered so that the SIGSEGV
+ *   handler recognises faults in it;
  * - csm_run: runs a launcher on the calling thread with a per-thread fiber stack pool,
  *   guarded threadgroup memory, an alternate signal stack and a sigsetjmp recovery point;
  * - csm_spawn_wait: runs the compiler (posix_spawn) with stderr sent to a file.
@@ -213,9 +214,11 @@ typedef struct sm_kernel_info {
 } sm_kernel_info;
 typedef const sm_kernel_info* (*sm_info_fn)(void);
 
-/* Guarded memory: a mapping whose `length` usable bytes end exactly at a PROT_NONE page
- * (start aligned to the largest power of two <= 16 dividing length), with another
- * PROT_NONE page before the first usable page. Zero-filled. NULL on failure.
+/* Guarded memory: a mapping whose `length` usable bytes end exactly at PROT_NONE guard
+ * space (start aligned to the largest power of two <= 16 dividing length), with more guard
+ * space before the first usable page: 64 GiB on each side (every address a 32-bit index of
+ * 16-byte elements can form from the buffer faults) while SoftMetal's budget of address
+ * space allows, else one page. Zero-filled. NULL on failure.
  * Region tags: buffers > 0; threadgroup(i) memory -(i + 1); threadgroup variables -100. */
 void* csm_guarded_alloc(size_t length, int32_t tag);
 /* A buffer's memory within SoftMetal's budget of memory mappings (csoftmetal.c): guarded
@@ -224,6 +227,10 @@ void* csm_guarded_alloc(size_t length, int32_t tag);
 void* csm_buffer_alloc(size_t length, int32_t tag, int32_t* guarded);
 void csm_buffer_free(void* data, size_t length, int32_t guarded);
 void csm_guarded_free(void* data, size_t length);
+/* The bytes of PROT_NONE guard on each side of the guarded memory at `data` (at least that
+ * much after its end and before its first page): 64 GiB or one page; 0 if `data` is not
+ * guarded memory. */
+size_t csm_guard_width(const void* data);
 /* The system page size. */
 size_t csm_page_size(void);
 

@@ -51,9 +51,11 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     }
 }
 
-/// Storage is mmapped so that the last byte touches a PROT_NONE page (and another guard
-/// page precedes the first page): out-of-bounds accesses from kernels fault and are
-/// reported. makeBuffer(bytesNoCopy:...) memory is not guarded.
+/// Storage is mmapped so that the last byte touches PROT_NONE guard space (and more guard
+/// space precedes the first page): 64 GiB on each side while SoftMetal's budget of address
+/// space allows (csoftmetal.c), so that any address a 32-bit index of 16-byte elements
+/// forms from the buffer faults and is reported instead of landing in the host's memory;
+/// else one page. makeBuffer(bytesNoCopy:...) memory is not guarded.
 public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
     public let device: any MTLDevice
     public var label: String?
@@ -63,6 +65,10 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
     /// page, and beyond the budget of memory mappings for guarded buffers (csoftmetal.c):
     /// thousands of live buffers would otherwise exhaust the process's mappings.
     public let softMetalIsGuarded: Bool
+    /// The PROT_NONE bytes on each side of the buffer's memory: 64 GiB (wide guards), a
+    /// page (the budget of address space was spent, or mmap refused the reservation), or 0
+    /// (not guarded).
+    public var softMetalGuardBytes: Int { softMetalIsGuarded ? Int(csm_guard_width(storage)) : 0 }
     private let deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?
 
     init?(device: any MTLDevice, length: Int) {

@@ -65,6 +65,12 @@ kernel void zero_then_store_without_barrier(device const uint* x [[buffer(0)]], 
     }
 }
 
+// Stores 1s at y[i]: with i = 0xFFFFFFFF, 64 GiB - 16 bytes past y, as far as a uint index of
+// a 16-byte type reaches.
+kernel void store_at(device float4* y [[buffer(0)]], constant uint& i [[buffer(1)]]) {
+    y[i] = float4(1.0f);
+}
+
 // Threadgroup 1 reads what threadgroup 0 wrote in the same dispatch: nothing orders the two.
 kernel void read_other_group(device float* y [[buffer(0)]], uint group [[threadgroup_position_in_grid]]) {
     if (group == 0) y[0] = 1.0f;
@@ -101,6 +107,21 @@ final class SoftMetalChecksTests: XCTestCase {
     }
 
     func message(_ cb: any MTLCommandBuffer) -> String { (cb.error as? SoftMetalError)?.message ?? "\(String(describing: cb.error))" }
+
+    /// The guard space reaches as far as a 32-bit index of 16-byte elements: a store there
+    /// faults and is reported, instead of landing in the host's memory.
+    func testAStoreAtTheLargestUIntIndexIsReported() throws {
+        let y = try XCTUnwrap(device.makeBuffer(length: 4096))
+        XCTAssertEqual((y as! SoftMetalBuffer).softMetalGuardBytes, 1 << 36)
+        for index: UInt32 in [256, 1 << 18, 1 << 26, 0x8000_0000, 0xFFFF_FFFF] {
+            var i = index
+            let cb = try run("store_at", groups: 1, threads: 1, [
+                { $0.setBuffer(y, offset: 0, index: 0); $0.setBytes(&i, length: 4, index: 1) },
+            ])
+            guard case .outOfBounds(let m)? = cb.error as? SoftMetalError else { return XCTFail(message(cb)) }
+            XCTAssertTrue(m.contains("store_at") && m.contains("buffer(0) at byte offset \(Int(index) * 16)"), m)
+        }
+    }
 
     func testOutOfBoundsFailsTheCommandBufferAndLaterCommandsDoNotRun() throws {
         let x = device.makeBuffer(length: 64 * 4)!
