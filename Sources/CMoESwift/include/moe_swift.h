@@ -291,9 +291,12 @@ moe_status moe_run_layers_ex(moe_layer* const* layers, int64_t num_layers, const
  * command buffer must not be committed yet. With `encoder` NULL the call makes, fills and
  * ends a compute encoder of its own on the command buffer (no other encoder of it may be
  * open); given, it is the caller's open, serial compute encoder of that command buffer,
- * left open with its pipeline and bindings changed. Every argument is checked before
- * anything is recorded (an error leaves the command buffer as it was); on the cpu backend
- * the calls fail with MOE_ERROR_UNAVAILABLE. */
+ * left open with its pipeline and bindings changed. Metal offers no way to tell an
+ * encoder that was already ended: Metal's validation layer stops the program at its first
+ * use, SoftMetal fails the command buffer naming the misuse. Every argument is checked
+ * before anything is recorded (an error leaves the command buffer as it was), every size
+ * and offset with overflow-checked arithmetic; on the cpu backend the calls fail with
+ * MOE_ERROR_UNAVAILABLE. */
 
 /* Activations in a Metal buffer: (num_tokens, H) elements of dtype (moe_dtype; the layer
  * computes in float32 and converts float16 / bfloat16 rows on the GPU, rounding to nearest
@@ -329,9 +332,10 @@ moe_status moe_layer_encode(moe_layer* layer, const moe_encode_desc* desc);
 
 /* moe_layer_forward_routed recorded into desc->command_buffer: the routing is read on the
  * GPU from ids_buffer (num_tokens, k) int32 at byte ids_offset and weights_buffer
- * (num_tokens, k) float32 at byte weights_offset. The ids are not checked (they are not
- * known when the call is made): each must be in [0, E). desc's residual, norms and normed
- * must not be given. */
+ * (num_tokens, k) float32 at byte weights_offset. The ids are not known when the call is
+ * made, so they cannot be refused: a pair whose id is outside [0, E) selects no expert and
+ * adds nothing to its token's output (moe_layer_forward_routed, which sees them, refuses
+ * it). desc's residual, norms and normed must not be given. */
 moe_status moe_layer_encode_routed(moe_layer* layer, const moe_encode_desc* desc, void* ids_buffer,
                                    int64_t ids_offset, void* weights_buffer, int64_t weights_offset);
 

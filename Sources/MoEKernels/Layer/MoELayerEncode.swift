@@ -83,7 +83,9 @@ public struct MoEMetalRouting {
 //
 // Every argument is checked before anything is recorded: a thrown error leaves the
 // command buffer as it was. ids in `encodeExperts` are the exception: they are on the GPU
-// when the call is made, so they are not checked (each must be in 0..<numExperts).
+// when the call is made, so they cannot be refused; a pair whose id is outside
+// 0..<numExperts selects nothing and adds nothing to its token's output (the bucket, GEMV
+// and combine kernels skip it).
 extension MoELayer {
     /// Records `output = moe(input) (+ residual)` (and the options' norms) for `tokens`
     /// rows into `commandBuffer`, not yet committed; the caller commits. `output` may be the
