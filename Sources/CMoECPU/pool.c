@@ -16,14 +16,22 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-// How long a worker spins after a job before sleeping: the gap between the stages of a
-// call is microseconds, between the layers of a decode step (attention in between) tens to
-// hundreds. Spinning past that only burns a core the caller is not using.
+// How long a worker spins after a job, inside a call, before sleeping: the gap between the
+// stages of a call is microseconds.
 enum { SPIN_NS = 300 * 1000, MAX_WORKERS = 255 };
+
+// After a call (moe_cpu_pool_rest), the host's own work runs: its NumPy/OpenBLAS, torch
+// (OpenMP) or MLX threads want the cores, and a worker of ours spinning there takes one
+// from them (on 2 cores a 32 MB NumPy product took twice as long right after a call).
+// So workers sleep as soon as a call has returned, unless MOE_CPU_SPIN_US asks them to
+// spin that long first; the next call's moe_cpu_pool_prepare wakes them while its caller
+// routes the tokens.
+static int64_t rest_spin_ns;
 
 static struct {
     pthread_mutex_t start_lock;
@@ -33,6 +41,7 @@ static struct {
     _Atomic uint32_t generation;   // even: job published; odd: job being rewritten
     atomic_int inside;             // workers between entering and leaving a job
     atomic_int sleepers;           // workers in futex_wait
+    atomic_int resting;            // 1 between a call's end and the next prepare or job
     // The job.
     moe_cpu_pool_body body;
     void* context;
@@ -64,19 +73,21 @@ static void run_items(void) {
     }
 }
 
-// Returns the first even generation other than `seen`, spinning, then sleeping; a wake-up
-// without a new job (moe_cpu_pool_prepare) spins again for SPIN_NS.
+// Returns the first even generation other than `seen`, spinning, then sleeping: after
+// SPIN_NS inside a call, after rest_spin_ns once the call has returned. A wake-up without
+// a new job (moe_cpu_pool_prepare) spins again.
 static uint32_t wait_for_job(uint32_t seen) {
-    int64_t until = now_ns() + SPIN_NS;
+    int64_t since = now_ns();
     for (int spins = 0;; spins++) {
         const uint32_t g = atomic_load(&pool.generation);
         if (g != seen && (g & 1) == 0) return g;
-        if ((spins & 255) == 255 && now_ns() > until) {
+        // The clock and the flag every 64 pauses: a few microseconds.
+        if ((spins & 63) == 63 && now_ns() - since > (atomic_load(&pool.resting) ? rest_spin_ns : SPIN_NS)) {
             atomic_fetch_add(&pool.sleepers, 1);
             // Returns at once if the generation moved on after it was read.
             syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
             atomic_fetch_sub(&pool.sleepers, 1);
-            until = now_ns() + SPIN_NS;
+            since = now_ns();
         } else {
             cpu_relax();
         }
@@ -85,6 +96,8 @@ static uint32_t wait_for_job(uint32_t seen) {
 
 static void* worker_main(void* unused) {
     (void)unused;
+    // Named, so that top -H, a profiler or a test tells them from the host's threads.
+    pthread_setname_np(pthread_self(), "moe_swift-cpu");
     uint32_t seen = atomic_load(&pool.generation);
     for (;;) {
         const uint32_t g = wait_for_job(seen);
@@ -114,13 +127,26 @@ static int usable_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
+// A non-negative integer from the environment, or `otherwise`.
+static long env_count(const char* name, long otherwise) {
+    const char* text = getenv(name);
+    if (text == NULL || *text == 0) return otherwise;
+    char* end;
+    const long v = strtol(text, &end, 10);
+    return *end == 0 && v >= 0 ? v : otherwise;
+}
+
 static void start_workers(void) {
     pthread_mutex_lock(&pool.start_lock);
     if (!pool.started) {
         static int registered;
         if (!registered) registered = pthread_atfork(NULL, NULL, forget_workers_in_child) == 0;
-        int want = usable_cores() - 1;
+        // MOE_CPU_THREADS: the threads of a call, the caller's included (default: every
+        // core this process may run on), e.g. fewer to leave cores to the host's pool.
+        const long threads = env_count("MOE_CPU_THREADS", 0);
+        int want = (threads > 0 ? (int)(threads < MAX_WORKERS ? threads : MAX_WORKERS) : usable_cores()) - 1;
         if (want > MAX_WORKERS) want = MAX_WORKERS;
+        rest_spin_ns = env_count("MOE_CPU_SPIN_US", 0) * 1000;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -136,13 +162,17 @@ static void start_workers(void) {
 }
 
 void moe_cpu_pool_prepare(void) {
+    atomic_store(&pool.resting, 0);
     if (pool.started && atomic_load(&pool.sleepers) > 0)
         syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAKE_PRIVATE, pool.workers, NULL, NULL, 0);
 }
 
+void moe_cpu_pool_rest(void) { atomic_store(&pool.resting, 1); }
+
 int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
     if (atomic_flag_test_and_set(&pool.busy)) return 0;
     if (!pool.started) start_workers();
+    atomic_store(&pool.resting, 0);
     // Retire the previous job: make it unenterable, then wait for the workers still in it.
     const uint32_t g = atomic_load(&pool.generation);
     atomic_store(&pool.generation, g + 1);
@@ -164,6 +194,8 @@ int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
 #else
 
 void moe_cpu_pool_prepare(void) {}
+
+void moe_cpu_pool_rest(void) {}
 
 int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
     (void)count, (void)context, (void)body;

@@ -1,10 +1,13 @@
 """Concurrent calls give the sequential results, and the GIL is released while computing."""
 
+import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 import moe_swift
 from families import make_layer_args
@@ -75,3 +78,57 @@ def test_gil_is_released_during_a_call():
         duration = time.perf_counter() - start
     gaps = np.diff(stamps) if len(stamps) > 1 else np.array([np.inf])
     assert len(stamps) > 100 and gaps.max() < duration / 2, (len(stamps), gaps.max(), duration)
+
+
+_POOL_CHILD = """
+import os, sys, time
+import numpy as np
+import moe_swift
+
+E, H, I = 8, 512, 256
+rng = np.random.default_rng(0)
+layer = moe_swift.MoELayer(rng.standard_normal((E, H), dtype=np.float32), rng.standard_normal((E, I, H), dtype=np.float32),
+                           rng.standard_normal((E, I, H), dtype=np.float32), rng.standard_normal((E, H, I), dtype=np.float32),
+                           top_k=2, backend="cpu")
+x = rng.standard_normal((64, H), dtype=np.float32)
+y = layer(x)
+
+def workers():
+    # The pool's threads (named moe_swift-cpu) and how many are on a CPU or waiting for one.
+    states = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() != "moe_swift-cpu":
+                continue
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return len(states), sum(s == "R" for s in states)
+
+time.sleep(0.05)  # after the call: the host's own time
+print(*workers(), float(np.abs(y).sum()))
+"""
+
+
+def _pool_child(**env):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _POOL_CHILD], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stderr[-2000:]
+    workers, running, total = out.stdout.split()
+    return int(workers), int(running), total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="the worker pool: Linux with 2 cores or more")
+def test_worker_pool_knobs_and_sleeping_after_a_call():
+    """The CPU backend's workers sleep once a call has returned (the host's own threads get
+    the cores; MOE_CPU_SPIN_US=N keeps them spinning N µs first), and MOE_CPU_THREADS sets
+    how many threads a call uses; the results never depend on either."""
+    workers, running, total = _pool_child()
+    assert workers == min(len(os.sched_getaffinity(0)), 256) - 1
+    assert running == 0, "a worker still spins 50 ms after the call"
+    _, spinning, spun_total = _pool_child(MOE_CPU_SPIN_US="5000000")
+    assert spinning >= 1 and spun_total == total
+    alone, _, alone_total = _pool_child(MOE_CPU_THREADS="1")
+    assert alone == 0 and alone_total == total

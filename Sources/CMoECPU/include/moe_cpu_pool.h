@@ -2,9 +2,12 @@
  *
  * A decode call is little work split over a few stages; waking libdispatch's parked
  * workers for each stage costs a large share of such a call (docs/cpu-backend.md).
- * These workers spin for a while after each job, so the stages of one call, and calls
- * that follow each other closely, start without a wake-up; after that they sleep on a
- * futex. Which thread runs which index never changes a result: callers split work into
+ * These workers spin for a while after each job inside a call, so its stages start
+ * without a wake-up, and sleep on a futex once the call has returned (moe_cpu_pool_rest):
+ * the host's own threads get the cores between calls. Knobs (read once, at the first
+ * call): MOE_CPU_THREADS (the threads of a call, the caller's included; default every
+ * usable core) and MOE_CPU_SPIN_US (how long workers spin after a call before sleeping;
+ * default 0). Which thread runs which index never changes a result: callers split work into
  * items whose boundaries depend only on the shapes.
  */
 #ifndef MOE_CPU_POOL_H
@@ -26,5 +29,11 @@ int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body);
  * is about to start (after some serial work of its own) finds them awake. */
 __attribute__((visibility("hidden")))
 void moe_cpu_pool_prepare(void);
+
+/* A call has returned: the host's own work comes next, so the workers go to sleep instead
+ * of spinning on cores the host's threads want (after MOE_CPU_SPIN_US microseconds of
+ * spinning, 0 by default). The next moe_cpu_pool_prepare or job wakes them. */
+__attribute__((visibility("hidden")))
+void moe_cpu_pool_rest(void);
 
 #endif

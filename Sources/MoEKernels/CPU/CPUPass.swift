@@ -440,5 +440,7 @@ final class CPUPass: MoEPass {
     }
 
     /// Every stage has already run when it was called.
-    func finish() throws {}
+    /// The call is over (or, in a stack, this layer): the pool's workers may sleep; the
+    /// next layer's pass wakes them again at once (CPUBackend.makePass).
+    func finish() throws { moe_cpu_pool_rest() }
 }
