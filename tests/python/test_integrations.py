@@ -287,3 +287,27 @@ def test_the_expert_weights_are_held_once(family):
         ours = model(ids).logits
     np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-4, atol=1e-4)
     assert not np.allclose(ours.numpy(), before.numpy(), atol=1e-3)
+
+
+def test_the_op_converts_with_torch_and_falls_back_for_the_unusual():
+    """The op's own conversion (torch ops, then the library on the addresses) gives what
+    MoELayer.experts gives, in every activation dtype; inputs it does not take as they are
+    (float64, ids beyond int32) go through experts(), whose checks and messages apply."""
+    import moe_swift
+
+    E, H, I, k = 4, 64, 32, 2
+    rng = np.random.default_rng(0)
+    layer = moe_swift.MoELayer(rng.standard_normal((E, H), dtype=np.float32), rng.standard_normal((E, I, H), dtype=np.float32),
+                               rng.standard_normal((E, I, H), dtype=np.float32), rng.standard_normal((E, H, I), dtype=np.float32),
+                               top_k=k, backend="cpu")
+    ids = torch.tensor([[0, 3], [2, 1], [1, 0]])
+    weights = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        x = torch.randn(3, H).to(dtype)
+        w = weights.to(dtype if dtype != torch.float64 else torch.float32)
+        got, want = moe_tf._run(layer, x, ids, w), layer.experts(x, ids, w)
+        assert got.dtype == want.dtype and torch.equal(got, want), dtype
+    with pytest.raises(ValueError, match=r"ids must be expert ids in \[0, 4\)"):
+        moe_tf._run(layer, torch.randn(3, H), ids + 2**32, weights)
+    with pytest.raises(ValueError, match=r"is not an expert id \(0\.\.<4\)"):
+        moe_tf._run(layer, torch.randn(3, H), ids + 4, weights)

@@ -172,9 +172,11 @@ def _in_place_buffer(module):
 def _layer(module, top_k: int, backend: str, progress, activation_quantization: str = "none"):
     """The module's MoELayer, built on its first call and rebuilt when a parameter changed."""
     global _building
+    entry = _LAYERS.get(module)
+    if entry is not None and _building is None and entry[0] == (_signature(module), backend, activation_quantization):
+        return entry[1]  # every decode step: nothing changed, nothing else to look at
     buffer = _in_place_buffer(module)
     signature = (_signature(module), backend, activation_quantization)
-    entry = _LAYERS.get(module)
     if entry is None or entry[0] != signature:
         if entry is not None:
             entry[1].close()
@@ -203,7 +205,29 @@ def _experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_we
     # compiled graph see what the result depends on; the layer reads them through the module.
     module = _module(key)
     layer = _layer(module, top_k_index.shape[-1], backend, _PROGRESS_SETTING[progress], activation_quantization)
-    return layer.experts(hidden_states, top_k_index, top_k_weights)
+    return _run(layer, hidden_states, top_k_index, top_k_weights)
+
+
+def _run(layer, hidden_states, top_k_index, top_k_weights):
+    """layer.experts on torch tensors, converted by torch itself (a few tensor ops instead
+    of the facade's general conversions, whose Python runs cold after each call: a decode
+    step's layer streams its weights through every cache)."""
+    tokens, k = top_k_index.shape[0], top_k_index.shape[-1]
+    if (hidden_states.dim() != 2 or hidden_states.shape[-1] != layer.hidden_size or hidden_states.device.type != "cpu"
+            or top_k_index.shape != (tokens, layer.top_k) or top_k_weights.shape != (tokens, k)
+            or hidden_states.shape[0] != tokens or hidden_states.dtype not in _ACTIVATION_DTYPES):
+        return layer.experts(hidden_states, top_k_index, top_k_weights)  # its messages for what is unusual
+    x = hidden_states.detach().to(torch.float32).contiguous()
+    ids = top_k_index.to(torch.int32).contiguous()
+    if tokens and ids.ne(top_k_index).any():  # an id int32 cannot hold: let experts() say so
+        return layer.experts(hidden_states, top_k_index, top_k_weights)
+    weights = top_k_weights.detach().to(torch.float32).contiguous()
+    y = torch.empty((tokens, layer.hidden_size), dtype=torch.float32)
+    layer._experts_at(x.data_ptr(), tokens, ids.data_ptr(), weights.data_ptr(), y.data_ptr())
+    return y.to(hidden_states.dtype)
+
+
+_ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @_experts_op.register_fake
@@ -253,11 +277,20 @@ _experts_op.register_autograd(_backward, setup_context=_setup_context)
 
 def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backend="auto", progress=None,
                     activation_quantization="none"):
-    """One call of the experts through the registered op `moe_swift::experts`."""
+    """One call of the experts: the op's body itself in eager inference (no_grad or
+    inference_mode, as generate runs), else the registered op `moe_swift::experts`, which
+    torch.compile traces and autograd differentiates. The op's dispatch costs about 0.4 ms
+    a call after a layer has streamed its weights through the caches (all its code runs
+    cold), an eighth of a one-token call; inference needs neither of its services."""
+    parameters = list(module.parameters(recurse=False))
+    if not torch.compiler.is_compiling() and not (
+            torch.is_grad_enabled()
+            and (hidden_states.requires_grad or top_k_weights.requires_grad or any(p.requires_grad for p in parameters))):
+        layer = _layer(module, top_k_index.shape[-1], backend, progress, activation_quantization)
+        return _run(layer, hidden_states, top_k_index, top_k_weights)
     key = _module_key(module)
-    return torch.ops.moe_swift.experts(hidden_states, top_k_index, top_k_weights,
-                                       list(module.parameters(recurse=False)), key, backend, _PROGRESS[progress],
-                                       activation_quantization)
+    return torch.ops.moe_swift.experts(hidden_states, top_k_index, top_k_weights, parameters, key, backend,
+                                       _PROGRESS[progress], activation_quantization)
 
 
 def _first_attribute(module, names):
