@@ -120,12 +120,17 @@ def _hub_failure(hub, what, cache_dir, error):
     """ValueError for a Hub download or listing that failed: one line saying what could not
     be had, why (the innermost cause, not a chain of HTTP client tracebacks), the cache
     that was looked in and what to do."""
+    def line(e):
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e).strip() else ''}".rstrip(": ")
+
     cause = error
-    while cause.__cause__ is not None or cause.__context__ is not None:
+    for _ in range(32):  # the first cause, e.g. the connection error under the Hub's own
+        if (cause.__cause__ or cause.__context__) is None:
+            break
         cause = cause.__cause__ or cause.__context__
+    reason = line(error) if cause is error else f"{line(error)}; caused by {line(cause)}"
     cache = cache_dir or hub.constants.HF_HUB_CACHE
     offline = bool(hub.constants.HF_HUB_OFFLINE)
-    reason = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}".rstrip(": ")
     if offline:
         advice = (f"HF_HUB_OFFLINE is set and the files are not in the cache {cache}; download them once with "
                   "network (or unset HF_HUB_OFFLINE), or pass the local folder or .gguf file")

@@ -329,7 +329,7 @@ def _release_callback(ffi):
 
 
 # How long interpreter exit waits for the library to let go of weight_memory.
-_EXIT_WAIT_SECONDS = 30.0
+_EXIT_WAIT_SECONDS = 10.0
 
 
 @atexit.register
@@ -678,6 +678,18 @@ class MoELayer:
         self._check(self._lib.moe_layer_forward_routed(
             self._live_handle(), ffi.cast("const float *", x), tokens, ffi.cast("const int32_t *", ids),
             ffi.cast("const float *", weights), ffi.cast("float *", y)))
+
+    def _experts_typed(self, x, x_dtype, tokens, ids, ids_bytes, weights, weights_dtype, y, y_dtype):
+        """experts() on a framework's tensors as they lie (moe_layer_forward_routed_typed):
+        addresses of C-contiguous x and y (tokens, H) and weights (tokens, top_k) with their
+        moe_dtype codes, ids (tokens, top_k) of `ids_bytes`-byte integers; the library
+        converts. For the integrations: a decode step's Python runs cold (the layer streams
+        its weights through every cache), and each framework op it saves is tens of
+        microseconds."""
+        ffi = self._ffi
+        self._check(self._lib.moe_layer_forward_routed_typed(
+            self._live_handle(), ffi.cast("const void *", x), x_dtype, tokens, ffi.cast("const void *", ids), ids_bytes,
+            ffi.cast("const void *", weights), weights_dtype, ffi.cast("void *", y), y_dtype))
 
     def route(self, x):
         """The router alone: ids (T, k) int32 in selection order and weights (T, k) float32."""

@@ -193,3 +193,50 @@ def test_a_checkouts_stale_native_headers_are_refused(tmp_path, stale):
             out.stderr[-2000:]
     else:
         assert out.returncode == 0 and "q8" in out.stdout, out.stderr[-2000:]
+
+
+def test_routed_call_on_a_frameworks_dtypes():
+    """moe_layer_forward_routed_typed reads float16 / bfloat16 / float32 activations and
+    weights and int64 / int32 ids as they lie and writes y in its dtype: the same as the
+    float32 call on the converted values, the output rounded to nearest even."""
+    import ml_dtypes
+    import numpy as np
+
+    import moe_swift
+    from moe_swift.arrays import float32_to_bf16
+    from moe_swift.options import DTYPES
+
+    E, H, I, k, T = 4, 64, 32, 2, 3
+    rng = np.random.default_rng(0)
+    layer = moe_swift.MoELayer(rng.standard_normal((E, H), dtype=np.float32), rng.standard_normal((E, I, H), dtype=np.float32),
+                               rng.standard_normal((E, I, H), dtype=np.float32), rng.standard_normal((E, H, I), dtype=np.float32),
+                               top_k=k, backend="cpu")
+    ffi, lib, _ = _native.load()
+    ids = np.array([[0, 3], [2, 1], [1, 0]], np.int64)
+    weights = np.array([[0.7, 0.3], [0.5, 0.5], [0.9, 0.125]], np.float32)
+    for name, dtype in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+        x = rng.standard_normal((T, H)).astype(dtype)
+        w = weights.astype(dtype)
+        y = np.full((T, H), np.nan, dtype)
+        status = lib.moe_layer_forward_routed_typed(layer._handle, ffi.from_buffer(x), DTYPES[name], T, ffi.from_buffer(ids), 8,
+                                                    ffi.from_buffer(w), DTYPES[name], ffi.from_buffer(y), DTYPES[name])
+        assert status == _native.OK, ffi.string(lib.moe_last_error())
+        want = layer.experts(x.astype(np.float32), ids.astype(np.int32), w.astype(np.float32))
+        want = float32_to_bf16(want).view(ml_dtypes.bfloat16) if name == "bfloat16" else want.astype(dtype)
+        np.testing.assert_array_equal(y.view(np.uint16 if name != "float32" else np.uint32),
+                                      want.view(np.uint16 if name != "float32" else np.uint32), err_msg=name)
+
+    def call(ids_array, ids_bytes=8, x_dtype=DTYPES["float32"]):
+        x = np.zeros((T, H), np.float32)
+        y = np.zeros((T, H), np.float32)
+        w = weights.copy()
+        status = lib.moe_layer_forward_routed_typed(layer._handle, ffi.from_buffer(x), x_dtype, T, ffi.from_buffer(ids_array),
+                                                    ids_bytes, ffi.from_buffer(w), DTYPES["float32"], ffi.from_buffer(y),
+                                                    DTYPES["float32"])
+        return status, ffi.string(lib.moe_last_error()).decode()
+
+    assert call(ids + 2**32) == (_native.INVALID_ARGUMENT, "ids[0, 0] = 4294967296 is not an expert id (0..<4)")
+    assert call(ids + E)[1] == "ids[0, 0] = 4 is not an expert id (0..<4)"
+    assert call(ids.astype(np.int32), 4)[0] == _native.OK
+    assert call(ids, 2) == (_native.INVALID_ARGUMENT, "ids_bytes must be 4 (int32) or 8 (int64), got 2")
+    assert call(ids, 8, 7)[1] == "x_dtype = 7 is not a moe_dtype (float32, float16 or bfloat16)"

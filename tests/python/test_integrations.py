@@ -307,7 +307,10 @@ def test_the_op_converts_with_torch_and_falls_back_for_the_unusual():
         w = weights.to(dtype if dtype != torch.float64 else torch.float32)
         got, want = moe_tf._run(layer, x, ids, w), layer.experts(x, ids, w)
         assert got.dtype == want.dtype and torch.equal(got, want), dtype
-    with pytest.raises(ValueError, match=r"ids must be expert ids in \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"ids\[0, 0\] = 4294967296 is not an expert id \(0\.\.<4\)"):
         moe_tf._run(layer, torch.randn(3, H), ids + 2**32, weights)
+    x = torch.randn(3, H)
+    assert torch.equal(moe_tf._run(layer, x, ids.to(torch.int32), weights), layer.experts(x, ids, weights))
+    assert torch.equal(moe_tf._run(layer, x.t().contiguous().t(), ids, weights), layer.experts(x, ids, weights))
     with pytest.raises(ValueError, match=r"is not an expert id \(0\.\.<4\)"):
         moe_tf._run(layer, torch.randn(3, H), ids + 4, weights)

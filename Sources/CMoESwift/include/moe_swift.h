@@ -252,6 +252,16 @@ moe_status moe_layer_forward_ex(moe_layer* layer, const moe_forward_desc* desc);
 moe_status moe_layer_forward_routed(moe_layer* layer, const float* x, int64_t num_tokens,
                                     const int32_t* ids, const float* weights, float* y);
 
+/* moe_layer_forward_routed on a framework's tensors as they are: x and y (num_tokens, H)
+ * in x_dtype and y_dtype (moe_dtype: float32, float16 or bfloat16; y rounded to nearest
+ * even), ids (num_tokens, k) of ids_bytes-byte signed integers (4 or 8: int64, as torch's
+ * topk gives them), weights (num_tokens, k) in weights_dtype. The conversions happen in
+ * the call, so that a host converts nothing; results equal moe_layer_forward_routed's on
+ * the converted values. x and y may overlap only if they are the same bytes of one dtype. */
+moe_status moe_layer_forward_routed_typed(moe_layer* layer, const void* x, int32_t x_dtype, int64_t num_tokens,
+                                          const void* ids, int32_t ids_bytes, const void* weights,
+                                          int32_t weights_dtype, void* y, int32_t y_dtype);
+
 /* The router alone: ids (num_tokens, k) int32, in descending selection score, and
  * their final weights (num_tokens, k). */
 moe_status moe_layer_route(moe_layer* layer, const float* x, int64_t num_tokens,

@@ -175,6 +175,68 @@ public func moe_layer_forward_routed(_ handle: OpaquePointer?, _ x: UnsafePointe
     }
 }
 
+@_cdecl("moe_layer_forward_routed_typed")
+public func moe_layer_forward_routed_typed(_ handle: OpaquePointer?, _ x: UnsafeRawPointer?, _ xDtype: Int32,
+                                           _ tokens: Int64, _ ids: UnsafeRawPointer?, _ idsBytes: Int32,
+                                           _ weights: UnsafeRawPointer?, _ weightsDtype: Int32,
+                                           _ y: UnsafeMutableRawPointer?, _ yDtype: Int32) -> moe_status {
+    status {
+        let layer = try layer(handle)
+        let types = try [("x_dtype", xDtype), ("weights_dtype", weightsDtype), ("y_dtype", yDtype)].map { name, code in
+            guard let type = ScalarType(rawValue: code) else {
+                throw MoEError.invalidArgument("\(name) = \(code) is not a moe_dtype (float32, float16 or bfloat16)")
+            }
+            return type
+        }
+        guard idsBytes == 4 || idsBytes == 8 else {
+            throw MoEError.invalidArgument("ids_bytes must be 4 (int32) or 8 (int64), got \(idsBytes)")
+        }
+        guard tokens >= 0 && tokens <= Int64(Int32.max) else {
+            throw MoEError.invalidArgument("num_tokens must be in 0...\(Int32.max), got \(tokens)")
+        }
+        if tokens == 0 { return CallStats.begin(layer.backendKind, tokens: 0) }
+        guard let x else { throw MoEError.invalidArgument("x is NULL") }
+        guard let ids else { throw MoEError.invalidArgument("ids is NULL") }
+        guard let weights else { throw MoEError.invalidArgument("weights is NULL") }
+        guard let y else { throw MoEError.invalidArgument("y is NULL") }
+        let c = layer.configuration
+        let (count, pairs) = (Int(tokens) * c.hiddenSize, Int(tokens) * c.topK)
+        if types[0] != types[2] && UnsafeRawPointer(y) < x + count * types[0].size && x < UnsafeRawPointer(y) + count * types[2].size {
+            throw MoEError.invalidArgument("x and y overlap in different dtypes")
+        }
+        // float32 and int32 arrays are used where they lie; the others through float32 /
+        // int32 copies (a decode step's are a few kilobytes).
+        let xs = ActivationRows(x, dtype: types[0], count: count)
+        let ws = ActivationRows(weights, dtype: types[1], count: pairs)
+        var wideIds: [Int32] = []
+        if idsBytes == 8 {
+            let wide = ids.assumingMemoryBound(to: Int64.self)
+            wideIds = try (0..<pairs).map { n in
+                guard let v = Int32(exactly: wide[n]) else {
+                    throw MoEError.invalidArgument("ids[\(n / c.topK), \(n % c.topK)] = \(wide[n]) is not an expert id "
+                                                   + "(0..<\(c.numExperts))")
+                }
+                return v
+            }
+        }
+        try wideIds.withUnsafeBufferPointer { wide in
+            let idsPointer = idsBytes == 8 ? wide.baseAddress! : ids.assumingMemoryBound(to: Int32.self)
+            if types[2] == .float32 {
+                try layer.experts(xs.pointer, tokens: Int(tokens), ids: idsPointer, weights: ws.pointer,
+                                  into: y.assumingMemoryBound(to: Float.self))
+            } else {
+                var out = [Float](repeating: 0, count: count)
+                try out.withUnsafeMutableBufferPointer { out in
+                    try layer.experts(xs.pointer, tokens: Int(tokens), ids: idsPointer, weights: ws.pointer,
+                                      into: out.baseAddress!)
+                    ActivationRows.store(out, into: y, dtype: types[2])
+                }
+            }
+        }
+        withExtendedLifetime((xs, ws)) {}
+    }
+}
+
 @_cdecl("moe_layer_route")
 public func moe_layer_route(_ handle: OpaquePointer?, _ x: UnsafePointer<Float>?, _ tokens: Int64,
                             _ ids: UnsafeMutablePointer<Int32>?, _ weights: UnsafeMutablePointer<Float>?) -> moe_status {

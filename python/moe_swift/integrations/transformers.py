@@ -209,25 +209,32 @@ def _experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_we
 
 
 def _run(layer, hidden_states, top_k_index, top_k_weights):
-    """layer.experts on torch tensors, converted by torch itself (a few tensor ops instead
-    of the facade's general conversions, whose Python runs cold after each call: a decode
-    step's layer streams its weights through every cache)."""
-    tokens, k = top_k_index.shape[0], top_k_index.shape[-1]
-    if (hidden_states.dim() != 2 or hidden_states.shape[-1] != layer.hidden_size or hidden_states.device.type != "cpu"
-            or top_k_index.shape != (tokens, layer.top_k) or top_k_weights.shape != (tokens, k)
-            or hidden_states.shape[0] != tokens or hidden_states.dtype not in _ACTIVATION_DTYPES):
+    """layer.experts on torch tensors as they lie: the library reads bfloat16 / float16 /
+    float32 activations and weights and int64 / int32 ids itself and writes the output in
+    the input's dtype, so a call runs no torch op but the output's allocation (each costs
+    tens of microseconds when it runs cold, as it does after a layer that streamed its
+    weights through every cache). Anything unusual goes through experts() and its checks."""
+    tokens = top_k_index.shape[0]
+    x_dtype = _DTYPE_CODES.get(hidden_states.dtype)
+    w_dtype = _DTYPE_CODES.get(top_k_weights.dtype)
+    if (x_dtype is None or w_dtype is None or top_k_index.dtype not in (torch.int64, torch.int32)
+            or hidden_states.device.type != "cpu" or hidden_states.shape != (tokens, layer.hidden_size)
+            or top_k_index.shape != (tokens, layer.top_k) or top_k_weights.shape != (tokens, layer.top_k)
+            or not (hidden_states.is_contiguous() and top_k_index.is_contiguous() and top_k_weights.is_contiguous())):
         return layer.experts(hidden_states, top_k_index, top_k_weights)  # its messages for what is unusual
-    x = hidden_states.detach().to(torch.float32).contiguous()
-    ids = top_k_index.to(torch.int32).contiguous()
-    if tokens and ids.ne(top_k_index).any():  # an id int32 cannot hold: let experts() say so
-        return layer.experts(hidden_states, top_k_index, top_k_weights)
-    weights = top_k_weights.detach().to(torch.float32).contiguous()
-    y = torch.empty((tokens, layer.hidden_size), dtype=torch.float32)
-    layer._experts_at(x.data_ptr(), tokens, ids.data_ptr(), weights.data_ptr(), y.data_ptr())
-    return y.to(hidden_states.dtype)
+    y = torch.empty((tokens, layer.hidden_size), dtype=hidden_states.dtype)
+    layer._experts_typed(hidden_states.data_ptr(), x_dtype, tokens, top_k_index.data_ptr(), top_k_index.element_size(),
+                         top_k_weights.data_ptr(), w_dtype, y.data_ptr(), x_dtype)
+    return y
 
 
-_ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+def _dtype_codes():
+    from ..options import DTYPES
+
+    return {torch.float32: DTYPES["float32"], torch.bfloat16: DTYPES["bfloat16"], torch.float16: DTYPES["float16"]}
+
+
+_DTYPE_CODES = _dtype_codes()
 
 
 @_experts_op.register_fake
