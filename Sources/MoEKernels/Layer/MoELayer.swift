@@ -30,7 +30,7 @@ public final class MoELayer: @unchecked Sendable {
             throw MoEError.invalidArgument("memory_limit must be >= 0 bytes, got \(memoryLimit)")
         }
         self.configuration = configuration
-        weightMemories = weights.mappedFiles.map(Weak.init)
+        weightMemories = weights.memories.map(Weak.init)
         CallStats.begin(requested, tokens: 0, layers: 1)
         self.backend = try BackendRegistry.make(requested, configuration: configuration, weights: weights,
                                                 memoryLimit: memoryLimit)

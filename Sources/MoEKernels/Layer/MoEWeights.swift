@@ -64,8 +64,9 @@ public struct MoEWeights: Sendable {
         return m
     }
 
-    /// The mapped files the weights lie in, each once.
-    var mappedFiles: [WeightMemory] {
+    /// The memories the weights are read from in place (mapped files, a caller's memory),
+    /// each once.
+    var memories: [WeightMemory] {
         let all = matrices + [routerBias, selectionBias, perExpertScale, gateUpBias, downBias, shared?.sigmoidGate]
             .compactMap { $0 }
         var seen: [WeightMemory] = []
