@@ -668,17 +668,6 @@ class MoELayer:
             handle, _address(ffi, x), T, _address(ffi, ids_array, "int32_t[]"), _address(ffi, w), _address(ffi, y)))
         return restore(y)
 
-    def _experts_at(self, x, tokens, ids, weights, y):
-        """experts() on memory the caller has already laid out: addresses of x and y
-        (tokens, H) float32, ids (tokens, top_k) int32 and weights (tokens, top_k) float32,
-        C-contiguous and alive for the call. For the integrations, whose frameworks convert
-        their tensors faster than a general conversion can; the library still checks every
-        id against [0, E)."""
-        ffi = self._ffi
-        self._check(self._lib.moe_layer_forward_routed(
-            self._live_handle(), ffi.cast("const float *", x), tokens, ffi.cast("const int32_t *", ids),
-            ffi.cast("const float *", weights), ffi.cast("float *", y)))
-
     def _experts_typed(self, x, x_dtype, tokens, ids, ids_bytes, weights, weights_dtype, y, y_dtype):
         """experts() on a framework's tensors as they lie (moe_layer_forward_routed_typed):
         addresses of C-contiguous x and y (tokens, H) and weights (tokens, top_k) with their
