@@ -174,6 +174,9 @@ def _integer(name, value, bits):
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32 = np.dtype(np.float32)  # NumPy gives every native float32 array this descriptor
+_ROUTED_IDS = (np.dtype(np.int32), np.dtype(np.int64))  # the ids moe_layer_forward_routed_typed reads
+_F32_CODE = DTYPES["float32"]
 
 
 def _real(name, value):
@@ -649,23 +652,36 @@ class MoELayer:
         (T, top_k) for the T rows of x (any integer / real dtype, NumPy, torch or mx).
         y has x's array type and dtype. transformers' experts hook and mlx-lm's SwitchGLU
         call exactly this."""
+        H, k = self.hidden_size, self.top_k
+        # NumPy float32 rows with int32/int64 ids, what a decode loop passes every call, go
+        # straight to the typed call, which checks the ids itself: the general path's
+        # conversions and checks cost a few percent of a one-token call with caches cold.
+        if (type(x) is np.ndarray and type(ids) is np.ndarray and type(weights) is np.ndarray
+                and x.dtype is _FLOAT32 and weights.dtype is _FLOAT32 and ids.dtype in _ROUTED_IDS
+                and x.ndim and x.shape[-1] == H and ids.shape == weights.shape == (x.size // H, k)
+                and x.flags.c_contiguous and ids.flags.c_contiguous and weights.flags.c_contiguous):
+            y = np.empty(x.shape, dtype=np.float32)
+            ffi = self._ffi
+            self._experts_typed(ffi.from_buffer(x), _F32_CODE, x.size // H, ffi.from_buffer(ids), ids.itemsize,
+                                ffi.from_buffer(weights), _F32_CODE, ffi.from_buffer(y), _F32_CODE)
+            return y
         restore = _output_like(x)
         x = self._input(x)
-        T = x.size // self.hidden_size
+        T = x.size // H
         ids_array, ids_dtype = as_numpy(ids, "ids")
         if ids_array.dtype.kind not in "iu":
             raise TypeError(f"ids must be an integer array, got dtype {ids_dtype}")
-        _check_shape("ids", ids_array.shape, (T, self.top_k))
-        # The library checks each id against [0, E); int32 must hold it unchanged first.
-        if ids_array.size and (ids_array.min() < -2**31 or ids_array.max() >= 2**31):
+        _check_shape("ids", ids_array.shape, (T, k))
+        # The library checks each id against [0, E) (one message for every path); int64
+        # must hold it unchanged first, which only uint64 can fail.
+        if ids_array.dtype == np.uint64 and ids_array.size and ids_array.max() >= 2**63:
             raise ValueError(f"ids must be expert ids in [0, {self.num_experts}), got {ids_array.max()}")
-        ids_array = np.ascontiguousarray(ids_array, dtype=np.int32)
-        w = _array("weights", weights, (T, self.top_k))
+        ids_array = np.ascontiguousarray(ids_array, dtype=np.int64)
+        w = _array("weights", weights, (T, k))
         y = np.empty(x.shape, dtype=np.float32)
-        handle = self._live_handle()
         ffi = self._ffi
-        self._check(self._lib.moe_layer_forward_routed(
-            handle, _address(ffi, x), T, _address(ffi, ids_array, "int32_t[]"), _address(ffi, w), _address(ffi, y)))
+        self._experts_typed(_address(ffi, x), _F32_CODE, T, ffi.from_buffer(ids_array), 8, _address(ffi, w), _F32_CODE,
+                            _address(ffi, y), _F32_CODE)
         return restore(y)
 
     def _experts_typed(self, x, x_dtype, tokens, ids, ids_bytes, weights, weights_dtype, y, y_dtype):

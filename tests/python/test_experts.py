@@ -75,8 +75,15 @@ def test_bad_routing_is_refused_before_anything_runs():
             wrong[1, 1] = bad
             with pytest.raises(ValueError, match=rf"ids\[1, 1\] = {bad} is not an expert id \(0\.\.<4\)"):
                 layer.experts(x, wrong, weights)
-        with pytest.raises(ValueError, match=r"ids must be expert ids in \[0, 4\), got 42949672"):
+        # Ids that int32 cannot hold, in every integer dtype and array type that carries them.
+        with pytest.raises(ValueError, match=r"ids\[0, 0\] = 4294967299 is not an expert id \(0\.\.<4\)"):
             layer.experts(x, ids.astype(np.int64) + 2**32, weights)
+        with pytest.raises(ValueError, match=r"ids\[0, 0\] = 4294967299 is not an expert id \(0\.\.<4\)"):
+            layer.experts(x, ids.astype(np.uint64) + 2**32, weights)
+        with pytest.raises(ValueError, match=r"ids\[0, 0\] = 4294967299 is not an expert id \(0\.\.<4\)"):
+            layer.experts(x.tolist(), (ids.astype(np.int64) + 2**32).tolist(), weights)
+        with pytest.raises(ValueError, match=r"ids must be expert ids in \[0, 4\), got 18446744073709551615"):
+            layer.experts(x, np.full((3, 2), 2**64 - 1, np.uint64), weights)
         with pytest.raises(ValueError, match=r"ids must have shape \(3, 2\)"):
             layer.experts(x, ids[:, :1], weights)
         with pytest.raises(ValueError, match=r"weights must have shape \(3, 2\)"):
