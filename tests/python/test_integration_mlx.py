@@ -123,3 +123,27 @@ def test_updated_weights_are_seen_and_models_copy():
     np.testing.assert_allclose(logits(patched), logits(reference), rtol=1e-4, atol=1e-4)
     for clone in (copy.deepcopy(patched), pickle.loads(pickle.dumps(patched))):
         np.testing.assert_array_equal(logits(clone), logits(patched))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_half_precision_experts_read_and_write_their_dtype(family, dtype):
+    """A bfloat16 / float16 SwitchGLU, patched, returns its dtype and what the float32
+    SwitchGLU computes on the same (rounded) weights and inputs, to the output's rounding;
+    mlx's own CPU SwitchGLU runs only float32, so that is the reference."""
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    dtype = getattr(mx, dtype)
+    glu = next(m for _, m in tiny(family).named_modules() if isinstance(m, SwitchGLU))
+    mx.random.seed(3)
+    for linear in (glu.gate_proj, glu.up_proj, glu.down_proj):  # weights the half dtype holds exactly
+        linear.weight = (mx.random.normal(linear.weight.shape) * 0.3).astype(dtype).astype(mx.float32)
+    x = (mx.random.normal((3, 5, 64)) * 2).astype(dtype)
+    indices = mx.array(np.random.default_rng(4).integers(0, 8, (3, 5, 2)).astype(np.uint32))
+    reference = np.array(glu(x.astype(mx.float32), indices))
+    glu.set_dtype(dtype)
+    y = moe_mlx.FusedSwitchGLU(glu, backend="cpu")(x, indices)
+    assert y.dtype == dtype and y.shape == (3, 5, 2, 64)
+    np.testing.assert_allclose(np.array(y.astype(mx.float32)), reference, rtol=1e-2,
+                               atol=1e-2 * np.abs(reference).max())
+    assert np.abs(reference).max() > 1  # outputs large enough that a rounding slip shows
