@@ -223,7 +223,9 @@ def random_config(shape, layers, vocab=None):
     if shape == "tiny":
         c = dict(TINY)
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")  # the checkout's
+        if benchmarks not in sys.path:
+            sys.path.insert(0, benchmarks)
         from moe_bench.shapes import SHAPES
         if shape not in SHAPES or shape not in QWEN3_ATTENTION:
             raise ValueError(f"no Qwen3-MoE shape {shape!r}; known: {', '.join(['tiny', *QWEN3_ATTENTION])}")
@@ -425,7 +427,7 @@ def load_tokenizer(path):
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             return (lambda text: tokenizer.encode(text, add_special_tokens=False)), tokenizer.decode
     except Exception:  # not installed, or a tokenizer it cannot read: ids instead of text
-        return None
+        pass
     return None
 
 

@@ -14,6 +14,7 @@ Qwen3MoeForCausalLM on the same folder gives the same logits and greedy tokens.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -277,6 +278,26 @@ def test_command_on_a_folder_prints_the_greedy_ids(folder, capsys):
     model = decoder.load(folder, backend="cpu")
     assert capsys.readouterr().out.strip() == ",".join(map(str, model.generate(PROMPT, 4)))
     model.close()
+
+
+def test_command_with_a_tokenizer_takes_and_prints_text(folder, tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(48)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    shutil.copytree(folder, tmp_path / "model")
+    tokenizer.save(str(tmp_path / "model" / "tokenizer.json"))
+    assert decoder.main([str(tmp_path / "model"), "--prompt", " ".join(f"w{i}" for i in PROMPT), "--tokens", "4",
+                         "--backend", "cpu"]) == 0
+    model = decoder.load(folder, backend="cpu")
+    assert capsys.readouterr().out.strip() == " ".join(f"w{i}" for i in model.generate(PROMPT, 4))
+    model.close()
+
+
+def test_command_on_a_converted_gguf_file(capsys):
+    """Prints ids, or text where transformers reads the file's (placeholder) vocabulary."""
+    assert decoder.main([str(FIXTURES / "qwen3_moe-q8_0.gguf"), "--prompt-ids", "1,7,33", "--tokens", "3",
+                         "--backend", "cpu"]) == 0
+    assert capsys.readouterr().out.strip()
 
 
 @pytest.mark.parametrize("argv, message", [
