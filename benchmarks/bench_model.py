@@ -15,6 +15,8 @@ and threads never reach the next):
 * mlx-lm: the family's mlx-lm model from the same config, unpatched and with every
   SwitchGLU patched onto moe_swift (moe_swift.integrations.mlx_lm), mlx-lm's own
   `generate_step` for decode.
+* numpy: examples/numpy_decoder.py, a Qwen3-MoE decoder written in NumPy as a user of the
+  library would write it (float32; Qwen3-30B-A3B only), greedy decode.
 
 Within one process the implementations take turns, repetition by repetition, on the same
 weights (a model switches implementation in place), so a ratio compares runs made side by
@@ -54,7 +56,10 @@ MEASUREMENTS = HERE / "measurements"
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 TRANSFORMERS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", "moe_swift")
 MLX_IMPLEMENTATIONS = ("mlx-lm", "mlx-lm + moe_swift")
-FRAMEWORKS = ("transformers", "mlx-lm")
+NUMPY_IMPLEMENTATIONS = ("NumPy decoder + moe_swift",)
+FRAMEWORKS = ("transformers", "mlx-lm", "numpy")
+# What a framework runs: (model names, dtypes); others get no row.
+SUPPORTED = {"numpy": (("qwen3-30b-a3b",), ("f32",))}
 
 
 def model_config(name: str, layers: int) -> tuple[dict, str]:
@@ -214,11 +219,36 @@ def mlx_worker(job: dict) -> dict:
     return dict(rounds=rounds, failed=failed, versions=dict(mlx=mx.__version__, mlx_lm=mlx_lm.__version__))
 
 
-WORKERS = {"transformers": transformers_worker, "mlx-lm": mlx_worker}
+def numpy_worker(job: dict) -> dict:
+    """examples/numpy_decoder.py: attention, norms and sampling in NumPy float32, each MoE
+    block one moe_swift call (Qwen3-MoE only)."""
+    sys.path.insert(0, str(HERE.parent / "examples"))
+    import numpy as np
+    import numpy_decoder
+
+    config = job["config"]
+    model = numpy_decoder.build_random(job["model"], config["num_hidden_layers"], vocab=config["vocab_size"],
+                                       backend=job["backend"], seed=0)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(3, config["vocab_size"], job["prompt"]).tolist()
+    long_prompt = rng.integers(3, config["vocab_size"], job["prefill"]).tolist()
+    name = job["implementations"][0]
+    rounds = {name: []}
+    for r in range(job["repetitions"] + 1):
+        _, decode = numpy_decoder.measure(model, prompt, job["new_tokens"])
+        prefill, _ = numpy_decoder.measure(model, long_prompt, 1)
+        if r:
+            rounds[name].append((decode, prefill))
+    model.close()
+    return dict(rounds=rounds, failed={}, versions=dict(numpy=np.__version__))
+
+
+WORKERS = {"transformers": transformers_worker, "mlx-lm": mlx_worker, "numpy": numpy_worker}
 
 
 def implementations_of(framework: str) -> tuple[str, ...]:
-    return TRANSFORMERS_IMPLEMENTATIONS if framework == "transformers" else MLX_IMPLEMENTATIONS
+    return {"transformers": TRANSFORMERS_IMPLEMENTATIONS, "mlx-lm": MLX_IMPLEMENTATIONS,
+            "numpy": NUMPY_IMPLEMENTATIONS}[framework]
 
 
 def run_job(job: dict, timeout: float) -> dict:
@@ -254,7 +284,7 @@ def summarise(results: list[dict]) -> list[dict]:
                 row["decode"] = statistics.median(d for d, _ in rounds[name])
                 row["prefill"] = statistics.median(p for _, p in rounds[name])
             rows.append(row)
-        ours = "moe_swift" if result["framework"] == "transformers" else "mlx-lm + moe_swift"
+        ours = next(i for i in implementations_of(result["framework"]) if "moe_swift" in i)
         mine = rounds.get(ours) or []
         for phase, index in (("decode", 0), ("prefill", 1)):
             peers = [name for name in rounds if name != ours and rounds[name] and len(rounds[name]) == len(mine)]
@@ -358,6 +388,9 @@ def main(argv=None) -> int:
             if not implementations:
                 continue
             for dtype in dtypes:
+                supported_models, supported_dtypes = SUPPORTED.get(framework, (MODELS, tuple(DTYPES)))
+                if model not in supported_models or dtype not in supported_dtypes:
+                    continue
                 job = dict(framework=framework, model=model, dtype=DTYPES[dtype], config=config,
                            implementations=implementations, prompt=args.prompt, new_tokens=args.new_tokens,
                            prefill=args.prefill, repetitions=args.repetitions, backend=args.backend)
