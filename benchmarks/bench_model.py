@@ -17,6 +17,11 @@ and threads never reach the next):
   `generate_step` for decode.
 * numpy: examples/numpy_decoder.py, a Qwen3-MoE decoder written in NumPy as a user of the
   library would write it (float32; Qwen3-30B-A3B only), greedy decode.
+* llama.cpp: its own `llama-bench`, built natively (benchmarks/native/build_llama_cpp.sh),
+  on a Qwen3-30B-A3B-shaped file in llama.cpp's Q4_K_M mix (benchmarks/make_gguf_model.py,
+  same layers and vocabulary), and the NumPy decoder reading that very file (its MoE layers
+  on the file's blocks, the rest dequantized to float32), in turn. llama-bench's decode
+  starts from an empty context, ours after the prompt.
 
 Within one process the implementations take turns, repetition by repetition, on the same
 weights (a model switches implementation in place), so a ratio compares runs made side by
@@ -52,14 +57,17 @@ sys.path.insert(0, str(HERE))  # moe_bench, run from a checkout
 from moe_bench.shapes import SHAPES  # noqa: E402
 
 RESULTS = HERE / "results"
+MODELS = ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
 MEASUREMENTS = HERE / "measurements"
-DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 TRANSFORMERS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", "moe_swift")
 MLX_IMPLEMENTATIONS = ("mlx-lm", "mlx-lm + moe_swift")
 NUMPY_IMPLEMENTATIONS = ("NumPy decoder + moe_swift",)
-FRAMEWORKS = ("transformers", "mlx-lm", "numpy")
+LLAMA_CPP_IMPLEMENTATIONS = ("llama-bench (native build)", "NumPy decoder + moe_swift, same file")
+FRAMEWORKS = ("transformers", "mlx-lm", "numpy", "llama.cpp")
+DTYPES = {"f32": "float32", "bf16": "bfloat16", "q4_k_m": "q4_k_m"}
 # What a framework runs: (model names, dtypes); others get no row.
-SUPPORTED = {"numpy": (("qwen3-30b-a3b",), ("f32",))}
+SUPPORTED = {"transformers": (MODELS, ("f32", "bf16")), "mlx-lm": (MODELS, ("f32", "bf16")),
+             "numpy": (("qwen3-30b-a3b",), ("f32",)), "llama.cpp": (("qwen3-30b-a3b",), ("q4_k_m",))}
 
 
 def model_config(name: str, layers: int) -> tuple[dict, str]:
@@ -95,9 +103,6 @@ def model_config(name: str, layers: int) -> tuple[dict, str]:
     config.update(vocab_size=vocab, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     what = f"{layers} of {real_layers} MoE layers, vocabulary {vocab} of {real_vocab}"
     return config, what
-
-
-MODELS = ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
 
 
 def decode_and_prefill(generate, forward, *, prompt: int, new_tokens: int, prefill: int):
@@ -243,12 +248,61 @@ def numpy_worker(job: dict) -> dict:
     return dict(rounds=rounds, failed={}, versions=dict(numpy=np.__version__))
 
 
-WORKERS = {"transformers": transformers_worker, "mlx-lm": mlx_worker, "numpy": numpy_worker}
+def gguf_model(job: dict) -> Path:
+    """The Q4_K_M GGUF file of the job's model (benchmarks/make_gguf_model.py, written once
+    under benchmarks/results/ and reused)."""
+    config = job["config"]
+    path = RESULTS / f"bench_model-{job['model']}-{config['num_hidden_layers']}L-{config['vocab_size']}.gguf"
+    if not path.exists():
+        RESULTS.mkdir(exist_ok=True)
+        partial = path.with_suffix(".partial")
+        subprocess.run([sys.executable, str(HERE / "make_gguf_model.py"), str(partial), "--layers",
+                        str(config["num_hidden_layers"]), "--vocab", str(config["vocab_size"])], check=True,
+                       stdout=subprocess.DEVNULL)
+        partial.rename(path)
+    return path
+
+
+def llama_cpp_worker(job: dict) -> dict:
+    """llama.cpp's llama-bench (built natively: benchmarks/native/build_llama_cpp.sh) and the
+    NumPy decoder on the same Q4_K_M file, in turn."""
+    sys.path.insert(0, str(HERE.parent / "examples"))
+    import numpy as np
+    import numpy_decoder
+    from moe_bench.llama_bench import llama_bench
+
+    path = gguf_model(job)
+    model = numpy_decoder.load(str(path), backend=job["backend"])
+    rng = np.random.default_rng(1)
+    vocab = job["config"]["vocab_size"]
+    prompt = rng.integers(3, vocab, job["prompt"]).tolist()
+    long_prompt = rng.integers(3, vocab, job["prefill"]).tolist()
+    rounds = {name: [] for name in job["implementations"]}
+    build = None
+    for r in range(job["repetitions"] + 1):
+        for name in job["implementations"]:
+            if name == LLAMA_CPP_IMPLEMENTATIONS[0]:
+                result = llama_bench(path, prompt=job["prefill"], generate=job["new_tokens"], threads=os.cpu_count(),
+                                     repetitions=1)
+                build = result["build"]
+                measured = (result["decode_tps"], result["prefill_tps"])
+            else:
+                _, decode = numpy_decoder.measure(model, prompt, job["new_tokens"])
+                prefill, _ = numpy_decoder.measure(model, long_prompt, 1)
+                measured = (decode, prefill)
+            if r:
+                rounds[name].append(measured)
+    model.close()
+    return dict(rounds=rounds, failed={}, versions={"llama.cpp": build})
+
+
+WORKERS = {"transformers": transformers_worker, "mlx-lm": mlx_worker, "numpy": numpy_worker,
+           "llama.cpp": llama_cpp_worker}
 
 
 def implementations_of(framework: str) -> tuple[str, ...]:
     return {"transformers": TRANSFORMERS_IMPLEMENTATIONS, "mlx-lm": MLX_IMPLEMENTATIONS,
-            "numpy": NUMPY_IMPLEMENTATIONS}[framework]
+            "numpy": NUMPY_IMPLEMENTATIONS, "llama.cpp": LLAMA_CPP_IMPLEMENTATIONS}[framework]
 
 
 def run_job(job: dict, timeout: float) -> dict:
@@ -352,7 +406,8 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
-    parser.add_argument("--dtypes", default="f32,bf16")
+    parser.add_argument("--dtypes", default="f32,bf16,q4_k_m",
+                        help="f32, bf16 (transformers, mlx-lm; the NumPy decoder: f32), q4_k_m (llama.cpp's file)")
     parser.add_argument("--implementations", default="",
                         help="only these (names as in the table), e.g. eager,moe_swift")
     parser.add_argument("--layers", type=int, default=2, help="MoE layers kept (default 2)")
@@ -388,7 +443,7 @@ def main(argv=None) -> int:
             if not implementations:
                 continue
             for dtype in dtypes:
-                supported_models, supported_dtypes = SUPPORTED.get(framework, (MODELS, tuple(DTYPES)))
+                supported_models, supported_dtypes = SUPPORTED[framework]
                 if model not in supported_models or dtype not in supported_dtypes:
                     continue
                 job = dict(framework=framework, model=model, dtype=DTYPES[dtype], config=config,

@@ -97,6 +97,7 @@ static void caller_wait(_Atomic uint32_t* word, uint32_t target) {
     for (int spins = 0;; spins++) {
         const uint32_t seen = atomic_load(word);
         if (seen == target) return;
+        if ((spins & 63) == 63) sched_yield();  // as in wait_for_job
         if ((spins & 63) == 63 && now_ns() - since > CALLER_SPIN_NS) {
             atomic_store(&pool.caller_sleeping, 1);
             // Returns at once if the word moved on after it was read.
@@ -116,7 +117,10 @@ static uint32_t wait_for_job(uint32_t seen) {
     for (int spins = 0;; spins++) {
         const uint32_t g = atomic_load(&pool.generation);
         if (g != seen && (g & 1) == 0) return g;
-        // The clock and the flag every 64 pauses: a few microseconds.
+        // The clock and the flag every 64 pauses: a few microseconds. Spinning yields there
+        // too, so that another thread that wants this core (the host's, or one of ours that
+        // lost its core) gets it at once instead of at the end of our time slice.
+        if ((spins & 63) == 63) sched_yield();
         if ((spins & 63) == 63 && now_ns() - since > (atomic_load(&pool.resting) ? rest_spin_ns : SPIN_NS)) {
             atomic_fetch_add(&pool.sleepers, 1);
             // Returns at once if the generation moved on after it was read.
