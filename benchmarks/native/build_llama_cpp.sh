@@ -6,6 +6,8 @@
 #   bash benchmarks/native/build_llama_cpp.sh            # llama-cpp-python 0.3.36's llama.cpp
 #   LLAMA_CPP_PYTHON_VERSION=0.3.35 bash benchmarks/native/build_llama_cpp.sh
 #   JOBS=1 bash benchmarks/native/build_llama_cpp.sh     # compile jobs (default 2)
+#   LLAMA_CPP_NATIVE_DIR=DIR bash ...                      # build in DIR (then tell moe_bench:
+#                                                          # MOE_BENCH_GGML_LIB=DIR/build/bin)
 #
 # Everything goes under benchmarks/results/llama.cpp-native/ (gitignored): the sdist, its
 # extracted tree, build/ (build/bin holds llama-bench and libggml-base.so, libggml-cpu.so,
