@@ -10,7 +10,9 @@ type (Q4_K gate and up; Q6_K or Q4_K down, as Q4_K_M alternates them).
 
 ggml is set up as the benchmark's ggml peer is (benchmarks/moe_bench/ggml.py: the
 weights in the CPU device's extra buffer types where it takes them, i.e. llama.cpp's
-CPU_REPACK, one polling threadpool, here shared by all layers as llama.cpp's is); its
+CPU_REPACK, one polling threadpool, here shared by all layers as llama.cpp's is), the
+libggml-python wheel's build or, with --ggml-build native, llama.cpp's built for this
+machine by benchmarks/native/build_llama_cpp.sh; its
 routing is our layer's `route` on the same float32 router, inside the timed call. Ours
 runs in each mode of --activations (default both: float32-exact, and 8-bit activations as
 ggml's are, column "ours-q8"), all on the cpu backend with one thread per core.
@@ -70,14 +72,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", default="1:4,8:2,512:1", help="passes over the layers per round and T")
     ap.add_argument("--probe-mb", type=int, default=1024, help="size of the read-bandwidth probe's buffer")
+    ap.add_argument("--ggml-build", choices=["wheel", "native"], default="wheel",
+                    help="which ggml is the peer: the libggml-python wheel's (AVX2) or llama.cpp built natively "
+                         "(benchmarks/native/build_llama_cpp.sh)")
     ap.add_argument("--activations", default="none,q8",
                     help="ours' activation_quantization values, each timed in the same rounds (ours, ours-q8)")
     ap.add_argument("--out", type=Path, default=HERE / "measurements" / f"{time.strftime('%Y-%m-%d', time.gmtime())}"
                                                                        f"-bench_gguf_file.txt")
     a = ap.parse_args(argv)
-    why = ggml.status()
+    why = ggml.status(a.ggml_build)
     if why:
-        raise SystemExit(f"bench_gguf_file.py needs ggml: {why}")
+        raise SystemExit(f"bench_gguf_file.py needs ggml ({a.ggml_build}): {why}")
     if not a.path.is_file():
         raise SystemExit(f"{a.path}: no such file (write one with benchmarks/make_gguf_model.py)")
     tokens = [int(t) for t in a.tokens.split(",")]
@@ -98,14 +103,14 @@ def main(argv=None) -> int:
         log(f"ours ({mode}): {len(wanted)} layers loaded in {time.perf_counter() - t0:.1f} s")
     ours = next(iter(ours_by_mode.values()))
     blocks = file_layers(a.path, wanted)
-    pool = ggml.new_pool(threads)
+    pool = ggml.new_pool(threads, a.ggml_build)
     peer, expert_bytes = {}, {}
     t0 = time.perf_counter()
     for i, (_, mats, types) in blocks.items():
         E, I, H = mats[0].shape[0], mats[0].shape[1], mats[2].shape[1]
         w = SimpleNamespace(H=H, I=I, E=E, k=ours[i].top_k, shared=None, gate_up_bias=None,
                             shape=SimpleNamespace(activation="silu"))
-        peer[i] = ggml.GGMLLayer(w, types, ours[i].route, threads, blocks=mats, pool=pool)
+        peer[i] = ggml.GGMLLayer(w, types, ours[i].route, threads, blocks=mats, pool=pool, build=a.ggml_build)
         expert_bytes[i] = sum(m.nbytes for m in mats) / E
     placement = "; ".join(sorted({layer.describe() for layer in peer.values()}))
     log(f"ggml: {len(peer)} layers set up in {time.perf_counter() - t0:.1f} s ({placement})")
@@ -172,7 +177,7 @@ def main(argv=None) -> int:
              f"k={ours[wanted[0]].top_k}, H={H}, I={blocks[wanted[0]][1][0].shape[1]}); expert types (gate/up/down): {', '.join(types)}",
              f"  machine: {platform.machine()}, {threads} cores, ours isa {moe_swift.cpu_instruction_set()}; "
              f"load average at start {loadavg()}",
-             f"  ggml: {ggml.info()}; layers: {placement}; one threadpool for all layers",
+             f"  ggml: {ggml.info(a.ggml_build)}; layers: {placement}; one threadpool for all layers",
              f"  timing: {a.rounds} rounds; per round and T, the median over {', '.join(f'T={T}: {len(xs[T])}' for T in tokens)} "
              f"calls cycling through the layers (fresh input each); read roof per round: {roofs[-1]['method']} (best {roof:.1f} GB/s)",
              f"  ggml vs ours before timing (relative RMS; ggml rounds activations to 8 bits): "
@@ -204,11 +209,11 @@ def main(argv=None) -> int:
     a.out.with_suffix(".json").write_text(json.dumps(dict(
         file=a.path.name, file_bytes=a.path.stat().st_size, layers=wanted, types=types, threads=threads,
         checks_rel_rms=checks, roofs_GBps=[rr["best"] for rr in roofs], roof_method=roofs[-1]["method"], rows=rows,
-        ggml=ggml.info(), loadavg=loadavg()), indent=1) + "\n")
+        ggml=ggml.info(a.ggml_build), loadavg=loadavg()), indent=1) + "\n")
     print(f"written: {a.out} and {a.out.with_suffix('.json').name}")
     for layer in peer.values():
         layer.close()
-    ggml.free_pool(pool)
+    ggml.free_pool(pool, a.ggml_build)
     return 0
 
 

@@ -21,9 +21,16 @@ llama.cpp's names (`token_embd`, `blk.N.attn_*`, `blk.N.ffn_gate_inp`,
 The weights are normal(0, 0.02) (norms 1), quantized by ggml itself
 (`ggml_quantize_chunk` from the `libggml-python` wheel: the `gguf` package writes the
 file but has no K-quant quantizer), one expert at a time so that memory stays near one
-tensor's blocks. It has no tokenizer: llama.cpp's own tools want one to run a model, the
-layer readers do not. The file is not part of the repository (gitignored under
-benchmarks/results/ when written there); write it where there is room.
+tensor's blocks.
+
+The tokenizer is of Qwen3's kind, as the converter writes it (`tokenizer.ggml.model`
+"gpt2", pre-tokenizer "qwen2", tokens, token types, merges, special token ids, no BOS
+added), with made-up tokens: the 256 byte-level tokens of GPT-2's byte-to-unicode map,
+then tokens that BPE merges build from them, then Qwen's <|endoftext|>, <|im_start|> and
+<|im_end|> as control tokens; `--vocab` tokens in all. llama.cpp's tools (llama-bench)
+need one to load the model; the layer readers ignore it. The file is not part of the
+repository (gitignored under benchmarks/results/ when written there); write it where
+there is room.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ QWEN3_30B_A3B = dict(layers=48, hidden=2048, expert_inter=768, experts=128, expe
                      dense_inter=6144)
 INIT_STD = 0.02
 FTYPE_MOSTLY_Q4_K_M = 15  # llama_ftype
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen's, last in the vocabulary here
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -73,6 +82,41 @@ def plan(c: dict) -> list[tuple[str, tuple[int, ...], str]]:
                 (b + "ffn_down_exps.weight", (E, H, I), more)]
     out += [("output_norm.weight", (H,), "F32"), ("output.weight", (c["vocab"], H), "Q6_K")]
     return out
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode map (byte-level BPE, Qwen's too) as a list of the 256
+    characters in vocabulary order: the printable bytes as themselves, then the others
+    shifted past U+0100 (the space byte becomes 'Ġ', the newline 'Ċ')."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(rest))]
+
+
+def tokenizer(vocab: int) -> dict:
+    """The tokenizer's GGUF metadata {key: value}: a byte-level BPE vocabulary of `vocab`
+    tokens in Qwen3's layout (model, pre-tokenizer, tokens, token types, merges, special
+    ids). Token k >= 256 is k's base-256 digits spelled in the byte alphabet, built by the
+    merge (token k // 256, byte k % 256): every token distinct and reachable by its merge,
+    as BPE needs."""
+    if vocab < MIN_VOCAB:
+        raise ValueError(f"a vocabulary needs at least {MIN_VOCAB} tokens (256 bytes and {len(SPECIAL_TOKENS)} "
+                         f"special tokens), got {vocab}")
+    from gguf import Keys, TokenType
+    alphabet = byte_level_alphabet()
+    tokens = list(alphabet)
+    merges = []
+    for k in range(256, vocab - len(SPECIAL_TOKENS)):
+        left, right = tokens[k // 256], alphabet[k % 256]
+        tokens.append(left + right)
+        merges.append(f"{left} {right}")
+    first_special = len(tokens)
+    tokens += SPECIAL_TOKENS
+    types = [TokenType.NORMAL] * first_special + [TokenType.CONTROL] * len(SPECIAL_TOKENS)
+    endoftext, im_end = first_special, first_special + 2
+    K = Keys.Tokenizer
+    return {K.MODEL: "gpt2", K.PRE: "qwen2", K.LIST: tokens, K.TOKEN_TYPE: types, K.MERGES: merges,
+            K.EOS_ID: im_end, K.PAD_ID: endoftext, K.BOS_ID: endoftext, K.ADD_BOS: False}
 
 
 def tensor_data(name: str, shape, gtype: str, seed: int, ggml) -> np.ndarray:
@@ -123,6 +167,15 @@ def write(path: Path, c: dict, seed: int = 0, log=print) -> dict:
     w.add_vocab_size(c["vocab"])
     w.add_file_type(FTYPE_MOSTLY_Q4_K_M)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, value in tokenizer(c["vocab"]).items():  # in the value types the converter writes
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
     types = {}
     for name, shape, gtype in tensors:
         qt = gguf.GGMLQuantizationType[gtype]
@@ -162,8 +215,8 @@ def main(argv=None) -> int:
             p.error(f"--{key} must be positive")
     if c["experts"] < c["experts_used"]:
         p.error(f"--experts must be at least the {c['experts_used']} experts used per token")
-    if c["vocab"] % 8:
-        p.error("--vocab must be a multiple of 8")
+    if c["vocab"] % 8 or c["vocab"] < MIN_VOCAB:
+        p.error(f"--vocab must be a multiple of 8, at least {MIN_VOCAB}")
     args.path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     info = write(args.path, c, args.seed)

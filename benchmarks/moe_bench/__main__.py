@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import peers, plot, report, roofline, weightformats
+from . import ggml, peers, plot, report, roofline, weightformats
 from .runner import DECODE_BLOCK_CALLS, Progress, bench_shape, loadavg, peak_rss_gb
 from .shapes import DEFAULT_SHAPES, QUICK_EXPERTS, QUICK_SHAPES, SHAPES
 
@@ -53,7 +53,11 @@ def parse_args(argv):
                         "none, q8): the first is \"ours\", each other one an implementation \"ours-<mode>\" "
                         "timed in the same rounds, with ggml's ratio against it too (default: none)")
     p.add_argument("--ggml-threads", type=int, default=None,
-                   help="threads of the ggml peer (default: all cores, as llama.cpp's -t)")
+                   help="threads of the ggml peers (default: all cores, as llama.cpp's -t)")
+    p.add_argument("--ggml-native-lib", metavar="DIR", default=None,
+                   help="the ggml-native peers' libraries (libggml-base.so, libggml-cpu.so) in DIR (default: $"
+                        "MOE_BENCH_GGML_LIB, else benchmarks/results/llama.cpp-native/build/bin, where "
+                        "benchmarks/native/build_llama_cpp.sh builds llama.cpp)")
     p.add_argument("--ggml-no-repack", action="store_true",
                    help="keep ggml's weights in host memory instead of the CPU extra buffer types (CPU_REPACK) "
                         "llama.cpp uses by default: as llama.cpp with --no-repack")
@@ -99,6 +103,8 @@ def parse_args(argv):
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
+    if args.ggml_native_lib:  # the environment, so that every later lookup sees it
+        os.environ[ggml.NATIVE_LIB_ENV] = str(Path(args.ggml_native_lib).resolve())
 
     q = args.quick
     args.repeats = args.repeats or (3 if q else 7)
@@ -271,6 +277,7 @@ def main(argv=None) -> int:
                       settle_s=args.settle, warmup_s=args.warmup, ref_tokens=args.ref_tokens, ref_gb=args.ref_gb, quick=args.quick,
                       seed=args.seed, decode_max_T=roofline.DECODE_MAX_T, formats=args.formats,
                       ggml_threads=args.ggml_threads or peers.cores(), ggml_repack=not args.ggml_no_repack,
+                      ggml_native_lib=str(ggml.native_lib_dir()),
                       flush_bytes=fb, clock=args.clock, activations=args.activations),
         formats=None if not args.formats else {f: dict(describe=weightformats.FORMATS[f].describe,
                                                        bits_per_weight=weightformats.FORMATS[f].bits_per_weight,

@@ -1,9 +1,18 @@
 """llama.cpp's CPU kernels as a peer: ggml's `mul_mat_id` MoE graph through ctypes, set up
 as llama.cpp runs it.
 
-ggml comes from the `libggml-python` wheel (prebuilt ggml libraries, no Python
-bindings; `pip install libggml-python`). The graph is the one llama.cpp builds for a
-MoE FFN (`build_moe_ffn`, separate gate and up expert tensors):
+Two builds of ggml can run, each a peer of its own, in one process:
+
+* "wheel": the `libggml-python` wheel's (prebuilt ggml libraries for x86-64 with AVX2, no
+  Python bindings; `pip install libggml-python`), the peers `ggml` and `ggml-k`;
+* "native": llama.cpp's own ggml as its users build it (`-march=native`, OpenMP), made by
+  `bash benchmarks/native/build_llama_cpp.sh` under benchmarks/results/llama.cpp-native
+  (or any directory with libggml-base.so and libggml-cpu.so: $MOE_BENCH_GGML_LIB), the
+  peers `ggml-native` and `ggml-native-k`. Both builds name their libraries alike, so the
+  native one is loaded from copies renamed apart (see `_load_native`).
+
+The graph is the one llama.cpp builds for a MoE FFN (`build_moe_ffn`, separate gate and
+up expert tensors):
 
     up    = mul_mat_id(up_exps,   x, ids)        # [I, k, T]  (+ add_id(up_b, ids))
     gate  = mul_mat_id(gate_exps, x, ids)        # [I, k, T]  (+ add_id(gate_b, ids))
@@ -24,6 +33,8 @@ What llama.cpp does and this peer does too:
   are. Uploading with `ggml_backend_tensor_set` is what repacks them.
 * One persistent threadpool (`ggml_threadpool_new`, llama.cpp's defaults: poll = 50,
   not paused) whose workers keep polling between calls, never paused by the benchmark.
+  In a build with OpenMP (llama.cpp's default, the native build) OpenMP's threads run
+  the graph instead, waiting as libgomp's default policy has them (spin, then sleep).
 
 The expert weights are ggml's own quantization (`ggml_quantize_chunk`) of the same
 float32 master weights, or, for the ggml formats of `--formats` (q4_K, q8_0, ...), the
@@ -40,6 +51,7 @@ Not modelled: a shared expert (deepseek-v2-lite is `n/a`).
 from __future__ import annotations
 
 import ctypes as C
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -94,45 +106,118 @@ class TypeTraits(C.Structure):
                 ("from_float_ref", C.c_void_p)]
 
 
+class Feature(C.Structure):  # struct ggml_backend_feature
+    _fields_ = [("name", C.c_char_p), ("value", C.c_char_p)]
+
+
 TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_float), C.c_int64)
 TP = C.POINTER(Tensor)
-_LIB = None
-_ERR = None
+BUILDS = ("wheel", "native")
+NATIVE_LIB_ENV = "MOE_BENCH_GGML_LIB"
+NATIVE_BUILD_COMMAND = "bash benchmarks/native/build_llama_cpp.sh"
+_LIBS: dict[str, "_Lib"] = {}
+_ERRS: dict[str, str] = {}
 
 
-def lib():
-    """The ctypes handle of ggml (base + cpu), or raises with the reason it is missing."""
-    global _LIB, _ERR
-    if _LIB is not None:
-        return _LIB
-    if _ERR is not None:
-        raise OSError(_ERR)
+def native_root() -> Path:
+    """Where benchmarks/native/build_llama_cpp.sh builds llama.cpp (gitignored)."""
+    return Path(__file__).resolve().parents[1] / "results" / "llama.cpp-native"
+
+
+def native_lib_dir() -> Path:
+    """The native build's library directory: $MOE_BENCH_GGML_LIB, else the build script's."""
+    return Path(os.environ.get(NATIVE_LIB_ENV) or native_root() / "build" / "bin")
+
+
+def lib(build: str = "wheel"):
+    """The ctypes handle of ggml (base + cpu) of `build` ("wheel" or "native"), or raises
+    with the reason it is missing."""
+    if build not in BUILDS:
+        raise ValueError(f"unknown ggml build {build!r}; known: {', '.join(BUILDS)}")
+    if build in _LIBS:
+        return _LIBS[build]
+    if build in _ERRS:
+        raise OSError(_ERRS[build])
+    try:
+        base, cpu = _load_wheel() if build == "wheel" else _load_native()
+        try:
+            L = _Lib(base, cpu, build)
+        except AttributeError as exc:  # a function this binding calls is not in that ggml
+            raise OSError(f"unsupported ggml version: {exc}") from None
+        if L.tensor_overhead() - 32 != C.sizeof(Tensor):  # ggml_object is 32 bytes
+            raise OSError(f"ggml's struct ggml_tensor is {L.tensor_overhead() - 32} bytes, this binding's "
+                          f"{C.sizeof(Tensor)}: unsupported ggml version {L.version()}")
+    except OSError as exc:
+        _ERRS[build] = str(exc)
+        raise OSError(_ERRS[build]) from None
+    _LIBS[build] = L
+    return L
+
+
+def _load_wheel():
     try:
         import libggml
     except Exception as exc:  # noqa: BLE001
-        _ERR = f"not installed (import libggml: {exc.__class__.__name__}; pip install libggml-python)"
-        raise OSError(_ERR) from None
+        raise OSError(f"not installed (import libggml: {exc.__class__.__name__}; pip install libggml-python)") from None
     d = Path(libggml.__file__).resolve().parent / "lib64"
     if not d.is_dir():
         d = Path(libggml.__file__).resolve().parent / "lib"
     try:
-        base = C.CDLL(str(d / "libggml-base.so"), mode=C.RTLD_GLOBAL)
-        cpu = C.CDLL(str(d / "libggml-cpu.so"), mode=C.RTLD_GLOBAL)
+        return (C.CDLL(str(d / "libggml-base.so"), mode=C.RTLD_GLOBAL),
+                C.CDLL(str(d / "libggml-cpu.so"), mode=C.RTLD_GLOBAL))
     except OSError as exc:
-        _ERR = f"libggml-python installed but its libraries do not load: {exc}"
-        raise OSError(_ERR) from None
-    L = _Lib(base, cpu)
-    if L.tensor_overhead() - 32 != C.sizeof(Tensor):  # ggml_object is 32 bytes
-        _ERR = (f"ggml's struct ggml_tensor is {L.tensor_overhead() - 32} bytes, this binding's "
-                f"{C.sizeof(Tensor)}: unsupported ggml version")
-        raise OSError(_ERR)
-    _LIB = L
-    return L
+        raise OSError(f"libggml-python installed but its libraries do not load: {exc}") from None
+
+
+# The native build's libraries get sonames of their own (same length: renamed in place).
+NATIVE_SONAMES = {b"libggml-base.so.0": b"libggml-BASE.so.0", b"libggml-cpu.so.0": b"libggml-CPU.so.0"}
+
+
+def _renamed_copy(src: Path, dst: Path):
+    """`src` written to `dst` with NATIVE_SONAMES in its dynamic string table: its own
+    soname and its dependency on libggml-base. Same-length names replace the NUL-terminated
+    strings in place, so every offset into the table stays valid."""
+    data = src.read_bytes()
+    for old, new in NATIVE_SONAMES.items():
+        data = data.replace(old + b"\0", new + b"\0")
+    dst.write_bytes(data)
+
+
+def _load_native():
+    """The native build's libggml-base and libggml-cpu, kept apart from the wheel's.
+
+    Both builds' libraries have the same sonames (libggml-base.so.0, ...) and symbols.
+    The dynamic linker resolves libggml-cpu's dependency on libggml-base.so.0 to whichever
+    object of that soname is already loaded, so the native libraries are loaded from
+    copies renamed apart (in a temporary directory, removed once they are mapped); and
+    RTLD_DEEPBIND makes each bind its ggml symbols to its own copies first, before those
+    of the wheel (loaded RTLD_GLOBAL). (A dlmopen namespace would also keep them apart,
+    but a second libc there shares the threads' pthread-key slots with the first: its
+    OpenMP runtime overwrote OpenSSL's per-thread data, and the process aborted at exit.)"""
+    import tempfile
+    d = native_lib_dir()
+    names = ["libggml-base.so", "libggml-cpu.so"]
+    missing = [n for n in names if not (d / n).exists()]
+    if missing:
+        how = (f"set {NATIVE_LIB_ENV} to a directory that has them" if os.environ.get(NATIVE_LIB_ENV)
+               else f"build it: {NATIVE_BUILD_COMMAND}")
+        raise OSError(f"not built ({d} has no {', '.join(missing)}; {how})")
+    mode = os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND
+    handles = []
+    with tempfile.TemporaryDirectory(prefix="moe-bench-ggml-native-") as tmp:
+        for n in names:  # base first: libggml-cpu's renamed dependency then finds it loaded
+            copy = Path(tmp) / n
+            _renamed_copy(d / n, copy)
+            try:
+                handles.append(C.CDLL(str(copy), mode=mode))
+            except OSError as exc:
+                raise OSError(f"{d / n} does not load: {exc}") from None
+    return tuple(handles)
 
 
 class _Lib:
-    def __init__(self, base, cpu):
-        self.base, self.cpu = base, cpu
+    def __init__(self, base, cpu, build):
+        self.base, self.cpu, self.build = base, cpu, build
         vp, sz, i64, i32 = C.c_void_p, C.c_size_t, C.c_int64, C.c_int
 
         def fn(lib_, name, res, *args):
@@ -141,6 +226,8 @@ class _Lib:
             return f
 
         self.tensor_overhead = fn(base, "ggml_tensor_overhead", sz)
+        self.version = fn(base, "ggml_version", C.c_char_p)
+        self.commit = fn(base, "ggml_commit", C.c_char_p)
         self.graph_overhead_custom = fn(base, "ggml_graph_overhead_custom", sz, sz, C.c_bool)
         self.init = fn(base, "ggml_init", vp, InitParams)
         self.free = fn(base, "ggml_free", None, vp)
@@ -208,32 +295,75 @@ class _Lib:
             out.append((b, self.buft_name(b).decode()))
         return out
 
+    def features(self) -> dict[str, str]:
+        """What the CPU backend reports it was built with (`ggml_backend_get_features`, as
+        llama.cpp's system info prints it): {"AVX2": "1", "OPENMP": "1", "REPACK": "1", ...}."""
+        addr = self.reg_get_proc_address(self.cpu_reg(), b"ggml_backend_get_features")
+        if not addr:
+            return {}
+        arr = C.CFUNCTYPE(C.POINTER(Feature), C.c_void_p)(addr)(self.cpu_reg())
+        out, i = {}, 0
+        while arr and arr[i].name:
+            out[arr[i].name.decode()] = (arr[i].value or b"").decode()
+            i += 1
+        return out
+
     def isa(self) -> str:
-        feats = [f for f in ("avx", "avx2", "f16c", "fma", "avx512", "avx512_vnni", "avx512_bf16", "avx_vnni")
-                 if getattr(self.cpu, f"ggml_cpu_has_{f}")()]
+        """The instruction sets ggml's CPU kernels were compiled for, lower case."""
+        skip = {"OPENMP", "REPACK", "LLAMAFILE", "KLEIDIAI", "ACCELERATE"}
+        feats = [k.lower() for k, v in self.features().items() if v == "1" and k not in skip]
         return " ".join(feats) or "generic"
 
+    def openmp(self) -> bool:
+        return self.features().get("OPENMP") == "1"
 
-def status() -> str | None:
+
+def status(build: str = "wheel") -> str | None:
     try:
-        lib()
+        lib(build)
     except OSError as exc:
         return str(exc)
     return None
 
 
-def info() -> str:
-    import importlib.metadata as md
+def native_build_info() -> dict[str, str]:
+    """build_llama_cpp.sh's record of the native build (key=value lines), {} if none."""
+    path = native_lib_dir().parent.parent / "build-info.txt"
     try:
-        v = md.version("libggml-python")
-    except Exception:  # noqa: BLE001
-        v = "?"
-    L = lib()
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def origin(build: str = "wheel") -> str:
+    """Which ggml `build` is: version, commit, where it comes from and the ISA it was
+    compiled for."""
+    L = lib(build)
+    ggml = f"ggml {L.version().decode()} ({L.commit().decode()})"
+    if build == "wheel":
+        import importlib.metadata as md
+        try:
+            v = md.version("libggml-python")
+        except Exception:  # noqa: BLE001
+            v = "?"
+        where = f"the libggml-python {v} wheel's prebuilt AVX2 build"
+    else:
+        b = native_build_info()
+        where = (f"llama.cpp {b['llama_cpp_commit']} from llama-cpp-python {b['llama_cpp_python']}'s sdist, "
+                 f"built here with {b.get('march', '-march=native')}" if b else f"built natively, {native_lib_dir()}")
+    threads = "OpenMP" if L.openmp() else "ggml's threadpool"
+    return f"{ggml}, {where}; CPU kernels built with {L.isa()}; threads: {threads}"
+
+
+def info(build: str = "wheel") -> str:
+    L = lib(build)
     extra = ", ".join(n for _, n in L.extra_bufts()) or "none"
     p = L.threadpool_params_default(1)
-    return (f"ggml (libggml-python {v}, CPU kernels built with {L.isa()}), mul_mat_id graph as llama.cpp's "
-            f"build_moe_ffn; expert weights in the CPU device's extra buffer types where it takes them "
-            f"({extra}), else host memory; one threadpool, poll {p.poll}, never paused")
+    threads = ("OpenMP's threads (libgomp's default wait policy) run the graph" if L.openmp()
+               else f"one threadpool, poll {p.poll}, never paused")
+    return (f"{origin(build)}. mul_mat_id graph as llama.cpp's build_moe_ffn; expert weights in the CPU device's "
+            f"extra buffer types where it takes them ({extra}), else host memory; {threads}")
 
 
 def supports(w, gtype: str) -> str | None:
@@ -250,9 +380,9 @@ def supports(w, gtype: str) -> str | None:
     return None
 
 
-def quantize_experts(m, gtype: str, threads: int = 2):
+def quantize_experts(m, gtype: str, threads: int = 2, build: str = "wheel"):
     """(E, rows, cols) float32 (any strides) -> bytes (E, rows, row_size) in ggml type `gtype`."""
-    L = lib()
+    L = lib(build)
     t = TYPES[gtype]
     E, rows, cols = m.shape
     if cols % BLOCK_ELEMS[gtype]:  # ggml_quantize_chunk would abort the process
@@ -271,10 +401,10 @@ def quantize_experts(m, gtype: str, threads: int = 2):
     return out
 
 
-def dequantize(blocks, gtype: str, cols: int):
+def dequantize(blocks, gtype: str, cols: int, build: str = "wheel"):
     """(..., rows, row bytes) blocks of ggml type `gtype` -> (..., rows, cols) float32 by
     ggml's own dequantization (its type traits' to_float)."""
-    L = lib()
+    L = lib(build)
     tr = L.get_type_traits(TYPES[gtype]).contents
     if not tr.to_float:
         raise ValueError(f"ggml has no to_float for {gtype}")
@@ -289,16 +419,16 @@ def dequantize(blocks, gtype: str, cols: int):
     return out
 
 
-def new_pool(threads: int):
+def new_pool(threads: int, build: str = "wheel"):
     """llama.cpp's threadpool: its defaults (poll 50, not paused), kept for the layers'
     life; its workers poll between calls as they do through a decode loop."""
-    L = lib()
+    L = lib(build)
     params = L.threadpool_params_default(threads)
     return L.threadpool_new(C.byref(params))
 
 
-def free_pool(pool):
-    lib().threadpool_free(pool)
+def free_pool(pool, build: str = "wheel"):
+    lib(build).threadpool_free(pool)
 
 
 class GGMLLayer:
@@ -308,12 +438,15 @@ class GGMLLayer:
     float32 weights; `gtype` may be a (gate, up, down) triple, as a file mixes them.
     `repack`: use the CPU extra buffer types as llama.cpp does (False: every weight in
     plain host memory, for comparison). `pool`: a threadpool of `new_pool` shared by the
-    layers of one model, as llama.cpp's one pool runs them all (None: the layer's own)."""
+    layers of one model, as llama.cpp's one pool runs them all (None: the layer's own), of
+    the same `build` ("wheel" or "native": which ggml runs)."""
 
     name = "ggml"
 
-    def __init__(self, w, gtype, route, threads: int, blocks=None, repack: bool = True, pool=None):
-        L = self.L = lib()
+    def __init__(self, w, gtype, route, threads: int, blocks=None, repack: bool = True, pool=None,
+                 build: str = "wheel"):
+        L = self.L = lib(build)
+        self.build = build
         gtypes = (gtype,) * 3 if isinstance(gtype, str) else tuple(gtype)
         for g in dict.fromkeys(gtypes):
             why = supports(w, g)
@@ -326,8 +459,8 @@ class GGMLLayer:
         self.alpha, self.limit = options.DEFAULTS["swiglu_alpha"], options.DEFAULTS["swiglu_limit"]
         self._graphs, self._ctxs, self._buffers, self._keep = {}, [], [], []
         if blocks is None:
-            blocks = (quantize_experts(w.gate(), gtypes[0], threads), quantize_experts(w.up(), gtypes[1], threads),
-                      quantize_experts(w.down, gtypes[2], threads))
+            blocks = tuple(quantize_experts(m, g, threads, build)
+                           for m, g in zip((w.gate(), w.up(), w.down), gtypes))
         self.nbytes = sum(b.nbytes for b in blocks)
         bufts = L.extra_bufts() if repack else []
         self.placement = {}
@@ -341,7 +474,7 @@ class GGMLLayer:
         params = L.threadpool_params_default(threads)  # what new_pool starts a pool with
         self.poll, self.paused_at_start = int(params.poll), bool(params.paused)
         self.own_pool = pool is None
-        self.pool = new_pool(threads) if pool is None else pool
+        self.pool = new_pool(threads, build) if pool is None else pool
 
     def expert_bytes(self) -> int:
         return self.nbytes // self.E
@@ -349,6 +482,8 @@ class GGMLLayer:
     def describe(self) -> str:
         """Where each expert tensor lives (buffer type), and the threadpool's settings."""
         where = ", ".join(f"{n} {b}" for n, b in self.placement.items())
+        if self.L.openmp():  # the threadpool only carries the thread count: OpenMP's team runs the graph
+            return f"{self.gtype}: {where}; OpenMP, {self.threads} threads"
         return f"{self.gtype}: {where}; threadpool {self.threads} threads, poll {self.poll}, never paused"
 
     def _ctx(self, n_tensors):

@@ -14,7 +14,11 @@
                    mlx-lm's model files
     ggml, ggml-k   llama.cpp's CPU kernels: ggml's mul_mat_id MoE graph (bench/ggml.py) on
                    ggml's own quantization of the float32 weights in the type matching the
-                   format's bits per weight (ggml-k: the K-quant alternative, Q4_K for q4)
+                   format's bits per weight (ggml-k: the K-quant alternative, Q4_K for q4),
+                   from the libggml-python wheel (prebuilt for AVX2)
+    ggml-native, ggml-native-k
+                   the same on llama.cpp's ggml built for this machine (-march=native,
+                   OpenMP) by benchmarks/native/build_llama_cpp.sh
 
 Every peer is optional: `status(name)` says why one cannot run ("not installed: ...").
 A peer object is called with x (T, H) float32 NumPy and returns y (T, H) float32 NumPy
@@ -31,7 +35,12 @@ import numpy as np
 
 from . import grouped
 
-PEERS = ["ours", "numpy", "reference", "torch-eager", "torch-grouped", "mlx", "ggml", "ggml-k"]
+PEERS = ["ours", "numpy", "reference", "torch-eager", "torch-grouped", "mlx", "ggml", "ggml-k", "ggml-native",
+         "ggml-native-k"]
+# The ggml peers: which ggml build (moe_bench.ggml.BUILDS) and which of the format's ggml
+# types (0: of matching bits per weight, 1: the K-quant alternative).
+GGML_PEERS = {"ggml": ("wheel", 0), "ggml-k": ("wheel", 1), "ggml-native": ("native", 0),
+              "ggml-native-k": ("native", 1)}
 # Peers that run the float32 layer only (skipped in the other formats).
 F32_ONLY = {"torch-eager", "torch-grouped"}
 
@@ -134,11 +143,12 @@ def _probe(name: str) -> str | None:
             desc += f"; BLAS: {blas}"
         _INFO[name] = desc
         return None
-    if name in ("ggml", "ggml-k"):
+    if name in GGML_PEERS:
         from . import ggml
-        why = ggml.status()
+        build = GGML_PEERS[name][0]
+        why = ggml.status(build)
         if why is None:
-            _INFO[name] = ggml.info()
+            _INFO[name] = ggml.info(build)
         return why
     return f"unknown peer {name!r}"
 

@@ -20,6 +20,8 @@ STYLE = {
     "mlx": dict(color="#9467bd", marker="D"),
     "ggml": dict(color="#8c564b", marker="P"),
     "ggml-k": dict(color="#e377c2", marker="*", ls="--"),
+    "ggml-native": dict(color="#17becf", marker="P"),
+    "ggml-native-k": dict(color="#bcbd22", marker="*", ls="--"),
 }
 
 

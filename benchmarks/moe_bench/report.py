@@ -10,7 +10,8 @@ import numpy as np
 from . import roofline
 
 SHORT = {"ours": "ours", "numpy": "numpy", "reference": "reference", "torch-eager": "torch-eager",
-         "torch-grouped": "torch-grouped", "mlx": "mlx", "ggml": "ggml", "ggml-k": "ggml-k"}
+         "torch-grouped": "torch-grouped", "mlx": "mlx", "ggml": "ggml", "ggml-k": "ggml-k",
+         "ggml-native": "ggml-native", "ggml-native-k": "ggml-native-k"}
 
 LEGEND = """\
 Columns:
@@ -173,7 +174,10 @@ Columns (--formats):
   ggml, ggml-k  the same for ggml's mul_mat_id graph as llama.cpp runs it (weights in CPU_REPACK where
                 ggml repacks the type, one polling threadpool), on ggml's own quantization of the float32
                 weights with matching bits per weight: f32 F32, bf16 BF16, q8 Q8_0, q4 Q4_0 (ggml) and
-                Q4_K (ggml-k), mxfp4 MXFP4; in ggml's block formats on the very blocks ours reads
+                Q4_K (ggml-k), mxfp4 MXFP4; in ggml's block formats on the very blocks ours reads;
+                ggml and ggml-k are the libggml-python wheel's build (prebuilt for AVX2)
+  ggml-native,  the same on llama.cpp's ggml built for this machine (-march=native; OpenMP's threads run
+  ggml-native-k the graph), by benchmarks/native/build_llama_cpp.sh
   err           relative RMS error of the output against the float32 layer (same routing): ours in the
                 format (/ ours-q8 with --activations) / ggml in its type (ggml also quantizes the activations to 8 bits); in ggml's
                 block formats ggml's is against ours on the same blocks (its 8-bit activations alone)

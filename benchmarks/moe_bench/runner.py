@@ -246,7 +246,7 @@ def build(w, fw, selected, args, log):
                 state["mlx"] = str(exc)
             except Exception as exc:  # noqa: BLE001
                 state["mlx"] = f"failed to build: {exc.__class__.__name__}: {exc}"
-    for slot, n in enumerate(("ggml", "ggml-k")):
+    for n, (ggml_build, slot) in peers.GGML_PEERS.items():
         if n not in selected:
             continue
         gtype = (fw.fmt.ggml[slot] if fw is not None else ("F32", None)[slot])
@@ -265,10 +265,10 @@ def build(w, fw, selected, args, log):
         try:
             t, impls[n] = timed(lambda: ggml.GGMLLayer(
                 w, gtype, impls["ours"].route, getattr(args, "ggml_threads", None) or peers.cores(), blocks=blocks,
-                repack=not getattr(args, "ggml_no_repack", False)))
+                repack=not getattr(args, "ggml_no_repack", False), build=ggml_build))
             source = ("the blocks ours reads" if blocks is not None else "a copy" if gtype == "F32"
                       else "ggml_quantize_chunk of the float32 weights")
-            log(f"{tag}: ggml built in {t:.1f} s from {source}: {impls[n].describe()}")
+            log(f"{tag}: {n} built in {t:.1f} s from {source}: {impls[n].describe()}")
         except Exception as exc:  # noqa: BLE001
             state[n] = f"failed to build: {exc.__class__.__name__}: {exc}"
     if "reference" in selected and peers.status("reference") is not None:
@@ -397,9 +397,9 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
             continue
         y = np.asarray(y, dtype=np.float32).reshape(T, w.H)
         loose = None
-        if name in ("ggml", "ggml-k") and fw is not None and fw.fmt.ggml_type:
+        if name in peers.GGML_PEERS and fw is not None and fw.fmt.ggml_type:
             loose = ("ours (same blocks)", y_ours, GGML_SAME_BLOCKS_REL_RMS)
-        elif name in ("ggml", "ggml-k"):
+        elif name in peers.GGML_PEERS:
             ref_y = y_f32 if y_f32 is not None else y_ours
             loose = ("float32 layer", ref_y, GGML_REL_RMS[fn.gtype])
         elif name.startswith("ours-"):
@@ -427,7 +427,7 @@ def bench_point(w, T, impls, state, selected, args, log, failures, last, fw=None
         res[name] = dict(status="ok", t_check=t, check=check)
         if name.startswith("ours-") and y_f32 is not None:
             res[name]["rel_rms_vs_f32"] = rel_rms(y, y_f32, keep) if keep.any() else 0.0
-        if name in ("ggml", "ggml-k"):
+        if name in peers.GGML_PEERS:
             res[name]["ggml_type"] = fn.gtype
             res[name]["expert_bytes"] = fn.expert_bytes()
             res[name]["placement"] = dict(fn.placement)

@@ -249,25 +249,32 @@ def test_above_roof_is_flagged():
 GGML_TYPES = ["F32", "BF16", "Q8_0", "Q4_0", "Q4_K", "MXFP4"]
 
 
-def need_ggml():
-    if peers.status("ggml") is not None:
-        pytest.skip(f"ggml: {peers.status('ggml')}")
+# The ggml builds and the peer that runs each (the native one is skipped until
+# benchmarks/native/build_llama_cpp.sh has built it).
+GGML_BUILD_PEERS = {"wheel": "ggml", "native": "ggml-native"}
+
+
+def need_ggml(build="wheel"):
+    name = GGML_BUILD_PEERS[build]
+    if peers.status(name) is not None:
+        pytest.skip(f"{name}: {peers.status(name)}")
     from moe_bench import ggml
     return ggml
 
 
+@pytest.mark.parametrize("build", list(GGML_BUILD_PEERS))
 @pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "gpt-oss-20b"])
 @pytest.mark.parametrize("gtype", GGML_TYPES)
-def test_ggml_matches_reference(gtype, shape):
+def test_ggml_matches_reference(gtype, shape, build):
     """ggml's mul_mat_id graph on its own quantization of the float32 weights, with our
     routing, against the float32 layer (loosely: ggml quantizes weights and activations);
     gpt-oss with its expert biases (add_id) and swiglu_oai."""
-    ggml = need_ggml()
+    ggml = need_ggml(build)
     from moe_bench.runner import GGML_REL_RMS, rel_rms
     w = Weights(tiny_formats(shape, H=256, I=256), 8)
     x = np.random.default_rng(5).standard_normal((7, w.H), dtype=np.float32)
     ours = peers.Ours(w)
-    layer = ggml.GGMLLayer(w, gtype, ours.route, 2)
+    layer = ggml.GGMLLayer(w, gtype, ours.route, 2, build=build)
     try:
         ids, wts = ours.route(x)
         y_ref = grouped.moe_grouped(x, w, ids, wts)
@@ -292,20 +299,21 @@ def test_ggml_not_applicable():
     assert "multiples of 256" in ggml.supports(Weights(tiny_formats(), 8), "Q4_K")
 
 
+@pytest.mark.parametrize("build", list(GGML_BUILD_PEERS))
 @pytest.mark.parametrize("gtype", ["Q4_0", "Q4_K", "MXFP4", "Q8_0", "F32"])
-def test_ggml_weights_placed_as_llama_cpp_does(gtype):
+def test_ggml_weights_placed_as_llama_cpp_does(gtype, build):
     """Expert weights go to the CPU device's extra buffer type (CPU_REPACK) where the
     device takes the mul_mat_id on them, else host memory; repacked or not, the same
     blocks give the same layer; the threadpool is llama.cpp's (poll 50, not paused)."""
-    ggml = need_ggml()
-    L = ggml.lib()
+    ggml = need_ggml(build)
+    L = ggml.lib(build)
     names = [n for _, n in L.extra_bufts()]
     w = Weights(tiny_formats(H=256, I=256), 8)
     x = np.random.default_rng(7).standard_normal((5, w.H), dtype=np.float32)
     ours = peers.Ours(w)
-    blocks = tuple(ggml.quantize_experts(m, gtype) for m in (w.gate(), w.up(), w.down))
-    packed = ggml.GGMLLayer(w, gtype, ours.route, 2, blocks=blocks)
-    plain = ggml.GGMLLayer(w, gtype, ours.route, 2, blocks=blocks, repack=False)
+    blocks = tuple(ggml.quantize_experts(m, gtype, build=build) for m in (w.gate(), w.up(), w.down))
+    packed = ggml.GGMLLayer(w, gtype, ours.route, 2, blocks=blocks, build=build)
+    plain = ggml.GGMLLayer(w, gtype, ours.route, 2, blocks=blocks, repack=False, build=build)
     try:
         y, y_plain = packed(x), plain(x)
         assert set(plain.placement.values()) == {"CPU (host memory)"}
@@ -322,6 +330,99 @@ def test_ggml_weights_placed_as_llama_cpp_does(gtype):
         packed.close()
         plain.close()
         ours.close()
+
+
+def test_ggml_builds_side_by_side():
+    """The wheel's ggml and the native build run in one process (the native one from
+    copies renamed apart): two libraries, each its own version, and on the same blocks the
+    same layer up to their 8-bit activations."""
+    need_ggml("wheel")
+    ggml = need_ggml("native")
+    from moe_bench.runner import GGML_SAME_BLOCKS_REL_RMS, rel_rms
+    wheel, native = ggml.lib("wheel"), ggml.lib("native")
+    assert wheel.base._handle != native.base._handle and wheel.cpu._handle != native.cpu._handle
+    assert "wheel" in ggml.origin("wheel") and "AVX2" in ggml.origin("wheel")
+    assert native.version().decode() in ggml.origin("native")
+    w = Weights(tiny_formats(H=256, I=256), 8)
+    x = np.random.default_rng(8).standard_normal((6, w.H), dtype=np.float32)
+    ours = peers.Ours(w)
+    blocks = tuple(ggml.quantize_experts(m, "Q4_K") for m in (w.gate(), w.up(), w.down))
+    layers = [ggml.GGMLLayer(w, "Q4_K", ours.route, 2, blocks=blocks, build=b) for b in ("wheel", "native")]
+    try:
+        y_wheel, y_native = (layer(x) for layer in layers)
+        assert "OpenMP" in layers[1].describe() or "threadpool" in layers[1].describe()
+    finally:
+        for layer in layers:
+            layer.close()
+        ours.close()
+    assert rel_rms(y_native, y_wheel, np.ones(len(x), bool)) <= GGML_SAME_BLOCKS_REL_RMS
+
+
+def test_ggml_native_missing_names_the_build_command(tmp_path, monkeypatch):
+    """Without a native build the ggml-native peers say how to make one, and so does
+    llama_bench; --ggml-native-lib points the peers at another directory."""
+    from moe_bench import ggml, llama_bench
+    monkeypatch.setattr(ggml, "_LIBS", {})
+    monkeypatch.setattr(ggml, "_ERRS", {})
+    monkeypatch.setattr(ggml, "native_root", lambda: tmp_path / "llama.cpp-native")
+    monkeypatch.delenv(ggml.NATIVE_LIB_ENV, raising=False)
+    why = ggml.status("native")
+    assert why.startswith("not built") and ggml.NATIVE_BUILD_COMMAND in why
+    with pytest.raises(FileNotFoundError, match="build_llama_cpp.sh"):
+        llama_bench.llama_bench(tmp_path / "x.gguf", prompt=8, generate=4, threads=1, repetitions=1)
+    monkeypatch.setattr(ggml, "_ERRS", {})
+    monkeypatch.setenv(ggml.NATIVE_LIB_ENV, "unset by parse_args")
+    parse_args(["--ggml-native-lib", str(tmp_path)])
+    assert ggml.native_lib_dir() == tmp_path
+    assert ggml.NATIVE_LIB_ENV in ggml.status("native")
+    assert set(peers.GGML_PEERS) <= set(peers.PEERS) and {b for b, _ in peers.GGML_PEERS.values()} == set(ggml.BUILDS)
+
+
+def test_llama_bench_reads_its_json(tmp_path, monkeypatch):
+    """llama_bench() runs llama-bench with -o json and returns its pp and tg tokens/s (a
+    stand-in binary prints what llama-bench prints)."""
+    from moe_bench import ggml, llama_bench
+    rows = [dict(build_commit="abc1234", build_number=1, cpu_info="some CPU", model_type="qwen3moe 30B.A3B Q4_K - Medium",
+                 model_size=2_000_000_000, model_n_params=3_000_000_000, n_threads=2, n_prompt=n_p, n_gen=n_g,
+                 avg_ts=ts, stddev_ts=sd, samples_ts=[ts - sd, ts + sd])
+            for n_p, n_g, ts, sd in ((64, 0, 100.0, 2.0), (0, 16, 10.0, 0.5))]
+    exe = tmp_path / "llama-bench"
+    exe.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\ncat <<'EOF'\n" + json.dumps(rows)
+                   + "\nEOF\n")
+    exe.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv(ggml.NATIVE_LIB_ENV, str(tmp_path))
+    monkeypatch.setattr(ggml, "_LIBS", {})  # the build string looks for ggml beside the binary
+    monkeypatch.setattr(ggml, "_ERRS", {})
+    res = llama_bench.llama_bench(model, prompt=64, generate=16, threads=2, repetitions=2)
+    assert (tmp_path / "args").read_text().split() == ["-m", str(model), "-p", "64", "-n", "16", "-t", "2", "-r", "2",
+                                                       "-o", "json"]
+    assert (res["prefill_tps"], res["prefill_sd"], res["decode_tps"], res["decode_sd"]) == (100.0, 2.0, 10.0, 0.5)
+    assert res["decode_samples"] == [9.5, 10.5] and res["build"].startswith("llama.cpp abc1234")
+    assert "pp64" in llama_bench.table(res) and "tg16" in llama_bench.table(res)
+    with pytest.raises(ValueError):
+        llama_bench.llama_bench(model, prompt=0, generate=0, threads=2, repetitions=1)
+    exe.write_text("#!/bin/sh\necho 'llama_model_load: error loading model' >&2\nexit 1\n")
+    with pytest.raises(RuntimeError, match="error loading model"):
+        llama_bench.llama_bench(model, prompt=8, generate=0, threads=1, repetitions=1)
+
+
+def test_llama_bench_runs_a_made_model(tmp_path):
+    """The native llama-bench loads make_gguf_model.py's file (its Qwen3-style tokenizer
+    included) and runs pp and tg on it. Skipped without the native build."""
+    from moe_bench import ggml, llama_bench
+    if not llama_bench.binary().exists():
+        pytest.skip(f"llama-bench not built ({ggml.NATIVE_BUILD_COMMAND})")
+    need_ggml()
+    pytest.importorskip("gguf")
+    import make_gguf_model as mk
+    c = dict(mk.QWEN3_30B_A3B, layers=2, hidden=256, expert_inter=256, experts=8, experts_used=2, heads=8,
+             heads_kv=2, head_dim=32, vocab=264, dense_inter=512)
+    path = tmp_path / "tiny.gguf"
+    mk.write(path, c, log=lambda m: None)
+    res = llama_bench.llama_bench(path, prompt=8, generate=4, threads=1, repetitions=1, timeout=120)
+    assert res["prefill_tps"] > 0 and res["decode_tps"] > 0 and "qwen3moe" in res["model_type"]
 
 
 def test_ggml_dequantize_is_ggml_s():
@@ -545,7 +646,7 @@ def test_make_gguf_model_writes_qwen3moe_q4_k_m(tmp_path):
     gguf = pytest.importorskip("gguf")
     import make_gguf_model as mk
     c = dict(mk.QWEN3_30B_A3B, layers=2, hidden=256, expert_inter=256, experts=4, experts_used=2, heads=8,
-             heads_kv=2, head_dim=32, vocab=64, dense_inter=512)
+             heads_kv=2, head_dim=32, vocab=264, dense_inter=512)
     path = tmp_path / "tiny.gguf"
     info = mk.write(path, c, log=lambda m: None)
     r = gguf.GGUFReader(path)
@@ -553,6 +654,16 @@ def test_make_gguf_model_writes_qwen3moe_q4_k_m(tmp_path):
     assert r.fields["qwen3moe.expert_count"].contents() == 4
     assert r.fields["qwen3moe.expert_used_count"].contents() == 2
     assert r.fields["general.file_type"].contents() == mk.FTYPE_MOSTLY_Q4_K_M
+    # The tokenizer as Qwen3's converter writes it: byte-level BPE, every merge makes a token.
+    assert r.fields["tokenizer.ggml.model"].contents() == "gpt2" and r.fields["tokenizer.ggml.pre"].contents() == "qwen2"
+    tokens, merges = r.fields["tokenizer.ggml.tokens"].contents(), r.fields["tokenizer.ggml.merges"].contents()
+    assert len(tokens) == len(set(tokens)) == 264 and tokens[220] == "Ġ" and tokens[198] == "Ċ"
+    assert all(m.replace(" ", "") in set(tokens) for m in merges) and len(merges) == 264 - 256 - 3
+    assert tokens[r.fields["tokenizer.ggml.eos_token_id"].contents()] == "<|im_end|>"
+    assert r.fields["tokenizer.ggml.token_type"].contents()[-3:] == [3, 3, 3]
+    assert r.fields["tokenizer.ggml.add_bos_token"].contents() is False
+    with pytest.raises(ValueError, match="at least 259"):
+        mk.tokenizer(64)
     got = {t.name: (t.tensor_type.name, [int(n) for n in t.shape]) for t in r.tensors}
     assert {n: t for n, (t, _) in got.items()} == info["types"]
     assert [mk.use_more_bits(i, 2) for i in range(2)] == [False, True]

@@ -18,7 +18,7 @@ def test_bench_gguf_file_on_a_tiny_file(tmp_path, capsys):
     import bench_gguf_file
     import make_gguf_model as mk
     c = dict(mk.QWEN3_30B_A3B, layers=2, hidden=256, expert_inter=256, experts=4, experts_used=2, heads=8,
-             heads_kv=2, head_dim=32, vocab=64, dense_inter=512)
+             heads_kv=2, head_dim=32, vocab=264, dense_inter=512)
     path = tmp_path / "tiny.gguf"
     mk.write(path, c, log=lambda m: None)
     out = tmp_path / "table.txt"
