@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,11 @@ def llama_bench(gguf: Path, *, prompt: int = 512, generate: int = 128, threads: 
     cmd = [str(exe), "-m", str(gguf), "-p", str(prompt), "-n", str(generate), "-t", str(threads),
            "-r", str(repetitions), "-o", "json", *extra_args]
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        # Its libraries beside it, wherever the build directory now is (the build's RUNPATH
+        # names the directory it was built in).
+        env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(exe.parent),
+                                                                            os.environ.get("LD_LIBRARY_PATH")])))
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"llama-bench took longer than {timeout} s: {' '.join(cmd)}") from None
     if run.returncode != 0:
