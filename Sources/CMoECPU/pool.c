@@ -25,14 +25,6 @@
 // stages of a call is microseconds.
 enum { SPIN_NS = 300 * 1000, MAX_WORKERS = 255 };
 
-// How long the caller spins for the workers at the end of a job (their last items, or a
-// worker still leaving the previous job) before it sleeps until they are done. A running
-// worker finishes an item in tens of microseconds; one that waits longer has lost its core
-// to another thread (the host's OpenBLAS or OpenMP workers spin for milliseconds after
-// their own work). A spinning caller then holds the other core while the worker waits a
-// whole time slice; a sleeping one leaves it idle, and the scheduler moves the worker there.
-enum { CALLER_SPIN_NS = 100 * 1000 };
-
 // After a call (moe_cpu_pool_rest), the host's own work runs: its NumPy/OpenBLAS, torch
 // (OpenMP) or MLX threads want the cores, and a worker of ours spinning there takes one
 // from them (on 2 cores a 32 MB NumPy product took twice as long right after a call).
@@ -47,7 +39,7 @@ static struct {
     int workers;
     atomic_flag busy;              // held by the thread whose job is running
     _Atomic uint32_t generation;   // even: job published; odd: job being rewritten
-    _Atomic uint32_t inside;       // workers between entering and leaving a job
+    atomic_int inside;             // workers between entering and leaving a job
     atomic_int sleepers;           // workers in futex_wait
     atomic_int resting;            // 1 between a call's end and the next prepare or job
     // The job.
@@ -55,8 +47,7 @@ static struct {
     void* context;
     int64_t count;
     _Atomic int64_t next;          // next index to claim
-    _Atomic uint32_t done;         // indices finished (count < 2^31: moe_cpu_pool_run)
-    atomic_int caller_sleeping;    // 1 while the caller sleeps on `done` or `inside`
+    _Atomic int64_t done;          // indices finished
 } pool = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .busy = ATOMIC_FLAG_INIT};
 
 static inline void cpu_relax(void) {
@@ -73,39 +64,12 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void wake_caller(_Atomic uint32_t* word) {
-    // After the change to `word` (sequentially consistent): either the caller saw it before
-    // sleeping, or it had said it sleeps before this load.
-    if (atomic_load(&pool.caller_sleeping))
-        syscall(SYS_futex, (uint32_t*)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-}
-
 static void run_items(void) {
     for (;;) {
         const int64_t i = atomic_fetch_add(&pool.next, 1);
         if (i >= pool.count) return;
         pool.body(pool.context, i);
         atomic_fetch_add(&pool.done, 1);
-        wake_caller(&pool.done);
-    }
-}
-
-// The caller's wait until `*word` is `target` (`done` reaching the count, `inside` dropping
-// to zero): CALLER_SPIN_NS of spinning, then sleeping on the word.
-static void caller_wait(_Atomic uint32_t* word, uint32_t target) {
-    const int64_t since = now_ns();
-    for (int spins = 0;; spins++) {
-        const uint32_t seen = atomic_load(word);
-        if (seen == target) return;
-        if ((spins & 63) == 63) sched_yield();  // as in wait_for_job
-        if ((spins & 63) == 63 && now_ns() - since > CALLER_SPIN_NS) {
-            atomic_store(&pool.caller_sleeping, 1);
-            // Returns at once if the word moved on after it was read.
-            if (atomic_load(word) == seen) syscall(SYS_futex, (uint32_t*)word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
-            atomic_store(&pool.caller_sleeping, 0);
-        } else {
-            cpu_relax();
-        }
     }
 }
 
@@ -117,10 +81,7 @@ static uint32_t wait_for_job(uint32_t seen) {
     for (int spins = 0;; spins++) {
         const uint32_t g = atomic_load(&pool.generation);
         if (g != seen && (g & 1) == 0) return g;
-        // The clock and the flag every 64 pauses: a few microseconds. Spinning yields there
-        // too, so that another thread that wants this core (the host's, or one of ours that
-        // lost its core) gets it at once instead of at the end of our time slice.
-        if ((spins & 63) == 63) sched_yield();
+        // The clock and the flag every 64 pauses: a few microseconds.
         if ((spins & 63) == 63 && now_ns() - since > (atomic_load(&pool.resting) ? rest_spin_ns : SPIN_NS)) {
             atomic_fetch_add(&pool.sleepers, 1);
             // Returns at once if the generation moved on after it was read.
@@ -144,7 +105,6 @@ static void* worker_main(void* unused) {
         atomic_fetch_add(&pool.inside, 1);
         if (atomic_load(&pool.generation) == g) run_items();
         atomic_fetch_sub(&pool.inside, 1);
-        wake_caller(&pool.inside);
     }
     return NULL;
 }
@@ -155,7 +115,6 @@ static void forget_workers_in_child(void) {
     pool.workers = 0;
     atomic_store(&pool.generation, 0);  // even: a fork inside a job may have left it odd
     atomic_store(&pool.inside, 0);
-    atomic_store(&pool.caller_sleeping, 0);
     atomic_store(&pool.sleepers, 0);
     atomic_flag_clear(&pool.busy);
     pthread_mutex_init(&pool.start_lock, NULL);
@@ -211,13 +170,13 @@ void moe_cpu_pool_prepare(void) {
 void moe_cpu_pool_rest(void) { atomic_store(&pool.resting, 1); }
 
 int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
-    if (count < 0 || count > INT32_MAX || atomic_flag_test_and_set(&pool.busy)) return 0;
+    if (atomic_flag_test_and_set(&pool.busy)) return 0;
     if (!pool.started) start_workers();
     atomic_store(&pool.resting, 0);
     // Retire the previous job: make it unenterable, then wait for the workers still in it.
     const uint32_t g = atomic_load(&pool.generation);
     atomic_store(&pool.generation, g + 1);
-    caller_wait(&pool.inside, 0);
+    while (atomic_load(&pool.inside) > 0) cpu_relax();
     pool.body = body;
     pool.context = context;
     pool.count = count;
@@ -227,7 +186,7 @@ int moe_cpu_pool_run(int64_t count, void* context, moe_cpu_pool_body body) {
     if (atomic_load(&pool.sleepers) > 0)
         syscall(SYS_futex, (uint32_t*)&pool.generation, FUTEX_WAKE_PRIVATE, pool.workers, NULL, NULL, 0);
     run_items();
-    caller_wait(&pool.done, (uint32_t)count);
+    while (atomic_load(&pool.done) < count) cpu_relax();
     atomic_flag_clear(&pool.busy);
     return 1;
 }
