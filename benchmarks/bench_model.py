@@ -64,6 +64,7 @@ MLX_IMPLEMENTATIONS = ("mlx-lm", "mlx-lm + moe_swift")
 NUMPY_IMPLEMENTATIONS = ("NumPy decoder + moe_swift",)
 LLAMA_CPP_IMPLEMENTATIONS = ("llama-bench (native build)", "NumPy decoder + moe_swift, same file")
 FRAMEWORKS = ("transformers", "mlx-lm", "numpy", "llama.cpp")
+BATCHED_MM_BUDGET = 4e9  # bytes of gathered weight copies transformers' batched_mm may make
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "q4_k_m": "q4_k_m"}
 # What a framework runs: (model names, dtypes); others get no row.
 SUPPORTED = {"transformers": (MODELS, ("f32", "bf16")), "mlx-lm": (MODELS, ("f32", "bf16")),
@@ -144,10 +145,20 @@ def transformers_worker(job: dict) -> dict:
         model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
     def forward():
+        if model.config._experts_implementation == "batched_mm":
+            return  # its prefill would gather prefill x top_k weight copies (see the budget)
         model(long_prompt, logits_to_keep=1, use_cache=False)
 
     rounds = {name: [] for name in implementations}
     failed = {}
+    # batched_mm gathers a copy of its expert's weights for every (token, slot) pair: past
+    # this many bytes for the prompt (decode's own prefill), the machine runs out of memory.
+    expert_bytes = 3 * config.hidden_size * job["config"].get("moe_intermediate_size", config.intermediate_size) \
+        * torch.finfo(dtype).bits // 8
+    gathered = job["prompt"] * config.num_experts_per_tok * expert_bytes
+    if "batched_mm" in implementations and gathered > BATCHED_MM_BUDGET:
+        failed["batched_mm"] = (f"a weight copy per (token, slot) pair: {gathered / 1e9:.1f} GB for the "
+                                f"{job['prompt']}-token prompt")
     with torch.no_grad():
         for r in range(job["repetitions"] + 1):  # round 0 warms up (and builds our layers)
             for name, implementation in implementations.items():
@@ -161,7 +172,7 @@ def transformers_worker(job: dict) -> dict:
                     failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
                     continue
                 if r:
-                    rounds[name].append(result)
+                    rounds[name].append(result if name != "batched_mm" else (result[0], None))
     return dict(rounds=rounds, failed=failed, versions=dict(torch=torch.__version__,
                                                              transformers=transformers.__version__,
                                                              threads=torch.get_num_threads()))
@@ -336,13 +347,17 @@ def summarise(results: list[dict]) -> list[dict]:
                 row["error"] = failed[name]
             elif rounds.get(name):
                 row["decode"] = statistics.median(d for d, _ in rounds[name])
-                row["prefill"] = statistics.median(p for _, p in rounds[name])
+                prefill = [p for _, p in rounds[name] if p is not None]
+                row["prefill"] = statistics.median(prefill) if prefill else None
             rows.append(row)
         ours = next(i for i in implementations_of(result["framework"]) if "moe_swift" in i)
         mine = rounds.get(ours) or []
         for phase, index in (("decode", 0), ("prefill", 1)):
             peers = [name for name in rounds if name != ours and rounds[name] and len(rounds[name]) == len(mine)]
             if not mine or not peers:
+                continue
+            peers = [name for name in peers if rounds[name][0][index] is not None]
+            if not peers:
                 continue
             best = [max(rounds[name][r][index] for name in peers) for r in range(len(mine))]
             eager = rounds.get("eager") or rounds.get("mlx-lm")
@@ -362,9 +377,13 @@ def table(rows: list[dict]) -> str:
         if "error" in row:
             numbers = f"n/a ({row['error']}) | |"
         else:
-            numbers = f"{row['decode']:.1f} | {row['prefill']:.0f}"
-        ratio = (f"{row['decode_vs_best']:.2f}x, {row['prefill_vs_best']:.2f}x" if "decode_vs_best" in row else "")
-        eager = (f"{row['decode_vs_eager']:.2f}x, {row['prefill_vs_eager']:.2f}x" if "decode_vs_eager" in row else "")
+            prefill = "n/a (a weight copy per pair)" if row["prefill"] is None else f"{row['prefill']:.0f}"
+            numbers = f"{row['decode']:.1f} | {prefill}"
+        def pair(key):
+            values = [row.get(f"{phase}_vs_{key}") for phase in ("decode", "prefill")]
+            return "" if values == [None, None] else ", ".join("-" if v is None else f"{v:.2f}x" for v in values)
+
+        ratio, eager = pair("best"), pair("eager")
         lines.append(f"| {row['model']} | {row['framework']} | {row['dtype']} | {row['implementation']} | {numbers} "
                      f"| {ratio} | {eager} |")
     return "\n".join(lines)
@@ -387,7 +406,7 @@ def plot(rows: list[dict], path: Path) -> bool:
         for group in groups:
             for r in [r for r in rows if (r["model"], r["framework"], r["dtype"]) == group]:
                 labels.append(f"{group[0]} {group[1]} {group[2]}: {r['implementation']}")
-                values.append(r[phase])
+                values.append(r[phase] or 0)
                 colours.append("tab:orange" if "moe_swift" in r["implementation"] else "tab:gray")
         ax.barh(range(len(values)), values, color=colours)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
