@@ -263,12 +263,13 @@ def gguf_model(job: dict) -> Path:
     """The Q4_K_M GGUF file of the job's model (benchmarks/make_gguf_model.py, written once
     under benchmarks/results/ and reused)."""
     config = job["config"]
-    path = RESULTS / f"bench_model-{job['model']}-{config['num_hidden_layers']}L-{config['vocab_size']}.gguf"
+    vocab = -(-config["vocab_size"] // 8) * 8  # the file's tokenizer wants a multiple of 8
+    path = RESULTS / f"bench_model-{job['model']}-{config['num_hidden_layers']}L-{vocab}.gguf"
     if not path.exists():
         RESULTS.mkdir(exist_ok=True)
         partial = path.with_suffix(".partial")
         subprocess.run([sys.executable, str(HERE / "make_gguf_model.py"), str(partial), "--layers",
-                        str(config["num_hidden_layers"]), "--vocab", str(config["vocab_size"])], check=True,
+                        str(config["num_hidden_layers"]), "--vocab", str(vocab)], check=True,
                        stdout=subprocess.DEVNULL)
         partial.rename(path)
     return path
