@@ -36,7 +36,11 @@ of generate(1)), the prompt's prefill and first token taken out; prefill tokens/
 length / time of one forward that keeps the last logits.
 
 Writes benchmarks/results/bench_model.{txt,json,png}; `--save NAME` also copies the text
-and JSON to benchmarks/measurements/<date>-bench_model-NAME.*.
+and JSON to benchmarks/measurements/<date>-bench_model-NAME.*. `--combine A.json B.json`
+runs nothing and makes the one table and plot of saved runs, B's rows replacing A's of the
+same model, framework and dtype (rows rerun with `--models/--frameworks/--dtypes`).
+All of it takes about 90 minutes on 2 cores, 40 of them transformers' eager gpt-oss in
+bfloat16 (about 1 token/s on a processor without AVX512_BF16).
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ def model_config(name: str, layers: int) -> tuple[dict, str]:
                       norm_topk_prob=shape.norm_topk_prob, routed_scaling_factor=1.0, num_attention_heads=16,
                       num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
                       qk_rope_head_dim=64, v_head_dim=128, head_dim=64, rms_norm_eps=1e-6,
+                      # The checkpoint's own YaRN scaling (mlx-lm's DeepSeek-V2 requires one).
+                      rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                                        beta_fast=32, beta_slow=1, mscale=0.707, mscale_all_dim=0.707),
                       num_hidden_layers=layers + 1, tie_word_embeddings=False)
     else:
         raise SystemExit(f"bench_model: no whole-model config for {name!r}; known: {', '.join(MODELS)}")
@@ -340,6 +347,7 @@ def summarise(results: list[dict]) -> list[dict]:
     rows = []
     for result in results:
         rounds, failed = result.get("rounds", {}), result.get("failed", {})
+        first = len(rows)
         for name in implementations_of(result["framework"]):
             row = dict(model=result["model"], framework=result["framework"], dtype=result["dtype"], implementation=name)
             if "error" in result:
@@ -350,6 +358,8 @@ def summarise(results: list[dict]) -> list[dict]:
                 row["decode"] = statistics.median(d for d, _ in rounds[name])
                 prefill = [p for _, p in rounds[name] if p is not None]
                 row["prefill"] = statistics.median(prefill) if prefill else None
+            else:
+                continue  # not run (--implementations)
             rows.append(row)
         ours = next(i for i in implementations_of(result["framework"]) if "moe_swift" in i)
         mine = rounds.get(ours) or []
@@ -362,7 +372,7 @@ def summarise(results: list[dict]) -> list[dict]:
                 continue
             best = [max(rounds[name][r][index] for name in peers) for r in range(len(mine))]
             eager = rounds.get("eager") or rounds.get("mlx-lm")
-            for row in rows[-len(implementations_of(result["framework"])):]:
+            for row in rows[first:]:
                 if row["implementation"] == ours:
                     row[f"{phase}_vs_best"] = statistics.median(m[index] / b for m, b in zip(mine, best))
                     if eager and len(eager) == len(mine):
@@ -438,11 +448,16 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--save", help="also write benchmarks/measurements/<date>-bench_model-SAVE.{txt,json}")
+    parser.add_argument("--combine", nargs="+", metavar="JSON",
+                        help="run nothing: one table and plot from saved runs' JSON files, a later file's "
+                             "(model, framework, dtype) replacing an earlier one's (a rerun of some rows)")
     args = parser.parse_args(argv)
     if args.worker:
         job = json.loads(args.worker)
         print(json.dumps(WORKERS[job["framework"]](job)))
         return 0
+    if args.combine:
+        return combine(args.combine, args.save)
 
     models = [m for m in args.models.split(",") if m]
     frameworks = [f for f in args.frameworks.split(",") if f]
@@ -475,7 +490,6 @@ def main(argv=None) -> int:
                 results.append(result)
                 print(f"{model} {framework} {dtype}: {time.perf_counter() - t:.0f} s"
                       + (f" ({result['error']})" if "error" in result else ""), file=sys.stderr, flush=True)
-    rows = summarise(results)
     load = os.getloadavg()
     versions = {k: v for r in results for k, v in r.get("versions", {}).items()}
     header = (f"bench_model {started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, load average "
@@ -483,6 +497,29 @@ def main(argv=None) -> int:
               f"a {args.prompt}-token prompt; prefill: {args.prefill} tokens; median of {args.repetitions} "
               f"rounds, implementations in turn\n" + "\n".join(notes)
               + "\n" + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    report(header, results, args.save, started)
+    return 0
+
+
+def combine(paths: list[str], save: str | None) -> int:
+    """One report from several saved runs (--combine)."""
+    results, headers = {}, []
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        headers.append(f"from {Path(path).name}: " + saved["header"])
+        for result in saved["results"]:
+            results[(result["model"], result["framework"], result["dtype"])] = result
+    order = {name: i for i, name in enumerate(MODELS)}
+    ordered = sorted(results.values(), key=lambda r: (order.get(r["model"], len(order)),
+                                                      FRAMEWORKS.index(r["framework"]), r["dtype"] != "f32"))
+    report("\n".join(headers), ordered, save, datetime.datetime.now(datetime.timezone.utc))
+    return 0
+
+
+def report(header: str, results: list[dict], save: str | None, started) -> None:
+    """Prints the table and writes it, its JSON and the plot to benchmarks/results (and the
+    table and JSON to benchmarks/measurements with --save)."""
+    rows = summarise(results)
     text = header + "\n\n" + table(rows)
     print(text)
     RESULTS.mkdir(exist_ok=True)
@@ -490,11 +527,10 @@ def main(argv=None) -> int:
     (RESULTS / "bench_model.json").write_text(json.dumps(dict(header=header, rows=rows, results=results), indent=1))
     if plot(rows, RESULTS / "bench_model.png"):
         print(f"plot: {RESULTS / 'bench_model.png'}", file=sys.stderr)
-    if args.save:
-        stem = MEASUREMENTS / f"{started:%Y-%m-%d}-bench_model-{args.save}"
+    if save:
+        stem = MEASUREMENTS / f"{started:%Y-%m-%d}-bench_model-{save}"
         stem.with_suffix(".txt").write_text(text + "\n")
         stem.with_suffix(".json").write_text(json.dumps(dict(header=header, rows=rows, results=results), indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,15 @@ from ..layer import MoELayer
 from ..progress import Progress
 
 
+def _dtype_codes():
+    from ..options import DTYPES
+
+    return {mx.float32: DTYPES["float32"], mx.bfloat16: DTYPES["bfloat16"], mx.float16: DTYPES["float16"]}
+
+
+_DTYPE_CODES = _dtype_codes()
+
+
 def _unpatched(item):
     return isinstance(item, SwitchGLU) and not isinstance(item, FusedSwitchGLU)
 
@@ -132,10 +141,22 @@ class FusedSwitchGLU(SwitchGLU):
         layer = self._layer_for(self._leaves())
         hidden = self._built[2]
         k = indices.shape[-1]
-        rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (hidden,))
+        rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (hidden,)).reshape(-1, hidden)
         ids = np.asarray(indices.reshape(-1, 1).astype(mx.int32))
-        y = layer.experts(rows.reshape(-1, hidden), ids, np.ones(ids.shape, np.float32))
-        return y.reshape(indices.shape[:-1] + (k, hidden))
+        ones = np.ones(ids.shape, np.float32)
+        code = _DTYPE_CODES.get(x.dtype)
+        if code is None:  # other dtypes: the facade's conversions and messages
+            return layer.experts(rows, ids, ones).reshape(indices.shape[:-1] + (k, hidden))
+        # The rows go to the library in their own dtype, read where MLX holds them (NumPy
+        # has no bfloat16: a 16-bit float is viewed as uint16), and the output comes back in
+        # it; converting each way would cost more than the call adds otherwise.
+        storage = mx.float32 if x.dtype == mx.float32 else mx.uint16
+        rows = np.ascontiguousarray(np.asarray(rows.view(storage)))
+        y = np.empty(rows.shape, rows.dtype)
+        ffi = layer._ffi
+        layer._experts_typed(ffi.from_buffer(rows), code, rows.shape[0], ffi.from_buffer(ids), 4,
+                             ffi.from_buffer(ones), _DTYPE_CODES[mx.float32], ffi.from_buffer(y), code)
+        return mx.array(y).view(x.dtype).reshape(indices.shape[:-1] + (k, hidden))
 
     def _vjp(self, primals, cotangent, output):
         # Quantized weights are frozen (MLX has no gradient for them): only the trainable
