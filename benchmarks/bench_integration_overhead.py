@@ -8,7 +8,9 @@ layer (H 2048, experts of width 768, top-8; --experts of them), one token, calle
 * by the NumPy facade: `MoELayer.experts` with a routing, and `MoELayer(x)`, the whole
   layer with its router (float32 NumPy arrays);
 
-each next to the library call it makes, timed inside the facade. The paths take turns call
+each next to the library call it makes, timed inside the facade, and a torch.compile'd
+function doing nothing, torch's own cost per compiled call (a whole compiled model pays it
+once per step; a compiled layer call alone, once per layer). The paths take turns call
 by call over varied routings (the weights stream through the caches between calls, as in a
 model); medians reported. Paths whose framework is not installed are left out.
 
@@ -20,6 +22,7 @@ Needs torch and transformers 5 for the transformers rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -76,17 +79,24 @@ def transformers_paths(E, H, I, k, routings):
         integration.experts_forward(experts, hidden, ids[0], weights)
     lib = time_layer(integration.layer_of(experts))
 
+    # The calls run under torch.no_grad(), entered once (main), as generate() does.
     def eager(i):
-        with torch.inference_mode():
-            integration.experts_forward(experts, hidden, ids[i], weights)
+        experts(hidden, ids[i], weights)  # through transformers' experts decorator, as a model calls it
 
-    compiled_forward = torch.compile(lambda h, r, w: experts(h, r, w), dynamic=False, fullgraph=False)
+    compiled_forward = torch.compile(lambda h, r, w: experts(h, r, w), dynamic=False, fullgraph=True)
+    # A compiled function's own cost per call (guards, wrappers), paid once per compiled
+    # graph: a whole compiled model pays it once per step, not per layer.
+    compiled_nothing = torch.compile(lambda h: h + 1, dynamic=False, fullgraph=True)
+    nothing = NoLibrary()
 
-    def compiled(i):
-        with torch.no_grad():
-            compiled_forward(hidden, ids[i], weights)
+    return {"transformers op, eager (bf16)": (eager, lib),
+            "transformers op, torch.compile (bf16)": (lambda i: compiled_forward(hidden, ids[i], weights), lib),
+            "torch.compile'd h + 1 (torch's own cost per compiled call)": (lambda i: compiled_nothing(hidden), nothing)}
 
-    return {"transformers op, eager (bf16)": (eager, lib), "transformers op, torch.compile (bf16)": (compiled, lib)}
+
+class NoLibrary:
+    """The timed lib of a path that calls no layer."""
+    last = 0.0
 
 
 def mlx_paths(E, H, I, k, routings):
@@ -138,20 +148,32 @@ def main(argv=None):
         paths.update(make(E, H, I, k, routings))
     totals = {name: [] for name in paths}
     native = {name: [] for name in paths}
-    for r in range(args.rounds + 5):  # 5 warm-up rounds (compilation, first calls)
+    with contextlib.ExitStack() as context:
+        if "torch" in sys.modules:
+            context.enter_context(sys.modules["torch"].no_grad())
+        run(paths, args.rounds, len(routings), totals, native)
+    report(paths, totals, native, E, args.rounds)
+    return 0
+
+
+def run(paths, rounds, count, totals, native):
+    for r in range(rounds + 5):  # 5 warm-up rounds (compilation, first calls)
         for name, (call, lib) in paths.items():
             t = time.perf_counter()
-            call(r % len(routings))
+            call(r % count)
             elapsed = time.perf_counter() - t
             if r >= 5:
                 totals[name].append(elapsed)
                 native[name].append(lib.last)
-    print(f"Qwen3-30B-A3B-shaped layer, {E} experts, T = 1, {args.rounds} rounds (ms, medians)")
+
+
+def report(paths, totals, native, E, rounds):
+    print(f"Qwen3-30B-A3B-shaped layer, {E} experts, T = 1, {rounds} rounds (ms, medians)")
     print("| path | call | library alone | added |\n|---|---|---|---|")
     for name in paths:
         total, lib = statistics.median(totals[name]) * 1e3, statistics.median(native[name]) * 1e3
-        print(f"| {name} | {total:.3f} | {lib:.3f} | {total - lib:.3f} ({(total / lib - 1) * 100:.0f}%) |")
-    return 0
+        added = f"{total - lib:.3f}" + (f" ({(total / lib - 1) * 100:.0f}%)" if lib else "")
+        print(f"| {name} | {total:.3f} | {lib:.3f} | {added} |")
 
 
 if __name__ == "__main__":

@@ -147,3 +147,19 @@ def test_half_precision_experts_read_and_write_their_dtype(family, dtype):
     np.testing.assert_allclose(np.array(y.astype(mx.float32)), reference, rtol=1e-2,
                                atol=1e-2 * np.abs(reference).max())
     assert np.abs(reference).max() > 1  # outputs large enough that a rounding slip shows
+
+
+@pytest.mark.parametrize("bad", [8, 2**31 + 1, 2**32 - 1])
+def test_out_of_range_ids_are_refused(bad):
+    """uint32 ids (mlx-lm's argpartition gives them) past the experts, including those that
+    read negative as int32, raise instead of reading another expert's weights."""
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    glu = next(m for _, m in tiny("qwen3_moe").named_modules() if isinstance(m, SwitchGLU))
+    glu.set_dtype(mx.bfloat16)
+    fused = moe_mlx.FusedSwitchGLU(glu, backend="cpu")
+    x = mx.random.normal((1, 2, 64)).astype(mx.bfloat16)
+    good = mx.array(np.array([[[0, 1], [2, 3]]], np.uint32))
+    assert fused(x, good).shape == (1, 2, 2, 64)
+    with pytest.raises(ValueError, match="not an expert id"):
+        mx.eval(fused(x, mx.array(np.array([[[0, 1], [2, bad]]], np.uint32))))

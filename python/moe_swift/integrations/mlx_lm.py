@@ -141,22 +141,28 @@ class FusedSwitchGLU(SwitchGLU):
         layer = self._layer_for(self._leaves())
         hidden = self._built[2]
         k = indices.shape[-1]
-        rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (hidden,)).reshape(-1, hidden)
-        ids = np.asarray(indices.reshape(-1, 1).astype(mx.int32))
-        ones = np.ones(ids.shape, np.float32)
+        shape = indices.shape[:-1] + (k, hidden)
         code = _DTYPE_CODES.get(x.dtype)
-        if code is None:  # other dtypes: the facade's conversions and messages
-            return layer.experts(rows, ids, ones).reshape(indices.shape[:-1] + (k, hidden))
-        # The rows go to the library in their own dtype, read where MLX holds them (NumPy
-        # has no bfloat16: a 16-bit float is viewed as uint16), and the output comes back in
-        # it; converting each way would cost more than the call adds otherwise.
+        if (code is None or indices.dtype not in (mx.int32, mx.uint32)
+                or x.size // hidden != indices.size // k):  # x broadcast over indices; the facade's conversions
+
+            rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (hidden,)).reshape(-1, hidden)
+            ids = np.asarray(indices.reshape(-1, 1).astype(mx.int32))
+            return layer.experts(rows, ids, np.ones(ids.shape, np.float32)).reshape(shape)
+        # Rows and output in their own dtype, read where MLX holds them (NumPy has no
+        # bfloat16: a 16-bit float is viewed as uint16), the k copies of each token's row
+        # made by NumPy: each MLX op here costs tens of microseconds in a decode step.
+        # uint32 ids (argpartition's) are read as int32: an id past 2**31 reads negative,
+        # which the library refuses like any id outside [0, E).
         storage = mx.float32 if x.dtype == mx.float32 else mx.uint16
-        rows = np.ascontiguousarray(np.asarray(rows.view(storage)))
+        rows = np.repeat(np.asarray(x.view(storage)).reshape(-1, hidden), k, axis=0)
+        ids = np.ascontiguousarray(np.asarray(indices).reshape(-1, 1))
+        ones = np.ones(ids.shape, np.float32)
         y = np.empty(rows.shape, rows.dtype)
         ffi = layer._ffi
         layer._experts_typed(ffi.from_buffer(rows), code, rows.shape[0], ffi.from_buffer(ids), 4,
                              ffi.from_buffer(ones), _DTYPE_CODES[mx.float32], ffi.from_buffer(y), code)
-        return mx.array(y).view(x.dtype).reshape(indices.shape[:-1] + (k, hidden))
+        return mx.array(y.reshape(shape)).view(x.dtype)
 
     def _vjp(self, primals, cotangent, output):
         # Quantized weights are frozen (MLX has no gradient for them): only the trainable

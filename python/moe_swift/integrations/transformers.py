@@ -96,8 +96,10 @@ def layer_of(module):
 def _signature(module):
     """What identifies the module's current weights: each parameter's storage and its
     version counter (bumped by every in-place change)."""
+    # module._parameters, not named_parameters(): the generator's machinery costs more than
+    # the rest of the check on every decode step.
     return tuple((name, p.data_ptr(), p._version, tuple(p.shape), p.dtype)
-                 for name, p in module.named_parameters(recurse=False))
+                 for name, p in module._parameters.items() if p is not None)
 
 
 def _eager_forward(module):
@@ -289,12 +291,13 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, *, backen
     torch.compile traces and autograd differentiates. The op's dispatch costs about 0.4 ms
     a call after a layer has streamed its weights through the caches (all its code runs
     cold), an eighth of a one-token call; inference needs neither of its services."""
-    parameters = list(module.parameters(recurse=False))
     if not torch.compiler.is_compiling() and not (
             torch.is_grad_enabled()
-            and (hidden_states.requires_grad or top_k_weights.requires_grad or any(p.requires_grad for p in parameters))):
+            and (hidden_states.requires_grad or top_k_weights.requires_grad
+                 or any(p.requires_grad for p in module.parameters(recurse=False)))):
         layer = _layer(module, top_k_index.shape[-1], backend, progress, activation_quantization)
         return _run(layer, hidden_states, top_k_index, top_k_weights)
+    parameters = list(module.parameters(recurse=False))
     key = _module_key(module)
     return torch.ops.moe_swift.experts(hidden_states, top_k_index, top_k_weights, parameters, key, backend,
                                        _PROGRESS[progress], activation_quantization)
