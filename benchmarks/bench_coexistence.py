@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The layer among the host's own work: what a call costs right after the host's NumPy
-(OpenBLAS) or torch (OpenMP) op, and what the host's next op costs right after our call,
+(OpenBLAS), torch (OpenMP) or MLX op, and what the host's next op costs right after our call,
 against each alone. A script that alternates its own attention with our MoE layer pays
 both on every layer; thread pools that spin after their work steal each other's cores.
 
@@ -13,7 +13,7 @@ op, ...), the runs repeated in blocks in one process so that the machine's drift
 every column alike; medians are reported, and the ratios "after / alone" are what the
 layer and the host lose to each other. The host
 ops are a 32 MB float32 matrix-vector product (a decode step's projection) and, at
-T = 256, a (256, 2048) x (2048, 2048) product, in NumPy and, when installed, torch, each
+T = 256, a (256, 2048) x (2048, 2048) product, in NumPy and, when installed, torch and MLX, each
 on the next of several matrices (256 MB in all), so that it reads cold weights as a
 model's next projection does.
 
@@ -83,14 +83,29 @@ def host_ops(tokens):
     try:
         import torch
     except ImportError:
-        return ops
-    tmats = [torch.from_numpy(m) for m in mats]
-    if tokens == 1:
-        tv = torch.from_numpy(v)
-        ops["torch matvec 32 MB"] = Rotating(lambda a: a @ tv, tmats)
+        pass
     else:
-        ta = torch.from_numpy(a)
-        ops[f"torch ({tokens}x2048)@(2048x2048)"] = Rotating(lambda b: ta @ b, tmats)
+        tmats = [torch.from_numpy(m) for m in mats]
+        if tokens == 1:
+            tv = torch.from_numpy(v)
+            ops["torch matvec 32 MB"] = Rotating(lambda a: a @ tv, tmats)
+        else:
+            ta = torch.from_numpy(a)
+            ops[f"torch ({tokens}x2048)@(2048x2048)"] = Rotating(lambda b: ta @ b, tmats)
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return ops
+    # MLX (its CPU backend here, the stream's own thread and its BLAS): evaluated, as a
+    # model's step is before its tokens are read.
+    mmats = [mx.array(m) for m in mats]
+    mx.eval(*mmats)
+    if tokens == 1:
+        mv = mx.array(v)
+        ops["mlx matvec 32 MB"] = Rotating(lambda a: mx.eval(a @ mv), mmats)
+    else:
+        ma = mx.array(a)
+        ops[f"mlx ({tokens}x2048)@(2048x2048)"] = Rotating(lambda b: mx.eval(ma @ b), mmats)
     return ops
 
 
