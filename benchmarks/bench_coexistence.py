@@ -71,7 +71,9 @@ class Rotating:
 def host_ops(tokens):
     """{name: op} of the host's own work at `tokens`."""
     rng = np.random.default_rng(1)
-    ops = {}
+    # The host busy elsewhere for 10 ms (its own single-threaded work, I/O, a sampler):
+    # our workers have gone to sleep, and the call wakes them.
+    ops = {"idle 10 ms": lambda: time.sleep(0.01)}
     rows = 4096 if tokens == 1 else 2048  # 32 MB or 16 MB of float32 weights per op
     mats = [rng.standard_normal((rows, 2048), dtype=np.float32) for _ in range((256 << 20) // (rows * 2048 * 4))]
     if tokens == 1:

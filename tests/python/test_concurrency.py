@@ -132,3 +132,46 @@ def test_worker_pool_knobs_and_sleeping_after_a_call():
     assert spinning >= 1 and spun_total == total
     alone, _, alone_total = _pool_child(MOE_CPU_THREADS="1")
     assert alone == 0 and alone_total == total
+
+
+_AFFINITY_CHILD = """
+import os, time
+import numpy as np
+import moe_swift
+
+rng = np.random.default_rng(0)
+E, H, I = 8, 256, 128
+layer = moe_swift.MoELayer(rng.standard_normal((E, H), dtype=np.float32), rng.standard_normal((E, I, H), dtype=np.float32),
+                           rng.standard_normal((E, I, H), dtype=np.float32), rng.standard_normal((E, H, I), dtype=np.float32),
+                           top_k=2, backend="cpu")
+x = rng.standard_normal((64, H), dtype=np.float32)
+first = layer(x)
+same = True
+for _ in range(40):
+    time.sleep(0.005)  # the workers fall asleep; the next call wakes them
+    same &= bool(np.array_equal(layer(x), first))
+
+def allowed(tid):
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+
+workers = [tid for tid in os.listdir("/proc/self/task")
+           if open(f"/proc/self/task/{tid}/comm").read().strip() == "moe_swift-cpu"]
+print(len(workers), allowed(os.getpid()), *sorted({allowed(tid) for tid in workers}), same)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="the worker pool: Linux with 2 cores or more")
+def test_woken_workers_keep_the_process_cpus():
+    """A worker woken onto its caller's core moves itself off it by narrowing its affinity
+    for a moment; afterwards every worker may run on every CPU the process may, as before,
+    and the results are unchanged."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _AFFINITY_CHILD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, process, *workers, same = out.stdout.split()
+    assert int(count) == min(len(os.sched_getaffinity(0)), 256) - 1
+    assert workers == [process], f"workers allowed on {workers}, the process on {process}"
+    assert same == "True"
