@@ -123,7 +123,7 @@ def tiny_config(model_type):
         kinds = list(dict.fromkeys(getattr(defaults, k, None) or []))
         if kinds and not isinstance(getattr(type(defaults), k, None), property):  # jamba derives it
             kwargs[k] = (kinds * 2)[:2]
-    if getattr(defaults, "per_layer_config", None) is not None and hasattr(defaults, "num_hidden_layers"):
+    if getattr(defaults, "per_layer_config", None):
         kwargs["per_layer_config"] = {}  # the full model's exceptions for its layer numbers
     kwargs.update(OVERRIDES.get(model_type, {}))
     for k in TOKEN_IDS:  # the ids must fit the tiny vocabulary

@@ -22,18 +22,11 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.switch_layers import SwitchGLU
 
+from ..arrays import as_numpy
 from ..formats import Quantized
 from ..layer import MoELayer
+from ..options import DTYPES
 from ..progress import Progress
-
-
-def _dtype_codes():
-    from ..options import DTYPES
-
-    return {mx.float32: DTYPES["float32"], mx.bfloat16: DTYPES["bfloat16"], mx.float16: DTYPES["float16"]}
-
-
-_DTYPE_CODES = _dtype_codes()
 
 
 def _unpatched(item):
@@ -142,26 +135,25 @@ class FusedSwitchGLU(SwitchGLU):
         hidden = self._built[2]
         k = indices.shape[-1]
         shape = indices.shape[:-1] + (k, hidden)
-        code = _DTYPE_CODES.get(x.dtype)
-        if (code is None or indices.dtype not in (mx.int32, mx.uint32)
+        # Rows read where MLX holds them, in their own dtype (bfloat16 viewed as uint16).
+        x_rows, x_dtype = as_numpy(x, "x")
+        if (x_dtype not in DTYPES or indices.dtype not in (mx.int32, mx.uint32)
                 or x.size // hidden != indices.size // k):  # x broadcast over indices; the facade's conversions
-
             rows = mx.broadcast_to(mx.expand_dims(x, -2), indices.shape + (hidden,)).reshape(-1, hidden)
             ids = np.asarray(indices.reshape(-1, 1).astype(mx.int32))
             return layer.experts(rows, ids, np.ones(ids.shape, np.float32)).reshape(shape)
-        # Rows and output in their own dtype, read where MLX holds them (NumPy has no
-        # bfloat16: a 16-bit float is viewed as uint16), the k copies of each token's row
-        # made by NumPy: each MLX op here costs tens of microseconds in a decode step.
-        # uint32 ids (argpartition's) are read as int32: an id past 2**31 reads negative,
-        # which the library refuses like any id outside [0, E).
-        storage = mx.float32 if x.dtype == mx.float32 else mx.uint16
-        rows = np.repeat(np.asarray(x.view(storage)).reshape(-1, hidden), k, axis=0)
+        # The output comes back in that dtype, the k copies of each token's row made by
+        # NumPy: each MLX op here costs tens of microseconds in a decode step. uint32 ids
+        # (argpartition's) are read as int32: an id past 2**31 reads negative, which the
+        # library refuses like any id outside [0, E).
+        code = DTYPES[x_dtype]
+        rows = np.repeat(x_rows.reshape(-1, hidden), k, axis=0)
         ids = np.ascontiguousarray(np.asarray(indices).reshape(-1, 1))
         ones = np.ones(ids.shape, np.float32)
         y = np.empty(rows.shape, rows.dtype)
         ffi = layer._ffi
         layer._experts_typed(ffi.from_buffer(rows), code, rows.shape[0], ffi.from_buffer(ids), 4,
-                             ffi.from_buffer(ones), _DTYPE_CODES[mx.float32], ffi.from_buffer(y), code)
+                             ffi.from_buffer(ones), DTYPES["float32"], ffi.from_buffer(y), code)
         return mx.array(y.reshape(shape)).view(x.dtype)
 
     def _vjp(self, primals, cotangent, output):
