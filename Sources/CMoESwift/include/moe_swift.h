@@ -298,7 +298,10 @@ moe_status moe_run_layers_ex(moe_layer* const* layers, int64_t num_layers, const
  * borrowed for the call. A pointer that is not such an object cannot be detected.
  * Scratch buffers come from the layer's pool and go back when the command buffer completes
  * (a completed handler is added to it), so several command buffers may be in flight; the
- * command buffer must not be committed yet. With `encoder` NULL the call makes, fills and
+ * command buffer must not be committed yet. That handler also holds the layer (weights,
+ * their file mappings, pipelines) until the GPU is done, so moe_layer_free may follow the
+ * encode call at once, even for a command buffer with unretained references (MLX makes
+ * its own so); the caller's buffers are the caller's to keep alive until then. With `encoder` NULL the call makes, fills and
  * ends a compute encoder of its own on the command buffer (no other encoder of it may be
  * open); given, it is the caller's open, serial compute encoder of that command buffer,
  * left open with its pipeline and bindings changed. Metal offers no way to tell an

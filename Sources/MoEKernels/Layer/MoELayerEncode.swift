@@ -78,8 +78,12 @@ public struct MoEMetalRouting {
 // them back. So the command buffer must not be committed yet (the encode call refuses it
 // otherwise: Metal takes handlers only before commit), several command buffers may be in
 // flight with calls of the same layer, and a command buffer that is never committed
-// keeps its sets until it is released. The weights and the layer's other buffers stay
-// alive while a command buffer that uses them does, even if the layer is released.
+// keeps its sets until it is released. The same handler holds the layer's backend (its
+// weights, their file mappings, its pipelines) until the GPU is done, so the app may release
+// the layer right after encoding, even into a command buffer with unretained references
+// (makeCommandBufferWithUnretainedReferences, as MLX makes its own), which keeps nothing
+// alive. The caller's buffers (x, the output, the residual, the routing) are the caller's
+// to keep alive until the command buffer completes, as for any kernel it encodes.
 //
 // Every argument is checked before anything is recorded: a thrown error leaves the
 // command buffer as it was. ids in `encodeExperts` are the exception: they are on the GPU

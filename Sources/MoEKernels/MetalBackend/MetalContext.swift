@@ -143,6 +143,7 @@ final class MetalContext: @unchecked Sendable {
         guard let buffer = device.makeBuffer(length: length, options: .storageModeShared) else {
             throw MoEError.outOfMemory("cannot allocate \(length) bytes of \(metalDeviceKind.name) device memory for \(what)")
         }
+        buffer.label = what  // names it in Xcode's GPU tools and in SoftMetal's reports
         CallStats.allocation(bytes: length)
         return buffer
     }

@@ -58,7 +58,7 @@ extension MetalBackend {
 
         let scratch = try checkOutScratch(tokens: tokens)
         let session = try MetalSession(kind: kind, commandBuffer: commandBuffer, encoder: encoder,
-                                       holding: [(pool, scratch)])
+                                       holding: [(self, scratch)])
         // From here on nothing throws.
         let x = xInPlace ? input.binding : MetalBinding(scratch.x)
         let pass = MetalPass(backend: self, session: session, scratch: scratch, tokens: tokens, x: x,
@@ -109,11 +109,11 @@ extension MetalBackend {
         let load = try inputInPlace ? nil : first.context.activationKernel(input.dtype, load: true)
         let store = try workInPlace ? nil : first.context.activationKernel(output.dtype, load: false)
 
-        var held: [(pool: MetalBufferPool, scratch: MetalScratch)] = []
+        var held: [(layer: MetalBackend, scratch: MetalScratch)] = []
         do {
-            for layer in layers { held.append((layer.pool, try layer.checkOutScratch(tokens: tokens))) }
+            for layer in layers { held.append((layer, try layer.checkOutScratch(tokens: tokens))) }
         } catch {
-            for (pool, scratch) in held { pool.checkIn(scratch) }
+            for (layer, scratch) in held { layer.pool.checkIn(scratch) }
             throw error
         }
         let session = try MetalSession(kind: first.kind, commandBuffer: commandBuffer, encoder: encoder, holding: held)

@@ -36,7 +36,7 @@ final class MetalSession {
     /// The caller's encoder is concurrent: the stages need barriers (MetalLayerEncoder.barriers).
     let needsBarriers: Bool
     private var ended = false
-    private var held: [(pool: MetalBufferPool, scratch: MetalScratch)] = []
+    private var held: [(layer: MetalBackend, scratch: MetalScratch)] = []
 
     /// A command buffer of the backend's queue.
     init(_ backend: MetalBackend) throws {
@@ -55,7 +55,7 @@ final class MetalSession {
     /// `holding` are scratch sets already checked out for this call (the session returns
     /// them however it ends).
     init(kind: MoEBackendKind, commandBuffer: any MTLCommandBuffer, encoder: (any MTLComputeCommandEncoder)?,
-         holding: [(pool: MetalBufferPool, scratch: MetalScratch)]) throws {
+         holding: [(layer: MetalBackend, scratch: MetalScratch)]) throws {
         self.commandBuffer = commandBuffer
         self.kind = kind
         held = holding
@@ -68,7 +68,7 @@ final class MetalSession {
             ownsEncoder = true
             needsBarriers = false
         } else {
-            for (pool, scratch) in holding { pool.checkIn(scratch) }
+            for (layer, scratch) in holding { layer.pool.checkIn(scratch) }
             throw MoEError.invalidArgument(
                 "the command buffer gave no compute encoder (is another encoder of it still open? then pass that one)")
         }
@@ -76,13 +76,13 @@ final class MetalSession {
 
     deinit {
         if ownsEncoder && !ended { encoder.endEncoding() }  // Metal requires it before an encoder goes away
-        for (pool, scratch) in held { pool.checkIn(scratch) }
+        for (layer, scratch) in held { layer.pool.checkIn(scratch) }
     }
 
     /// A scratch set for `tokens` tokens from `backend`'s pool, the session's until it ends.
     func checkOut(_ backend: MetalBackend, tokens: Int) throws -> MetalScratch {
         let scratch = try backend.checkOutScratch(tokens: tokens)
-        held.append((backend.pool, scratch))
+        held.append((backend, scratch))
         return scratch
     }
 
@@ -114,12 +114,15 @@ final class MetalSession {
     }
 }
 
-/// Scratch sets on their way back to their pools from a completed handler (which Metal
-/// calls on a thread of its own; the pools lock).
+/// Scratch sets on their way back to their layers' pools from a completed handler (which
+/// Metal calls on a thread of its own; the pools lock). Holding the layers holds everything
+/// the recorded commands read — weights, their file mappings, pipelines — until the GPU is
+/// done: a command buffer made with unretained references (as MLX makes its own) keeps
+/// none of it, and an app may release the layer right after encoding.
 private final class ScratchReturn: @unchecked Sendable {
-    private let sets: [(pool: MetalBufferPool, scratch: MetalScratch)]
-    init(_ sets: [(pool: MetalBufferPool, scratch: MetalScratch)]) { self.sets = sets }
-    func checkIn() { for (pool, scratch) in sets { pool.checkIn(scratch) } }
+    private let sets: [(layer: MetalBackend, scratch: MetalScratch)]
+    init(_ sets: [(layer: MetalBackend, scratch: MetalScratch)]) { self.sets = sets }
+    func checkIn() { for (layer, scratch) in sets { layer.pool.checkIn(scratch) } }
 }
 
 /// One layer's pass on the Metal backend: the stages are encoded into the session's

@@ -126,6 +126,7 @@ final class MetalMappings {
             throw MoEError.outOfMemory("the \(metalDeviceKind.name) device could not wrap the \(memory.length) mapped bytes "
                                        + "holding \(what) without a copy")
         }
+        buffer.label = "mapped weights"
         buffers[ObjectIdentifier(memory)] = buffer
         return buffer
     }

@@ -366,6 +366,45 @@ final class EncodeTests: XCTestCase {
         XCTAssertEqual(MoECallStats.last.allocations, 0, "the completed command buffers gave their sets back")
     }
 
+    /// A command buffer with unretained references (MLX makes its own so) keeps nothing the
+    /// layer's commands read alive; the app releases the layers right after encoding, then
+    /// commits. SoftMetal fails a command buffer whose buffers or pipelines were released
+    /// before it completed (where a GPU would read freed memory): the layer must hold its
+    /// own until then.
+    func testLayersReleasedRightAfterEncodingIntoAnUnretainedCommandBuffer() throws {
+        let app = try EncodeApp()
+        let (h, tokens) = (2048, 9)
+        let input = Self.input(tokens * h, seed: 31)
+        let x = try app.buffer(input), y = try app.buffer(bytes: tokens * h * 4), stacked = try app.buffer(bytes: tokens * h * 4)
+        let commandBuffer = try XCTUnwrap(app.queue.makeCommandBufferWithUnretainedReferences())
+        XCTAssertFalse(commandBuffer.retainedReferences)
+        var want: [Float] = [], wantStack: [Float] = []
+        weak var released: MoELayer?
+        do {
+            let layers = try [31, 32].map { seed -> MoELayer in
+                let data = Self.data(seed: UInt64(seed))
+                return try MoELayer(configuration: data.config, weights: data.weights(), backend: Self.kind)
+            }
+            want = try layers[0].forward(input)
+            wantStack = [Float](repeating: 0, count: tokens * h)
+            try input.withUnsafeBufferPointer { xs in
+                try wantStack.withUnsafeMutableBufferPointer {
+                    try MoELayer.runLayers(layers, xs.baseAddress!, tokens: tokens, into: $0.baseAddress!)
+                }
+            }
+            try layers[0].encodeForward(MoEMetalArray(x), tokens: tokens, into: MoEMetalArray(y), commandBuffer: commandBuffer)
+            try MoELayer.encodeLayers(layers, MoEMetalArray(x), tokens: tokens, into: MoEMetalArray(stacked),
+                                      commandBuffer: commandBuffer)
+            released = layers[1]
+        }
+        XCTAssertNil(released, "the app's last reference to the layers is gone before the commit")
+        commandBuffer.commit()
+        commandBuffer.waitUntilCompleted()
+        XCTAssertEqual(commandBuffer.status, .completed, "\(String(describing: commandBuffer.error))")
+        assertBitwiseEqual(app.floats(y, count: tokens * h), want, "the layer")
+        assertBitwiseEqual(app.floats(stacked, count: tokens * h), wantStack, "the stack")
+    }
+
     func testBadArgumentsAreClearErrorsAndRecordNothing() throws {
         let app = try EncodeApp()
         let data = LayerData.random(makeConfig(h: 64, i: 32, e: 4, k: 2), seed: 21)

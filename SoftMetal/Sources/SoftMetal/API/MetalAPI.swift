@@ -208,6 +208,8 @@ public protocol MTLDevice: AnyObject, Sendable {
     var name: String { get }
     /// documentation/metal/mtldevice/maxthreadsperthreadgroup
     var maxThreadsPerThreadgroup: MTLSize { get }
+    /// documentation/metal/mtldevice/maxbufferlength: `var maxBufferLength: Int { get }` (at least 256 MB)
+    var maxBufferLength: Int { get }
     /// documentation/metal/mtldevice/maxthreadgroupmemorylength
     var maxThreadgroupMemoryLength: Int { get }
     /// documentation/metal/mtldevice/supportsfamily(_:): `func supportsFamily(_ gpuFamily: MTLGPUFamily) -> Bool`
@@ -288,6 +290,9 @@ public protocol MTLCommandQueue: AnyObject {
     var label: String? { get set }
     /// documentation/metal/mtlcommandqueue/makecommandbuffer(): `func makeCommandBuffer() -> (any MTLCommandBuffer)?`
     func makeCommandBuffer() -> (any MTLCommandBuffer)?
+    /// documentation/metal/mtlcommandqueue/makecommandbufferwithunretainedreferences():
+    /// `func makeCommandBufferWithUnretainedReferences() -> (any MTLCommandBuffer)?`
+    func makeCommandBufferWithUnretainedReferences() -> (any MTLCommandBuffer)?
 }
 
 /// documentation/metal/mtlcommandbuffer
@@ -295,6 +300,8 @@ public protocol MTLCommandBuffer: AnyObject {
     var device: any MTLDevice { get }
     var commandQueue: any MTLCommandQueue { get }
     var label: String? { get set }
+    /// documentation/metal/mtlcommandbuffer/retainedreferences: `var retainedReferences: Bool { get }`
+    var retainedReferences: Bool { get }
     /// documentation/metal/mtlcommandbuffer/status
     var status: MTLCommandBufferStatus { get }
     /// documentation/metal/mtlcommandbuffer/error: `var error: (any Error)? { get }`

@@ -13,7 +13,11 @@ public final class SoftMetalCommandQueue: MTLCommandQueue, @unchecked Sendable {
 
     init(device: any MTLDevice) { self.device = device }
 
-    public func makeCommandBuffer() -> (any MTLCommandBuffer)? { SoftMetalCommandBuffer(queue: self) }
+    public func makeCommandBuffer() -> (any MTLCommandBuffer)? { SoftMetalCommandBuffer(queue: self, retainedReferences: true) }
+
+    public func makeCommandBufferWithUnretainedReferences() -> (any MTLCommandBuffer)? {
+        SoftMetalCommandBuffer(queue: self, retainedReferences: false)
+    }
 }
 
 public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable {
@@ -29,8 +33,41 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
     private let done = DispatchSemaphore(value: 0)
     private var finished = false
     private var waiters = 0
+    public let retainedReferences: Bool
+    /// The app's objects the commands use (buffers, pipelines): held until the command
+    /// buffer completes (retained references), or only watched (unretained): one released
+    /// before then fails the command buffer, where a GPU would read freed memory. The
+    /// commands themselves hold the memory (BufferMemory), so the host's never is.
+    private var held: [ObjectIdentifier: AnyObject] = [:]
+    private var watched: [ObjectIdentifier: (object: WeakObject, what: String)] = [:]
 
-    init(queue: SoftMetalCommandQueue) { self.queue = queue }
+    init(queue: SoftMetalCommandQueue, retainedReferences: Bool) {
+        self.queue = queue
+        self.retainedReferences = retainedReferences
+    }
+
+    /// `object` is used by a recorded command; `what` names it for the report.
+    func use(_ object: AnyObject, _ what: @autoclosure () -> String) {
+        let id = ObjectIdentifier(object)
+        lock.withLock {
+            if retainedReferences {
+                held[id] = object
+            } else if watched[id] == nil {
+                watched[id] = (WeakObject(object), what())
+            }
+        }
+    }
+
+    /// The first watched object the app has released, as an error.
+    private func released() -> SoftMetalError? {
+        lock.withLock {
+            guard let gone = watched.values.filter({ $0.object.object == nil }).map(\.what).min() else { return nil }
+            return .invalidUsage("\(gone) was released before the command buffer completed. A command buffer with "
+                                 + "unretained references (makeCommandBufferWithUnretainedReferences()) does not keep "
+                                 + "what its commands use alive: on a GPU the kernel would read freed memory. Keep a "
+                                 + "strong reference until the command buffer has completed (e.g. in a completed handler)")
+        }
+    }
 
     public var status: MTLCommandBufferStatus { lock.withLock { _status } }
     public var error: (any Error)? { lock.withLock { _error } }
@@ -51,21 +88,31 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
     }
 
     public func commit() {
-        let work: [DispatchCommand]? = lock.withLock {
-            guard _status == .notEnqueued else { return nil }
+        let committed: Bool = lock.withLock {
+            guard _status == .notEnqueued else { return false }
             _status = .committed
-            return commands
+            return true
         }
-        guard let work else { return }
+        guard committed else { return }
         let run: @Sendable () -> Void = { [self] in
-            lock.withLock { _status = .scheduled }
+            // The commands stay the command buffer's, so that they (and the memory they
+            // bind) are let go before anyone waiting is woken.
+            let work: [DispatchCommand] = lock.withLock {
+                _status = .scheduled
+                return commands
+            }
             var failure: (any Error)?
             for command in work {
-                do { try Executor.run(command) } catch {
+                do {
+                    if let gone = released() { throw gone }
+                    try Executor.run(command)
+                } catch {
                     failure = error  // later commands do not run, as after a GPU fault
                     break
                 }
             }
+            if failure == nil { failure = released() }
+            withExtendedLifetime(work) {}
             let toCall: [MTLCommandBufferHandler] = lock.withLock {
                 _status = failure == nil ? .completed : .error
                 _error = failure
@@ -75,6 +122,8 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
             for handler in toCall { handler(self) }
             lock.withLock {
                 handlers = []
+                held = [:]
+                watched = [:]
                 finished = true
                 for _ in 0..<waiters { done.signal() }
                 waiters = 0
@@ -100,6 +149,12 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
     }
 }
 
+/// A reference that does not keep its object alive.
+struct WeakObject {
+    weak var object: AnyObject?
+    init(_ object: AnyObject) { self.object = object }
+}
+
 /// The process that first committed a command buffer (a global is initialised once, so a
 /// forked child still sees its parent's id).
 let commandQueueProcess = getpid()
@@ -109,12 +164,12 @@ struct DispatchCommand {
     enum Size {
         case threadgroups(MTLSize)
         case threads(MTLSize)
-        case indirect(SoftMetalBuffer, Int)
+        case indirect(BufferMemory, Int)
     }
     var kernel: CompiledKernel?
     var failure: SoftMetalError? = nil
     var maxThreads: Int
-    var buffers: [(buffer: SoftMetalBuffer, offset: Int)?]
+    var buffers: [(buffer: BufferMemory, offset: Int)?]
     var threadgroupLengths: [Int]
     var size: Size
     var threadsPerThreadgroup: MTLSize
@@ -139,7 +194,10 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     /// data here too instead of passing by luck.
     private var unordered: [DispatchCommand] = []
     private var pipeline: SoftMetalComputePipelineState?
-    private var buffers = [(buffer: SoftMetalBuffer, offset: Int)?](repeating: nil, count: 31)
+    private var buffers = [(buffer: BufferMemory, offset: Int)?](repeating: nil, count: 31)
+    /// The app's buffers bound at each index (nil for setBytes): not kept alive by the
+    /// encoder, which with unretained references Metal's does not either.
+    private var boundObjects = [WeakObject?](repeating: nil, count: 31)
     private var threadgroupLengths = [Int](repeating: 0, count: 31)
     private var ended = false
     /// Errors found while encoding (Metal's validation layer would stop the program); the
@@ -212,6 +270,8 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         if encodingError == nil { encodingError = .invalidUsage(message) }
     }
     private var failedAfterEnd = false
+    /// The app's indirect buffer during the dispatch that reads it.
+    private var indirectObject: WeakObject?
 
     public func setComputePipelineState(_ state: any MTLComputePipelineState) {
         if ended { return misuse("setComputePipelineState(_:) after endEncoding()") }
@@ -222,23 +282,28 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     public func setBuffer(_ buffer: (any MTLBuffer)?, offset: Int, index: Int) {
         if ended { return misuse("setBuffer(_:offset:index:) after endEncoding()") }
         guard index >= 0 && index < 31 else { return misuse("setBuffer: index \(index) is outside 0...30") }
-        guard let buffer else { buffers[index] = nil; return }
+        guard let buffer else { buffers[index] = nil; boundObjects[index] = nil; return }
         guard let b = buffer as? SoftMetalBuffer else { return misuse("setBuffer: the buffer was not made by SoftMetal") }
         guard offset >= 0 && offset <= b.length else {
             return misuse("setBuffer: offset \(offset) is outside the buffer (\(b.length) bytes) at index \(index)")
         }
-        buffers[index] = (b, offset)
+        buffers[index] = (b.memory, offset)
+        boundObjects[index] = WeakObject(b)
+        // Retained references: held from the binding on, so the dispatch finds it.
+        if commandBuffer.retainedReferences { commandBuffer.use(b, "") }
     }
 
     /// The bytes are copied into a new guarded buffer, as Metal copies them at this call.
     public func setBytes(_ bytes: UnsafeRawPointer, length: Int, index: Int) {
         if ended { return misuse("setBytes(_:length:index:) after endEncoding()") }
         guard index >= 0 && index < 31 else { return misuse("setBytes: index \(index) is outside 0...30") }
-        guard length > 0, let b = SoftMetalBuffer(device: device, length: length) else {
+        guard length > 0, let b = BufferMemory(length: length) else {
             return misuse("setBytes: length \(length) at index \(index)")
         }
-        b.contents().copyMemory(from: bytes, byteCount: length)
+        b.storage.copyMemory(from: bytes, byteCount: length)
+        b.markAllInitialized()
         buffers[index] = (b, 0)
+        boundObjects[index] = nil
     }
 
     public func setThreadgroupMemoryLength(_ length: Int, index: Int) {
@@ -253,6 +318,19 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     private func record(_ size: DispatchCommand.Size, _ threadsPerThreadgroup: MTLSize) {
         if ended { return misuse("dispatch after endEncoding()") }
         guard let pipeline else { return misuse("dispatch without setComputePipelineState(_:)") }
+        let name = pipeline.kernel.name
+        commandBuffer.use(pipeline, "the pipeline state of kernel \(name)")
+        for (index, bound) in boundObjects.enumerated() {
+            guard let bound, buffers[index] != nil else { continue }
+            guard let object = bound.object as? SoftMetalBuffer else {
+                return misuse("kernel \(name): the buffer bound at index \(index) was released before the dispatch")
+            }
+            commandBuffer.use(object, "buffer(\(index))\(object.label.map { " ('\($0)')" } ?? "") of kernel \(name), "
+                                      + "\(object.length) bytes,")
+        }
+        if case .indirect(let memory, _) = size, let object = indirectObject?.object {
+            commandBuffer.use(object, "the indirect buffer of kernel \(name), \(memory.length) bytes,")
+        }
         let command = DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
@@ -283,7 +361,9 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
 
     public func dispatchThreadgroups(indirectBuffer: any MTLBuffer, indirectBufferOffset: Int, threadsPerThreadgroup: MTLSize) {
         guard let b = indirectBuffer as? SoftMetalBuffer else { return misuse("indirect buffer not made by SoftMetal") }
-        record(.indirect(b, indirectBufferOffset), threadsPerThreadgroup)
+        indirectObject = WeakObject(b)
+        defer { indirectObject = nil }
+        record(.indirect(b.memory, indirectBufferOffset), threadsPerThreadgroup)
     }
 
     public func dispatchThreads(_ threadsPerGrid: MTLSize, threadsPerThreadgroup: MTLSize) {

@@ -9,6 +9,8 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     public let name = "SoftMetal (CPU)"
     public let maxThreadsPerThreadgroup = MTLSize(width: 1024, height: 1024, depth: 1024)
     public let maxThreadgroupMemoryLength = 32768
+    /// SoftMetalOptions.maxBufferLength (settable, for tests).
+    public var maxBufferLength: Int { SoftMetalOptions.maxBufferLength }
 
     /// SoftMetal stands in for an Apple silicon GPU of the M3/M4 generation (Apple 9, which
     /// includes every earlier Apple family, Mac 2 and Metal 3).
@@ -16,14 +18,16 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
 
     public func makeCommandQueue() -> (any MTLCommandQueue)? { SoftMetalCommandQueue(device: self) }
 
-    /// nil for a length of 0, as on Metal (code that works here must work there).
+    /// nil for a length of 0 or past maxBufferLength, as on Metal (code that works here must work there).
     public func makeBuffer(length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
-        guard length > 0 else { return nil }
+        guard length > 0, length <= maxBufferLength else { return nil }
         return SoftMetalBuffer(device: self, length: length)
     }
 
     public func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
-        guard length > 0, let buffer = SoftMetalBuffer(device: self, length: length) else { return nil }
+        guard length > 0, length <= maxBufferLength, let buffer = SoftMetalBuffer(device: self, length: length) else {
+            return nil
+        }
         buffer.contents().copyMemory(from: pointer, byteCount: length)
         return buffer
     }
@@ -35,7 +39,9 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     public func makeBuffer(bytesNoCopy pointer: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions,
                            deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) -> (any MTLBuffer)? {
         let page = Swift.max(Int(csm_page_size()), 16384)
-        guard length > 0, Int(bitPattern: pointer) % page == 0, length % page == 0 else { return nil }
+        guard length > 0, length <= maxBufferLength, Int(bitPattern: pointer) % page == 0, length % page == 0 else {
+            return nil
+        }
         return SoftMetalBuffer(device: self, noCopy: pointer, length: length, deallocator: deallocator)
     }
 
@@ -56,57 +62,81 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
 /// space allows (csoftmetal.c), so that any address a 32-bit index of 16-byte elements
 /// forms from the buffer faults and is reported instead of landing in the host's memory;
 /// else one page. makeBuffer(bytesNoCopy:...) memory is not guarded.
+///
+/// The app's object and its memory (BufferMemory) are two: recorded commands hold the
+/// memory, and a command buffer with retained references holds the object too. One with
+/// unretained references holds only the memory, so the app may release the object before
+/// the commands ran, as on Metal; SoftMetal then fails that command buffer (a GPU would
+/// read freed memory) while the memory itself lives on until the commands are done.
 public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
     public let device: any MTLDevice
     public var label: String?
-    public let length: Int
-    let storage: UnsafeMutableRawPointer
+    public var length: Int { memory.length }
+    let memory: BufferMemory
+    var storage: UnsafeMutableRawPointer { memory.storage }
     /// false for bytesNoCopy buffers, whose memory SoftMetal cannot place next to a guard
     /// page, and beyond the budget of memory mappings for guarded buffers (csoftmetal.c):
     /// thousands of live buffers would otherwise exhaust the process's mappings.
-    public let softMetalIsGuarded: Bool
+    public var softMetalIsGuarded: Bool { memory.isGuarded }
     /// The PROT_NONE bytes on each side of the buffer's memory: 64 GiB (wide guards), a
     /// page (the budget of address space was spent, or mmap refused the reservation), or 0
     /// (not guarded).
     public var softMetalGuardBytes: Int { softMetalIsGuarded ? Int(csm_guard_width(storage)) : 0 }
-    private let deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?
 
     init?(device: any MTLDevice, length: Int) {
+        guard let memory = BufferMemory(length: length) else { return nil }
+        self.device = device
+        self.memory = memory
+    }
+
+    init(device: any MTLDevice, noCopy: UnsafeMutableRawPointer, length: Int,
+         deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) {
+        self.device = device
+        memory = BufferMemory(noCopy: noCopy, length: length, deallocator: deallocator)
+    }
+
+    /// The host may write through the pointer, which nothing here can see: from now on
+    /// every byte counts as written (the memory check's rule for device memory).
+    public func contents() -> UnsafeMutableRawPointer {
+        memory.markAllInitialized()
+        return storage
+    }
+}
+
+/// A buffer's memory: SoftMetal's guarded allocation, or the app's bytesNoCopy memory
+/// whose deallocator runs when the last holder (the buffer, or a command that binds it)
+/// lets go.
+final class BufferMemory: @unchecked Sendable {
+    let length: Int
+    let storage: UnsafeMutableRawPointer
+    let isGuarded: Bool
+    /// The memory is SoftMetal's (csm_buffer_alloc), not the caller's (bytesNoCopy).
+    private let owned: Bool
+    private let deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?
+
+    init?(length: Int) {
         var guarded: Int32 = 0
         guard length >= 0, let p = csm_buffer_alloc(length, 1, &guarded) else { return nil }
-        self.device = device
         self.length = length
         storage = p
-        softMetalIsGuarded = guarded != 0
+        isGuarded = guarded != 0
         owned = true
         deallocator = nil
         allInitialized = false
     }
 
-    /// The memory is SoftMetal's (csm_buffer_alloc), not the caller's (bytesNoCopy).
-    private let owned: Bool
-
-    init(device: any MTLDevice, noCopy: UnsafeMutableRawPointer, length: Int,
-         deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) {
-        self.device = device
+    init(noCopy: UnsafeMutableRawPointer, length: Int, deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) {
         self.length = length
         storage = noCopy
-        softMetalIsGuarded = false
+        isGuarded = false
         owned = false
         self.deallocator = deallocator
         allInitialized = true
     }
 
     deinit {
-        if owned { csm_buffer_free(storage, length, softMetalIsGuarded ? 1 : 0) } else { deallocator?(storage, length) }
+        if owned { csm_buffer_free(storage, length, isGuarded ? 1 : 0) } else { deallocator?(storage, length) }
         initBits?.deallocate()
-    }
-
-    /// The host may write through the pointer, which nothing here can see: from now on
-    /// every byte counts as written (the memory check's rule for device memory).
-    public func contents() -> UnsafeMutableRawPointer {
-        markAllInitialized()
-        return storage
     }
 
     // The memory check's record of which bytes hold data, one bit per byte, kept across

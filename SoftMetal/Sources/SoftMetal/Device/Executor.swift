@@ -156,7 +156,7 @@ enum Executor {
                         uninitialized: c.checkMemory, staleReads: c.staleReads)
             return
         }
-        var distinct: [SoftMetalBuffer] = []
+        var distinct: [BufferMemory] = []
         for case let binding? in c.buffers where !distinct.contains(where: { $0 === binding.buffer }) {
             distinct.append(binding.buffer)
         }
@@ -181,11 +181,11 @@ enum Executor {
         }
     }
 
-    private static func snapshot(_ b: SoftMetalBuffer) -> [UInt8] {
+    private static func snapshot(_ b: BufferMemory) -> [UInt8] {
         Array(UnsafeRawBufferPointer(start: b.storage, count: b.length))
     }
 
-    private static func restore(_ b: SoftMetalBuffer, _ bytes: [UInt8]) {
+    private static func restore(_ b: BufferMemory, _ bytes: [UInt8]) {
         bytes.withUnsafeBytes { b.storage.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
     }
 
@@ -200,7 +200,7 @@ enum Executor {
     /// (and of chunks) and of the lanes inside each threadgroup. `checked`: with the memory
     /// check, on one thread, one dispatch at a time.
     private static func execute(_ kernel: CompiledKernel, _ base: sm_dispatch, total: Int, lanes: Int,
-                                bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?,
+                                bindings: [(buffer: BufferMemory, offset: Int)?], permutation: UInt64?,
                                 checked: Bool = false, uninitialized: Bool = true, staleReads: Bool = false) throws {
         if !checked {
             // Its stores are not seen: the memory check takes its buffers as written.
@@ -225,7 +225,7 @@ enum Executor {
     }
 
     private static func execute(_ kernel: CompiledKernel, _ launcher: sm_launcher, _ base: sm_dispatch, total: Int, lanes: Int,
-                                bindings: [(buffer: SoftMetalBuffer, offset: Int)?], permutation: UInt64?, chunks: Int,
+                                bindings: [(buffer: BufferMemory, offset: Int)?], permutation: UInt64?, chunks: Int,
                                 check: (MemoryCheck, String)?) throws {
         var template = base
         // One deadline for the whole dispatch (the watchdog's timeout), not one per chunk.
@@ -310,7 +310,7 @@ enum Executor {
     }
 
     /// Called on the thread whose csm_run reported the fault.
-    private static func outOfBoundsMessage(_ kernel: CompiledKernel, _ bindings: [(buffer: SoftMetalBuffer, offset: Int)?]) -> String {
+    private static func outOfBoundsMessage(_ kernel: CompiledKernel, _ bindings: [(buffer: BufferMemory, offset: Int)?]) -> String {
         let address = Int(bitPattern: csm_fault_address())
         let start = Int(bitPattern: csm_fault_region_start())
         let length = Int(bitPattern: csm_fault_region_length())

@@ -13,13 +13,13 @@ final class MemoryCheck {
     let state: UnsafeMutablePointer<sm_check>
     private var maps: [(UnsafeMutableRawPointer, Int)] = []
     /// Stale reads: per distinct buffer, memory that may hold a stale byte where `pending` is 1.
-    private var stale: [(buffer: SoftMetalBuffer, newest: UnsafeMutablePointer<UInt8>, pending: UnsafeMutablePointer<UInt8>)] = []
+    private var stale: [(buffer: BufferMemory, newest: UnsafeMutablePointer<UInt8>, pending: UnsafeMutablePointer<UInt8>)] = []
 
     /// `groups`: threadgroups in the dispatch (the memory model's release table);
     /// `uninitialized`: reads of unwritten memory are reported (the race detector alone does not);
     /// `staleReads`: unordered cross-threadgroup reads get the bytes the dispatch began with.
     /// `coherent`: the indices of the kernel's `coherent(device)` buffers.
-    init(bindings: [(buffer: SoftMetalBuffer, offset: Int)?], dispatch: sm_dispatch, groups: Int, coherent: [Int] = [],
+    init(bindings: [(buffer: BufferMemory, offset: Int)?], dispatch: sm_dispatch, groups: Int, coherent: [Int] = [],
          uninitialized: Bool, staleReads: Bool) {
         state = .allocate(capacity: 1)
         state.initialize(to: sm_check())
@@ -87,7 +87,7 @@ final class MemoryCheck {
 
     /// A buffer's bytes as the dispatch begins, and room for the bytes stale ones displace
     /// (one set per buffer, shared by every index it is bound at).
-    private func staleCopies(_ buffer: SoftMetalBuffer) -> (initial: UnsafeMutablePointer<UInt8>, newest: UnsafeMutablePointer<UInt8>,
+    private func staleCopies(_ buffer: BufferMemory) -> (initial: UnsafeMutablePointer<UInt8>, newest: UnsafeMutablePointer<UInt8>,
                                                             pending: UnsafeMutablePointer<UInt8>)? {
         if let i = stale.firstIndex(where: { $0.buffer === buffer }) {
             let newest = stale[i].newest, pending = stale[i].pending
@@ -122,7 +122,7 @@ final class MemoryCheck {
         }
     }
 
-    func message(_ kernel: CompiledKernel, _ bindings: [(buffer: SoftMetalBuffer, offset: Int)?], library: String,
+    func message(_ kernel: CompiledKernel, _ bindings: [(buffer: BufferMemory, offset: Int)?], library: String,
                  groups: (UInt32, UInt32, UInt32)) -> String {
         let c = state.pointee
         let lines = MemoryCheck.sourceLines(library, [c.pc, c.other_pc])

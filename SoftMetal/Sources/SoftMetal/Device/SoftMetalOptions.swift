@@ -110,6 +110,21 @@ public enum SoftMetalOptions {
         set { lock.withLock { _poison = newValue } }
     }
 
+    /// The device's maxBufferLength: makeBuffer of any kind returns nil for a longer buffer,
+    /// as Metal does. Initially $SOFTMETAL_MAX_BUFFER_LENGTH (bytes) or, as on an Apple
+    /// silicon Mac, about half of the machine's memory (at least Apple's guaranteed 256 MB).
+    /// Tests set it small (down to one 16 KiB page, below any real device's) to see code
+    /// split what does not fit without files of hundreds of megabytes.
+    public static var maxBufferLength: Int {
+        get { lock.withLock { _maxBufferLength } }
+        set { lock.withLock { _maxBufferLength = Swift.max(newValue, 16384) } }
+    }
+    nonisolated(unsafe) private static var _maxBufferLength: Int = {
+        if let set = SMEnv.get("SOFTMETAL_MAX_BUFFER_LENGTH").flatMap({ Int($0) }) { return Swift.max(set, 16384) }
+        let memory = Int(sysconf(Int32(_SC_PHYS_PAGES))) * Int(sysconf(Int32(_SC_PAGESIZE)))
+        return Swift.max(memory / 2, 256 << 20)
+    }()
+
     /// The cache directory of compiled kernels.
     public static var cacheDirectory: String { KernelCompiler.cacheDirectory }
 
