@@ -97,7 +97,7 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
         let run: @Sendable () -> Void = { [self] in
             // The commands stay the command buffer's, so that they (and the memory they
             // bind) are let go before anyone waiting is woken.
-            let work: [DispatchCommand] = lock.withLock {
+            var work: [DispatchCommand] = lock.withLock {
                 _status = .scheduled
                 return commands
             }
@@ -112,7 +112,7 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
                 }
             }
             if failure == nil { failure = released() }
-            withExtendedLifetime(work) {}
+            work = []  // not left to the end of the scope: a debug build would keep it past the wake-up
             let toCall: [MTLCommandBufferHandler] = lock.withLock {
                 _status = failure == nil ? .completed : .error
                 _error = failure

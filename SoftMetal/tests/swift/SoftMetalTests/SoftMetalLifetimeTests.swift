@@ -12,26 +12,34 @@ import XCTest
 final class SoftMetalLifetimeTests: XCTestCase {
     var device: any MTLDevice { MTLCreateSystemDefaultDevice()! }
 
+    /// Records `out = a + scale·b` over 4 floats into a new encoder of `commandBuffer`, and ends it.
+    func encodeAdd(_ commandBuffer: any MTLCommandBuffer, _ pipeline: any MTLComputePipelineState,
+                   a: any MTLBuffer, b: any MTLBuffer, out: any MTLBuffer, scale: Float) throws {
+        let encoder = try XCTUnwrap(commandBuffer.makeComputeCommandEncoder())
+        encoder.setComputePipelineState(pipeline)
+        for (i, buffer) in [a, b, out].enumerated() { encoder.setBuffer(buffer, offset: 0, index: i) }
+        var params: (UInt32, Float) = (4, scale)
+        encoder.setBytes(&params, length: 8, index: 3)
+        encoder.dispatchThreads(MTLSize(width: 4, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
+        encoder.endEncoding()
+    }
+
+    func addPipeline() throws -> any MTLComputePipelineState {
+        let library = try device.makeLibrary(source: addSource, options: nil)
+        return try device.makeComputePipelineState(function: try XCTUnwrap(library.makeFunction(name: "add_scaled")))
+    }
+
     /// `out = a + 1·b` over 4 floats, recorded into `commandBuffer` with buffers made in a
     /// scope the app leaves before committing (`keep`: what the app still holds).
     func recordAdd(into commandBuffer: any MTLCommandBuffer, out: any MTLBuffer,
                    keep: inout [AnyObject]) throws {
-        let library = try device.makeLibrary(source: addSource, options: nil)
-        let pipeline = try device.makeComputePipelineState(function: try XCTUnwrap(library.makeFunction(name: "add_scaled")))
+        let pipeline = try addPipeline()
         let a = [Float](repeating: 1, count: 4).withUnsafeBytes { device.makeBuffer(bytes: $0.baseAddress!, length: 16, options: [])! }
         let b = [Float](repeating: 2, count: 4).withUnsafeBytes { device.makeBuffer(bytes: $0.baseAddress!, length: 16, options: [])! }
         a.label = "a"
         keep.append(pipeline)
         keep.append(b)
-        let encoder = try XCTUnwrap(commandBuffer.makeComputeCommandEncoder())
-        encoder.setComputePipelineState(pipeline)
-        encoder.setBuffer(a, offset: 0, index: 0)
-        encoder.setBuffer(b, offset: 0, index: 1)
-        encoder.setBuffer(out, offset: 0, index: 2)
-        var params: (UInt32, Float) = (4, 1)
-        encoder.setBytes(&params, length: 8, index: 3)
-        encoder.dispatchThreads(MTLSize(width: 4, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
-        encoder.endEncoding()
+        try encodeAdd(commandBuffer, pipeline, a: a, b: b, out: out, scale: 1)
     }
 
     func result(_ out: any MTLBuffer) -> [Float] {
@@ -76,15 +84,8 @@ final class SoftMetalLifetimeTests: XCTestCase {
         let out = try XCTUnwrap(device.makeBuffer(length: 16, options: []))
         let a = [Float](repeating: 1, count: 4).withUnsafeBytes { device.makeBuffer(bytes: $0.baseAddress!, length: 16, options: [])! }
         let b = [Float](repeating: 2, count: 4).withUnsafeBytes { device.makeBuffer(bytes: $0.baseAddress!, length: 16, options: [])! }
-        let library = try device.makeLibrary(source: addSource, options: nil)
-        let pipeline = try device.makeComputePipelineState(function: try XCTUnwrap(library.makeFunction(name: "add_scaled")))
-        let encoder = try XCTUnwrap(commandBuffer.makeComputeCommandEncoder())
-        encoder.setComputePipelineState(pipeline)
-        for (i, buffer) in [a, b, out].enumerated() { encoder.setBuffer(buffer, offset: 0, index: i) }
-        var params: (UInt32, Float) = (4, 0.5)
-        encoder.setBytes(&params, length: 8, index: 3)
-        encoder.dispatchThreads(MTLSize(width: 4, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
-        encoder.endEncoding()
+        let pipeline = try addPipeline()
+        try encodeAdd(commandBuffer, pipeline, a: a, b: b, out: out, scale: 0.5)
         commandBuffer.commit()
         commandBuffer.waitUntilCompleted()
         XCTAssertEqual(commandBuffer.status, .completed, "\(String(describing: commandBuffer.error))")
@@ -105,20 +106,11 @@ final class SoftMetalLifetimeTests: XCTestCase {
         let queue = try XCTUnwrap(device.makeCommandQueue())
         let commandBuffer = try XCTUnwrap(queue.makeCommandBufferWithUnretainedReferences())
         let out = try XCTUnwrap(device.makeBuffer(length: 16, options: []))
-        let library = try device.makeLibrary(source: addSource, options: nil)
-        let pipeline = try device.makeComputePipelineState(function: try XCTUnwrap(library.makeFunction(name: "add_scaled")))
+        let pipeline = try addPipeline()
         do {
             let wrapped = try XCTUnwrap(device.makeBuffer(bytesNoCopy: memory, length: page, options: [],
                                                           deallocator: { p, _ in flag.freed = true; free(p) }))
-            let encoder = try XCTUnwrap(commandBuffer.makeComputeCommandEncoder())
-            encoder.setComputePipelineState(pipeline)
-            encoder.setBuffer(wrapped, offset: 0, index: 0)
-            encoder.setBuffer(wrapped, offset: 0, index: 1)
-            encoder.setBuffer(out, offset: 0, index: 2)
-            var params: (UInt32, Float) = (4, 1)
-            encoder.setBytes(&params, length: 8, index: 3)
-            encoder.dispatchThreads(MTLSize(width: 4, height: 1, depth: 1), threadsPerThreadgroup: MTLSize(width: 4, height: 1, depth: 1))
-            encoder.endEncoding()
+            try encodeAdd(commandBuffer, pipeline, a: wrapped, b: wrapped, out: out, scale: 1)
         }
         XCTAssertFalse(flag.freed, "the recorded command still binds the memory")
         commandBuffer.commit()
