@@ -25,6 +25,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     let pipelines: Pipelines
     let q8: Q8Inputs
     let pool = MetalBufferPool()
+    /// The byte ranges of mapped memory that the layer's bytesNoCopy buffers wrap (MetalMappings).
+    let mappedRanges: [Range<Int>]
 
     /// The products whose input is 8-bit activations' grid values (moe_options.h,
     /// MOE_ACTIVATION_QUANTIZATION_Q8): with `activationQuantization == .q8`, those of
@@ -94,7 +96,7 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         configuration = c
         let (e, i) = (c.numExperts, c.intermediateSize)
 
-        let mappings = MetalMappings()
+        let mappings = MetalMappings(w.matrices, maxBufferLength: context.device.maxBufferLength)
         func matrix(_ data: WeightData, rows: Int, cols: Int, what: String) throws -> MetalWeight {
             try MetalWeight(data, rowsPerExpert: rows, cols: cols, context: context, mappings: mappings, what: what)
         }
@@ -135,6 +137,7 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
             sharedGate = nil
         }
 
+        mappedRanges = mappings.wrappedRanges
         q8 = Q8Inputs(c, gate: gate, up: up, down: down, shared: shared)
         pipelines = Pipelines(router: try context.pipeline(MetalKernels.router(router.kernelSuffix), threads: MOE_ROUTER_THREADS),
                               routerGemv: try context.pipeline(MetalKernels.routerGemv(router.kernelSuffix),

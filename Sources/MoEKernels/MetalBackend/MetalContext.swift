@@ -140,6 +140,10 @@ final class MetalContext: @unchecked Sendable {
 
     func makeBuffer(bytes: Int, what: String) throws -> any MTLBuffer {
         let length = Self.bufferLength(bytes)
+        guard length <= device.maxBufferLength else {
+            throw MoEError.outOfMemory("\(what) needs \(length) bytes in one buffer, more than this \(metalDeviceKind.name) "
+                                       + "device's maxBufferLength (\(device.maxBufferLength) bytes)")
+        }
         guard let buffer = device.makeBuffer(length: length, options: .storageModeShared) else {
             throw MoEError.outOfMemory("cannot allocate \(length) bytes of \(metalDeviceKind.name) device memory for \(what)")
         }

@@ -56,8 +56,8 @@ struct MetalWeight {
         let inPlace = Self.inPlace(data)
         let parts = try data.parts.enumerated().map { i, bytes -> Part in
             let part = what + (quantized && i == 0 ? " (codes)" : names[i])
-            if inPlace[i], let memory = data.memory, let base = bytes.baseAddress {
-                return Part(buffer: try mappings.buffer(memory, context: context, what: part), offset: memory.offset(of: base))
+            if inPlace[i], let memory = data.memory, bytes.baseAddress != nil {
+                return try mappings.part(bytes, of: memory, context: context, what: part)
             }
             let buffer = try context.makeBuffer(bytes: bytes.count, what: part)
             if let base = bytes.baseAddress { buffer.contents().copyMemory(from: base, byteCount: bytes.count) }
@@ -112,22 +112,84 @@ struct MetalWeight {
     }
 }
 
-/// The bytesNoCopy buffers of one layer's mapped memories: each memory wrapped once,
-/// whole, the buffer holding the memory alive (its deallocator keeps a reference).
+/// The bytesNoCopy buffers through which one layer reads its mapped weights in place. Per
+/// memory (a mapped file), only the page span of this layer's own tensors is wrapped, never
+/// the whole file — a 48-layer file would otherwise be wrapped whole 48 times — in pieces no
+/// longer than the device's maxBufferLength (Apple guarantees 256 MB; Apple silicon Macs
+/// give about half of their memory), each holding whole tensors, as llama.cpp maps a model
+/// file in views within that limit. Each buffer holds its memory alive (its deallocator
+/// keeps a reference).
 final class MetalMappings {
-    private var buffers: [ObjectIdentifier: any MTLBuffer] = [:]
+    /// A page-aligned byte range of a memory, wrapped once when a part first needs it.
+    private final class Piece {
+        let start: Int, end: Int
+        var buffer: (any MTLBuffer)?
+        init(start: Int, end: Int) { (self.start, self.end) = (start, end) }
+    }
+    private var pieces: [ObjectIdentifier: [Piece]] = [:]
+    /// Ranges closer than this share a piece: a few norm or attention tensors between two of
+    /// the layer's cost less as address space than as one more buffer.
+    static let mergeGap = 2 << 20
 
-    func buffer(_ memory: WeightMemory, context: MetalContext, what: String) throws -> any MTLBuffer {
-        if let made = buffers[ObjectIdentifier(memory)] { return made }
-        // Kernels only read weights; Metal's signature takes a mutable pointer regardless.
-        guard let buffer = context.device.makeBuffer(bytesNoCopy: UnsafeMutableRawPointer(mutating: memory.base),
-                                                     length: memory.length, options: .storageModeShared,
-                                                     deallocator: { _, _ in withExtendedLifetime(memory) {} }) else {
-            throw MoEError.outOfMemory("the \(metalDeviceKind.name) device could not wrap the \(memory.length) mapped bytes "
-                                       + "holding \(what) without a copy")
+    /// Plans the pieces of every part of `weights` that is read in place (MetalWeight.inPlace).
+    init(_ weights: [WeightData], maxBufferLength: Int) {
+        let page = WeightMemory.pageSize
+        let limit = Swift.max(page, maxBufferLength / page * page)
+        var ranges: [ObjectIdentifier: [(start: Int, end: Int)]] = [:]
+        for data in weights {
+            guard let memory = data.memory else { continue }
+            for (bytes, inPlace) in zip(data.parts, MetalWeight.inPlace(data)) where inPlace {
+                guard let base = bytes.baseAddress else { continue }
+                let offset = memory.offset(of: base)
+                ranges[ObjectIdentifier(memory), default: []].append(
+                    (offset / page * page, (offset + bytes.count + page - 1) / page * page))
+            }
         }
-        buffer.label = "mapped weights"
-        buffers[ObjectIdentifier(memory)] = buffer
-        return buffer
+        for (memory, spans) in ranges {
+            var planned: [Piece] = []
+            var (start, end) = (-1, -1)
+            for span in spans.sorted(by: { $0.start < $1.start }) {
+                if start >= 0 && span.start <= end + Self.mergeGap && Swift.max(end, span.end) - start <= limit {
+                    end = Swift.max(end, span.end)
+                    continue
+                }
+                if start >= 0 { planned.append(Piece(start: start, end: end)) }
+                (start, end) = span
+            }
+            if start >= 0 { planned.append(Piece(start: start, end: end)) }
+            pieces[memory] = planned
+        }
+    }
+
+    /// The byte ranges of their memories that the buffers made so far wrap (one per piece a
+    /// part was bound from).
+    var wrappedRanges: [Range<Int>] { pieces.values.flatMap { $0.filter { $0.buffer != nil }.map { $0.start..<$0.end } } }
+
+    /// `bytes` of `memory` (planned in init) as a buffer and an offset into it.
+    func part(_ bytes: UnsafeRawBufferPointer, of memory: WeightMemory, context: MetalContext,
+              what: String) throws -> MetalWeight.Part {
+        let offset = memory.offset(of: bytes.baseAddress!)
+        guard let piece = pieces[ObjectIdentifier(memory)]?.first(where: { $0.start <= offset && offset + bytes.count <= $0.end })
+        else {
+            throw MoEError.internalError("\(what): no planned mapping holds bytes \(offset)..<\(offset + bytes.count)")
+        }
+        if piece.buffer == nil {
+            let length = piece.end - piece.start, limit = context.device.maxBufferLength
+            guard length <= limit else {
+                throw MoEError.outOfMemory(
+                    "\(what) is one tensor of \(bytes.count) bytes, more than this \(metalDeviceKind.name) device's "
+                    + "maxBufferLength (\(limit) bytes): Metal cannot bind it as one buffer")
+            }
+            // Kernels only read weights; Metal's signature takes a mutable pointer regardless.
+            guard let buffer = context.device.makeBuffer(
+                bytesNoCopy: UnsafeMutableRawPointer(mutating: memory.base + piece.start), length: length,
+                options: .storageModeShared, deallocator: { _, _ in withExtendedLifetime(memory) {} }) else {
+                throw MoEError.outOfMemory("the \(metalDeviceKind.name) device could not wrap the \(length) mapped bytes "
+                                           + "holding \(what) without a copy")
+            }
+            buffer.label = "mapped weights, bytes \(piece.start)..<\(piece.end)"
+            piece.buffer = buffer
+        }
+        return MetalWeight.Part(buffer: piece.buffer!, offset: offset - piece.start)
     }
 }

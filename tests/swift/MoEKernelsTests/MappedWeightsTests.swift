@@ -7,6 +7,7 @@ import XCTest
 @testable import MoEKernels
 #if canImport(Glibc)
 import Glibc
+import SoftMetal
 #elseif canImport(Darwin)
 import Darwin
 #endif
@@ -53,7 +54,9 @@ final class MappedWeightsTests: XCTestCase {
 
     /// A layer of every matrix format, some parts at offsets the Metal kernels cannot read
     /// in place (those are copied), as mapped and as plain borrowed weights of the same bytes.
-    func weights(_ c: MoEConfiguration, file: TensorFile) throws -> (mapped: MoEWeights, copied: MoEWeights) {
+    /// `memory`: the file's one WeightMemory when several layers are put in it.
+    func weights(_ c: MoEConfiguration, file: TensorFile, memory: WeightMemory? = nil) throws
+        -> (mapped: MoEWeights, copied: MoEWeights) {
         let data = LayerData.random(c, seed: 7)
         let (h, i, e) = (c.hiddenSize, c.intermediateSize, c.numExperts)
         let router = WeightData.dense(file.put(data.router, misalign: 4), .float32)       // f32 off a float4
@@ -68,7 +71,7 @@ final class MappedWeightsTests: XCTestCase {
                                                             scaleType: .bfloat16))
         let shared = WeightData.dense(file.put(bfloat16(Array(data.gate[0..<i * h])).bits), .bfloat16)
         XCTAssertEqual(e * i * h % 64, 0)
-        let memory = try file.memory()
+        let memory = try memory ?? file.memory()
         func both(_ gateUp: GateUpWeights, _ down: WeightData, _ map: (WeightData) -> WeightData) -> MoEWeights {
             MoEWeights(router: map(router), gateUp: gateUp, downProj: map(down),
                        shared: SharedExpertWeights(gateProj: map(shared), upProj: map(shared), downProj: map(shared)))
@@ -183,6 +186,50 @@ final class MappedWeightsTests: XCTestCase {
                 .first { $0.hasPrefix("VmFlags:") })
             XCTAssertTrue(entry.split(separator: " ").contains("hg"), entry)
         }
+        #endif
+    }
+
+    /// Two layers mapped from one file, on a device whose maxBufferLength (64 KiB here; Apple
+    /// guarantees 256 MB) is shorter than each layer's span: each layer wraps only pages of
+    /// its own tensors, in pieces within the limit, and computes as its copy does; a tensor
+    /// longer than the limit is a clear error, not a nil buffer.
+    func testEachLayerWrapsItsOwnSpanInPiecesWithinMaxBufferLength() throws {
+        #if os(Linux)
+        try XCTSkipUnless(MoELayer.availableBackends.contains(Self.gpu))
+        let saved = SoftMetalOptions.maxBufferLength
+        defer { SoftMetalOptions.maxBufferLength = saved }
+        let limit = 4 * WeightMemory.pageSize
+        SoftMetalOptions.maxBufferLength = limit
+        let c = makeConfig(h: 128, i: 64, e: 4, k: 2) { $0.sharedIntermediateSize = 64 }
+        let file = TensorFile(pages: 32)
+        let memory = try file.memory()
+        let first = try weights(c, file: file, memory: memory)
+        let boundary = file.put([UInt8](repeating: 0, count: 1)).baseAddress! - UnsafeRawPointer(file.base)
+        let second = try weights(c, file: file, memory: memory)
+        let x = seededFloats(5 * c.hiddenSize, seed: 5)
+        var wraps: [[Range<Int>]] = []
+        for (mapped, copied) in [first, second] {
+            let layer = try MoELayer(configuration: c, weights: mapped, backend: Self.gpu)
+            let ranges = try XCTUnwrap(layer.backend as? MetalBackend).mappedRanges
+            XCTAssertTrue(ranges.allSatisfy { $0.count <= limit }, "\(ranges)")
+            wraps.append(ranges)
+            assertBitwiseEqual(try layer.forward(x), try MoELayer(configuration: c, weights: copied, backend: Self.gpu).forward(x),
+                               "layer \(wraps.count)")
+        }
+        XCTAssertGreaterThan(wraps[0].count, 1, "the first layer's span is longer than the limit: \(wraps[0])")
+        let page = WeightMemory.pageSize
+        XCTAssertTrue(wraps[0].allSatisfy { $0.upperBound <= (boundary + page - 1) / page * page }, "\(wraps[0]) past \(boundary)")
+        XCTAssertTrue(wraps[1].allSatisfy { $0.lowerBound >= boundary / page * page }, "\(wraps[1]) before \(boundary)")
+        XCTAssertLessThan(wraps[1].reduce(0) { $0 + $1.count }, file.length / 2, "never the whole file")
+
+        SoftMetalOptions.maxBufferLength = WeightMemory.pageSize
+        XCTAssertThrowsError(try MoELayer(configuration: c, weights: first.mapped, backend: Self.gpu)) { error in
+            guard case MoEError.outOfMemory(let message) = error else { return XCTFail("\(error)") }
+            XCTAssertTrue(message.contains("more than this softmetal device's maxBufferLength (16384 bytes)"), message)
+            XCTAssertTrue(message.contains(" in one buffer") || message.contains("one tensor of"), message)
+        }
+        #else
+        throw XCTSkip("SoftMetal's maxBufferLength is settable; a Mac's is not")
         #endif
     }
 
