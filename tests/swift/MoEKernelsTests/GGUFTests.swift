@@ -4,25 +4,25 @@
 // ggml's block types and hostile files.
 import Foundation
 import XCTest
-import MoEKernels
+@testable import MoEKernels
 import CMoESwift
 
 final class GGUFTests: XCTestCase {
     let (h, i, e, k) = (32, 32, 4, 2)
 
-    /// A GGUF v3 file of one qwen3moe MoE block (blk.0), f32, and its arrays.
-    func makeFile() throws -> (URL, router: [Float], gate: [Float], up: [Float], down: [Float]) {
+    /// A GGUF v3 file of `blocks` qwen3moe MoE blocks (blk.0, ...), f32, and blk.0's arrays.
+    func makeFile(blocks: Int = 1) throws -> (URL, router: [Float], gate: [Float], up: [Float], down: [Float]) {
         var out = Data()
         func append<T>(_ v: T) { withUnsafeBytes(of: v) { out.append(contentsOf: $0) } }
         func string(_ s: String) { append(UInt64(s.utf8.count).littleEndian); out.append(contentsOf: Array(s.utf8)) }
         var rng = SplitMix64(seed: 11)
-        let tensors: [(String, [Int], [Float])] = [
-            ("blk.0.ffn_gate_inp.weight", [h, e], rng.floats(e * h)),
-            ("blk.0.ffn_gate_exps.weight", [h, i, e], rng.floats(e * i * h, scale: 0.3)),
-            ("blk.0.ffn_up_exps.weight", [h, i, e], rng.floats(e * i * h, scale: 0.3)),
-            ("blk.0.ffn_down_exps.weight", [i, h, e], rng.floats(e * h * i, scale: 0.3)),
-        ]
-        let keys: [(String, UInt32)] = [("qwen3moe.block_count", 1), ("qwen3moe.embedding_length", UInt32(h)),
+        let tensors: [(String, [Int], [Float])] = (0..<blocks).flatMap { b in [
+            ("blk.\(b).ffn_gate_inp.weight", [h, e], rng.floats(e * h)),
+            ("blk.\(b).ffn_gate_exps.weight", [h, i, e], rng.floats(e * i * h, scale: 0.3)),
+            ("blk.\(b).ffn_up_exps.weight", [h, i, e], rng.floats(e * i * h, scale: 0.3)),
+            ("blk.\(b).ffn_down_exps.weight", [i, h, e], rng.floats(e * h * i, scale: 0.3)),
+        ] }
+        let keys: [(String, UInt32)] = [("qwen3moe.block_count", UInt32(blocks)), ("qwen3moe.embedding_length", UInt32(h)),
                                         ("qwen3moe.expert_count", UInt32(e)), ("qwen3moe.expert_used_count", UInt32(k)),
                                         ("qwen3moe.expert_feed_forward_length", UInt32(i))]
         out.append(contentsOf: Array("GGUF".utf8))
@@ -74,6 +74,33 @@ final class GGUFTests: XCTestCase {
         XCTAssertThrowsError(try MoELayer(checkpoint: checkpoint, layer: 1, backend: .cpu)) { error in
             XCTAssertTrue("\(error)".contains("out of range"), "\(error)")
         }
+    }
+
+    /// Every layer of a many-layer file on the Metal backend wraps only its own block's pages
+    /// (a few pages each, never the file), and the layers' wraps together are about the
+    /// file once; the layers compute as the CPU's do.
+    func testLayersOfOneFileWrapOnlyTheirOwnPages() throws {
+        let gpu = MetalBackendTests.kind
+        try XCTSkipUnless(MoELayer.availableBackends.contains(gpu))
+        let blocks = 12
+        let (url, _, _, _, _) = try makeFile(blocks: blocks)
+        defer { try? FileManager.default.removeItem(at: url) }
+        let fileSize = try XCTUnwrap(FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int)
+        let checkpoint = try Checkpoint(path: url.path)
+        let blockBytes = 4 * (e * h + 3 * e * i * h), page = WeightMemory.pageSize
+        var wrapped = 0
+        let x = seededFloats(3 * h, seed: 9)
+        for layer in 0..<blocks {
+            let loaded = try MoELayer(checkpoint: checkpoint, layer: layer, backend: gpu)
+            let ranges = try XCTUnwrap(loaded.backend as? MetalBackend).mappedRanges
+            let bytes = ranges.reduce(0) { $0 + $1.count }
+            XCTAssertLessThanOrEqual(bytes, (blockBytes / page + 2) * page, "layer \(layer): \(ranges)")
+            wrapped += bytes
+            let cpu = try MoELayer(checkpoint: checkpoint, layer: layer, backend: .cpu)
+            for (u, v) in zip(try loaded.forward(x), try cpu.forward(x)) { XCTAssertEqual(u, v, accuracy: 1e-5) }
+        }
+        XCTAssertLessThan(wrapped, 2 * fileSize, "\(blocks) layers wrap \(wrapped) bytes of a \(fileSize)-byte file")
+        print("GGUF file of \(fileSize) bytes, \(blocks) layers on \(gpu.name): \(wrapped) bytes wrapped in all")
     }
 
     func testCABI() throws {
