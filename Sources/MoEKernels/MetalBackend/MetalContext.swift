@@ -11,6 +11,9 @@ final class MetalContext: @unchecked Sendable {
     let combine: any MTLComputePipelineState
     /// The decode router's second dispatch (format-independent).
     let routerTopK: any MTLComputePipelineState
+    /// The conversions between a caller's activation rows and float32 (the encode API), by
+    /// dtype: made with the context, so that no encode call builds a pipeline.
+    private let loads, stores: [ScalarType: any MTLComputePipelineState]
     /// Pipelines of the per-format kernel instances, made the first time a layer needs
     /// them (a process that reads one format does not build the others').
     private var pipelines: [String: any MTLComputePipelineState] = [:]
@@ -64,6 +67,13 @@ final class MetalContext: @unchecked Sendable {
         bucket = try Self.makePipeline(device, library, MetalKernels.bucket, threads: MOE_BUCKET_THREADS)
         combine = try Self.makePipeline(device, library, MetalKernels.combine, threads: MOE_COMBINE_THREADS)
         routerTopK = try Self.makePipeline(device, library, MetalKernels.routerTopK, threads: MOE_SIMD_WIDTH)
+        func conversions(_ name: (ScalarType) -> String) throws -> [ScalarType: any MTLComputePipelineState] {
+            try Dictionary(uniqueKeysWithValues: ScalarType.allCases.map {
+                ($0, try Self.makePipeline(device, library, name($0), threads: MOE_CONVERT_THREADS))
+            })
+        }
+        loads = try conversions(MetalKernels.loadActivations)
+        stores = try conversions(MetalKernels.storeActivations)
     }
 
     /// IEEE float math and precise math functions: the router's NaN rules, the spec
@@ -104,9 +114,8 @@ final class MetalContext: @unchecked Sendable {
     }
 
     /// The kernel that converts a caller's `dtype` rows to float32 (`load`) or back.
-    func activationKernel(_ dtype: ScalarType, load: Bool) throws -> any MTLComputePipelineState {
-        try pipeline(load ? MetalKernels.loadActivations(dtype) : MetalKernels.storeActivations(dtype),
-                     threads: MOE_CONVERT_THREADS)
+    func activationKernel(_ dtype: ScalarType, load: Bool) -> any MTLComputePipelineState {
+        (load ? loads : stores)[dtype]!  // every dtype's, made in init
     }
 
     private static func makePipeline(_ device: any MTLDevice, _ library: any MTLLibrary, _ kernel: String,

@@ -51,10 +51,10 @@ extension MetalBackend {
             }
         let normedInPlace = options.normedOutput.map { $0.dtype == .float32 } ?? true
 
-        let load = try xInPlace ? nil : context.activationKernel(input.dtype, load: true)
-        let loadResidual = try residualInPlace ? nil : context.activationKernel(residualArray!.dtype, load: true)
-        let store = try outputInPlace ? nil : context.activationKernel(output.dtype, load: false)
-        let storeNormed = try normedInPlace ? nil : context.activationKernel(options.normedOutput!.dtype, load: false)
+        let load = xInPlace ? nil : context.activationKernel(input.dtype, load: true)
+        let loadResidual = residualInPlace ? nil : context.activationKernel(residualArray!.dtype, load: true)
+        let store = outputInPlace ? nil : context.activationKernel(output.dtype, load: false)
+        let storeNormed = normedInPlace ? nil : context.activationKernel(options.normedOutput!.dtype, load: false)
 
         let scratch = try checkOutScratch(tokens: tokens)
         let session = try MetalSession(kind: kind, commandBuffer: commandBuffer, encoder: encoder,
@@ -106,8 +106,8 @@ extension MetalBackend {
         let inputInPlace = input.dtype == .float32 && input.offset % 16 == 0
         let workInPlace = output.dtype == .float32 && output.offset % 16 == 0
             && (output.isSame(as: input) || !output.overlaps(input, elements: count))
-        let load = try inputInPlace ? nil : first.context.activationKernel(input.dtype, load: true)
-        let store = try workInPlace ? nil : first.context.activationKernel(output.dtype, load: false)
+        let load = inputInPlace ? nil : first.context.activationKernel(input.dtype, load: true)
+        let store = workInPlace ? nil : first.context.activationKernel(output.dtype, load: false)
 
         var held: [(layer: MetalBackend, scratch: MetalScratch)] = []
         do {
