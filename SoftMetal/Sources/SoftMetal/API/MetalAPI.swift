@@ -30,7 +30,15 @@ public struct MTLResourceOptions: OptionSet {
     public static let storageModeShared = MTLResourceOptions([])
     public static let storageModeManaged = MTLResourceOptions(rawValue: 1 << 4)
     public static let storageModePrivate = MTLResourceOptions(rawValue: 2 << 4)
+    public static let hazardTrackingModeDefault = MTLResourceOptions([])
     public static let hazardTrackingModeUntracked = MTLResourceOptions(rawValue: 1 << 8)
+    public static let hazardTrackingModeTracked = MTLResourceOptions(rawValue: 2 << 8)
+}
+
+/// documentation/metal/mtlhazardtrackingmode: `enum MTLHazardTrackingMode: UInt` (raw values as
+/// in Metal). A buffer made with the default is tracked.
+public enum MTLHazardTrackingMode: UInt {
+    case `default` = 0, untracked = 1, tracked = 2
 }
 
 /// documentation/metal/mtlcommandbufferstatus: `enum MTLCommandBufferStatus: UInt`
@@ -233,6 +241,12 @@ public protocol MTLDevice: AnyObject, Sendable {
     /// documentation/metal/mtldevice/makecomputepipelinestate(function:):
     /// `func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState`
     func makeComputePipelineState(function: any MTLFunction) throws -> any MTLComputePipelineState
+    /// documentation/metal/mtldevice/makefence(): `func makeFence() -> (any MTLFence)?`
+    func makeFence() -> (any MTLFence)?
+    /// documentation/metal/mtldevice/makeevent(): `func makeEvent() -> (any MTLEvent)?`
+    func makeEvent() -> (any MTLEvent)?
+    /// documentation/metal/mtldevice/makesharedevent(): `func makeSharedEvent() -> (any MTLSharedEvent)?`
+    func makeSharedEvent() -> (any MTLSharedEvent)?
 }
 
 /// documentation/metal/mtlresource (the part buffers need)
@@ -241,6 +255,30 @@ public protocol MTLResource: AnyObject {
     var device: any MTLDevice { get }
     /// documentation/metal/mtlresource/label
     var label: String? { get set }
+    /// documentation/metal/mtlresource/hazardtrackingmode: `var hazardTrackingMode: MTLHazardTrackingMode { get }`
+    var hazardTrackingMode: MTLHazardTrackingMode { get }
+}
+
+/// documentation/metal/mtlfence: `protocol MTLFence : NSObjectProtocol, Sendable`
+public protocol MTLFence: AnyObject, Sendable {
+    /// documentation/metal/mtlfence/device
+    var device: any MTLDevice { get }
+    /// documentation/metal/mtlfence/label
+    var label: String? { get set }
+}
+
+/// documentation/metal/mtlevent: `protocol MTLEvent : NSObjectProtocol, Sendable`
+public protocol MTLEvent: AnyObject, Sendable {
+    /// documentation/metal/mtlevent/device: `var device: (any MTLDevice)? { get }`
+    var device: (any MTLDevice)? { get }
+    /// documentation/metal/mtlevent/label
+    var label: String? { get set }
+}
+
+/// documentation/metal/mtlsharedevent: `protocol MTLSharedEvent : MTLEvent`
+public protocol MTLSharedEvent: MTLEvent {
+    /// documentation/metal/mtlsharedevent/signaledvalue: `var signaledValue: UInt64 { get set }`
+    var signaledValue: UInt64 { get set }
 }
 
 /// documentation/metal/mtlbuffer
@@ -315,6 +353,12 @@ public protocol MTLCommandBuffer: AnyObject {
     /// documentation/metal/mtlcommandbuffer/addcompletedhandler(_:):
     /// `func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler)`
     func addCompletedHandler(_ block: @escaping MTLCommandBufferHandler)
+    /// documentation/metal/mtlcommandbuffer/encodewaitforevent(_:value:):
+    /// `func encodeWaitForEvent(_ event: any MTLEvent, value: UInt64)` (between encoders)
+    func encodeWaitForEvent(_ event: any MTLEvent, value: UInt64)
+    /// documentation/metal/mtlcommandbuffer/encodesignalevent(_:value:):
+    /// `func encodeSignalEvent(_ event: any MTLEvent, value: UInt64)` (between encoders)
+    func encodeSignalEvent(_ event: any MTLEvent, value: UInt64)
     /// documentation/metal/mtlcommandbuffer/commit()
     func commit()
     /// documentation/metal/mtlcommandbuffer/waituntilcompleted()
@@ -336,6 +380,12 @@ public protocol MTLComputeCommandEncoder: MTLCommandEncoder {
     /// documentation/metal/mtlcomputecommandencoder/memorybarrier(scope:):
     /// `func memoryBarrier(scope: MTLBarrierScope)`
     func memoryBarrier(scope: MTLBarrierScope)
+    /// documentation/metal/mtlcomputecommandencoder/updatefence(_:):
+    /// `func updateFence(_ fence: any MTLFence)` (once the pass completes)
+    func updateFence(_ fence: any MTLFence)
+    /// documentation/metal/mtlcomputecommandencoder/waitforfence(_:):
+    /// `func waitForFence(_ fence: any MTLFence)` (before the pass starts)
+    func waitForFence(_ fence: any MTLFence)
     /// documentation/metal/mtlcomputecommandencoder/setcomputepipelinestate(_:):
     /// `func setComputePipelineState(_ state: any MTLComputePipelineState)`
     func setComputePipelineState(_ state: any MTLComputePipelineState)

@@ -10,8 +10,32 @@ public final class SoftMetalCommandQueue: MTLCommandQueue, @unchecked Sendable {
     public let device: any MTLDevice
     public var label: String?
     let serial = DispatchQueue(label: "softmetal.commandqueue")
+    private let lock = SMLock()
+    private var made = 0
+    /// The hazard records of command buffers committed and not yet completed.
+    private var inFlight: [(buffer: ObjectIdentifier, items: [HazardItem])] = []
 
     init(device: any MTLDevice) { self.device = device }
+
+    /// A number for the name of the next command buffer.
+    func nextNumber() -> Int { lock.withLock { made += 1; return made } }
+
+    /// `items` of `buffer`, committed now, against the command buffers still in flight
+    /// (HazardCheck); they stay in flight until `completed(_:)`.
+    func commit(_ buffer: SoftMetalCommandBuffer, items: [HazardItem]) -> SoftMetalError? {
+        lock.withLock {
+            var all: [(item: HazardItem, buffer: Int)] = []
+            for (k, entry) in inFlight.enumerated() { all += entry.items.map { ($0, k) } }
+            let firstNew = all.count
+            all += items.map { ($0, inFlight.count) }
+            inFlight.append((ObjectIdentifier(buffer), items))
+            return HazardCheck.check(all, firstNew: firstNew)
+        }
+    }
+
+    func completed(_ buffer: SoftMetalCommandBuffer) {
+        lock.withLock { inFlight.removeAll { $0.buffer == ObjectIdentifier(buffer) } }
+    }
 
     public func makeCommandBuffer() -> (any MTLCommandBuffer)? { SoftMetalCommandBuffer(queue: self, retainedReferences: true) }
 
@@ -41,9 +65,37 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
     private var held: [ObjectIdentifier: AnyObject] = [:]
     private var watched: [ObjectIdentifier: (object: WeakObject, what: String)] = [:]
 
+    /// The passes, event signals and waits recorded, for the hazard check at commit.
+    private var hazards: [HazardItem] = []
+    private var encoders = 0
+    private let number: Int
+
     init(queue: SoftMetalCommandQueue, retainedReferences: Bool) {
         self.queue = queue
         self.retainedReferences = retainedReferences
+        number = queue.nextNumber()
+    }
+
+    /// "command buffer 'label'" (or its number).
+    var name: String { "command buffer " + (lock.withLock { label }.map { "'\($0)'" } ?? "#\(number)") }
+
+    /// The name of the next encoder's pass.
+    func nextPassName() -> String { lock.withLock { encoders += 1; return "encoder \(encoders)" } + " of " + name }
+
+    func record(_ item: HazardItem) { lock.withLock { hazards.append(item) } }
+
+    public func encodeWaitForEvent(_ event: any MTLEvent, value: UInt64) { encodeEvent(event, value: value, signal: false) }
+
+    public func encodeSignalEvent(_ event: any MTLEvent, value: UInt64) { encodeEvent(event, value: value, signal: true) }
+
+    private func encodeEvent(_ event: any MTLEvent, value: UInt64, signal: Bool) {
+        let call = signal ? "encodeSignalEvent(_:value:)" : "encodeWaitForEvent(_:value:)"
+        guard let e = event as? SoftMetalEvent else {
+            return append(.failing(.invalidUsage("\(call): the event was not made by SoftMetal")))
+        }
+        guard status == .notEnqueued else { return }
+        append(DispatchCommand.event(signal ? .signal(e, value) : .wait(e, value)))
+        record(signal ? .signal(ObjectIdentifier(e), value) : .wait(ObjectIdentifier(e), value))
     }
 
     /// `object` is used by a recorded command; `what` names it for the report.
@@ -94,6 +146,7 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
             return true
         }
         guard committed else { return }
+        let hazard = queue.commit(self, items: lock.withLock { hazards })
         let run: @Sendable () -> Void = { [self] in
             // The commands stay the command buffer's, so that they (and the memory they
             // bind) are let go before anyone waiting is woken.
@@ -102,9 +155,14 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
                 return commands
             }
             var failure: (any Error)?
-            for command in work {
+            if let hazard { failure = hazard }  // found at commit: nothing runs, as for an encoding error
+            for command in work where failure == nil {
                 do {
                     if let gone = released() { throw gone }
+                    if let event = command.event {
+                        try Self.run(event)
+                        continue
+                    }
                     try Executor.run(command)
                 } catch {
                     failure = error  // later commands do not run, as after a GPU fault
@@ -117,8 +175,10 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
                 _status = failure == nil ? .completed : .error
                 _error = failure
                 commands = []
+                hazards = []  // its records hold buffers' memory too
                 return handlers
             }
+            queue.completed(self)
             for handler in toCall { handler(self) }
             lock.withLock {
                 handlers = []
@@ -149,6 +209,26 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
     }
 }
 
+extension SoftMetalCommandBuffer {
+    /// How long a wait for an event may block before the command buffer fails: nothing but
+    /// the host or a command buffer already committed can signal it, and SoftMetal runs a
+    /// queue's command buffers in order.
+    static let eventTimeout = 60.0
+
+    static func run(_ op: DispatchCommand.EventOp) throws {
+        switch op {
+        case .signal(let event, let value):
+            event.signaledValue = value
+        case .wait(let event, let value):
+            guard event.wait(until: value, seconds: eventTimeout) else {
+                throw SoftMetalError.runtime("encodeWaitForEvent: the event\(event.label.map { " '\($0)'" } ?? "") did not "
+                                             + "reach \(value) within \(Int(eventTimeout)) s (it holds \(event.signaledValue)); "
+                                             + "only the host or a command buffer committed earlier can signal it")
+            }
+        }
+    }
+}
+
 /// A reference that does not keep its object alive.
 struct WeakObject {
     weak var object: AnyObject?
@@ -166,8 +246,14 @@ struct DispatchCommand {
         case threads(MTLSize)
         case indirect(BufferMemory, Int)
     }
+    enum EventOp {
+        case wait(SoftMetalEvent, UInt64)
+        case signal(SoftMetalEvent, UInt64)
+    }
     var kernel: CompiledKernel?
     var failure: SoftMetalError? = nil
+    /// encodeWaitForEvent / encodeSignalEvent, between encoders.
+    var event: EventOp? = nil
     var maxThreads: Int
     var buffers: [(buffer: BufferMemory, offset: Int)?]
     var threadgroupLengths: [Int]
@@ -255,6 +341,19 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     init(commandBuffer: SoftMetalCommandBuffer, dispatchType: MTLDispatchType) {
         self.commandBuffer = commandBuffer
         self.dispatchType = dispatchType
+        pass = PassRecord(name: commandBuffer.nextPassName())
+    }
+
+    public func updateFence(_ fence: any MTLFence) {
+        if ended { return misuse("updateFence(_:) after endEncoding()") }
+        guard let f = fence as? SoftMetalFence else { return misuse("updateFence: the fence was not made by SoftMetal") }
+        pass.updates.append(ObjectIdentifier(f))
+    }
+
+    public func waitForFence(_ fence: any MTLFence) {
+        if ended { return misuse("waitForFence(_:) after endEncoding()") }
+        guard let f = fence as? SoftMetalFence else { return misuse("waitForFence: the fence was not made by SoftMetal") }
+        pass.waits.append(ObjectIdentifier(f))
     }
 
     /// Metal's validation layer stops the program at a misuse; SoftMetal fails the command
@@ -272,6 +371,8 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
     private var failedAfterEnd = false
     /// The app's indirect buffer during the dispatch that reads it.
     private var indirectObject: WeakObject?
+    /// What this pass uses, waits for and updates (the hazard check at commit).
+    private var pass: PassRecord
 
     public func setComputePipelineState(_ state: any MTLComputePipelineState) {
         if ended { return misuse("setComputePipelineState(_:) after endEncoding()") }
@@ -320,17 +421,20 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         guard let pipeline else { return misuse("dispatch without setComputePipelineState(_:)") }
         let name = pipeline.kernel.name
         commandBuffer.use(pipeline, "the pipeline state of kernel \(name)")
+        var used: [(index: Int, buffer: SoftMetalBuffer)] = []
         for (index, bound) in boundObjects.enumerated() {
             guard let bound, buffers[index] != nil else { continue }
             guard let object = bound.object as? SoftMetalBuffer else {
                 return misuse("kernel \(name): the buffer bound at index \(index) was released before the dispatch")
             }
+            used.append((index, object))
             commandBuffer.use(object, "buffer(\(index))\(object.label.map { " ('\($0)')" } ?? "") of kernel \(name), "
                                       + "\(object.length) bytes,")
         }
         if case .indirect(let memory, _) = size, let object = indirectObject?.object {
             commandBuffer.use(object, "the indirect buffer of kernel \(name), \(memory.length) bytes,")
         }
+        pass.dispatch(pipeline.kernel, used)
         let command = DispatchCommand(
             kernel: pipeline.kernel, maxThreads: pipeline.maxTotalThreadsPerThreadgroup, buffers: buffers,
             threadgroupLengths: threadgroupLengths, size: size, threadsPerThreadgroup: threadsPerThreadgroup,
@@ -375,6 +479,7 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         flushUnordered()
         ended = true
         if let encodingError { commandBuffer.append(DispatchCommand.failing(encodingError)) }
+        commandBuffer.record(.pass(pass))
     }
 }
 
@@ -383,6 +488,13 @@ extension DispatchCommand {
     static func failing(_ error: SoftMetalError) -> DispatchCommand {
         DispatchCommand(kernel: nil, failure: error, maxThreads: 0, buffers: [], threadgroupLengths: [],
                         size: .threadgroups(MTLSize()), threadsPerThreadgroup: MTLSize(), checkOrder: false, poison: false)
+    }
+
+    static func event(_ op: EventOp) -> DispatchCommand {
+        var command = failing(.runtime(""))
+        command.failure = nil
+        command.event = op
+        return command
     }
 }
 #endif

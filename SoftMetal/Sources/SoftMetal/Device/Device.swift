@@ -21,11 +21,11 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
     /// nil for a length of 0 or past maxBufferLength, as on Metal (code that works here must work there).
     public func makeBuffer(length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
         guard length > 0, length <= maxBufferLength else { return nil }
-        return SoftMetalBuffer(device: self, length: length)
+        return SoftMetalBuffer(device: self, length: length, options: options)
     }
 
     public func makeBuffer(bytes pointer: UnsafeRawPointer, length: Int, options: MTLResourceOptions) -> (any MTLBuffer)? {
-        guard length > 0, length <= maxBufferLength, let buffer = SoftMetalBuffer(device: self, length: length) else {
+        guard length > 0, length <= maxBufferLength, let buffer = SoftMetalBuffer(device: self, length: length, options: options) else {
             return nil
         }
         buffer.contents().copyMemory(from: pointer, byteCount: length)
@@ -42,7 +42,7 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
         guard length > 0, length <= maxBufferLength, Int(bitPattern: pointer) % page == 0, length % page == 0 else {
             return nil
         }
-        return SoftMetalBuffer(device: self, noCopy: pointer, length: length, deallocator: deallocator)
+        return SoftMetalBuffer(device: self, noCopy: pointer, length: length, options: options, deallocator: deallocator)
     }
 
     public func makeLibrary(source: String, options: MTLCompileOptions?) throws -> any MTLLibrary {
@@ -55,6 +55,10 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
         }
         return try SoftMetalComputePipelineState(function: f)
     }
+
+    public func makeFence() -> (any MTLFence)? { SoftMetalFence(device: self) }
+    public func makeEvent() -> (any MTLEvent)? { SoftMetalEvent(device: self) }
+    public func makeSharedEvent() -> (any MTLSharedEvent)? { SoftMetalEvent(device: self) }
 }
 
 /// Storage is mmapped so that the last byte touches PROT_NONE guard space (and more guard
@@ -82,17 +86,26 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
     /// page (the budget of address space was spent, or mmap refused the reservation), or 0
     /// (not guarded).
     public var softMetalGuardBytes: Int { softMetalIsGuarded ? Int(csm_guard_width(storage)) : 0 }
+    /// Untracked only when made with `.hazardTrackingModeUntracked` (Metal's default for a
+    /// device's buffers is tracked); see Synchronization.swift for what SoftMetal checks.
+    public let hazardTrackingMode: MTLHazardTrackingMode
 
-    init?(device: any MTLDevice, length: Int) {
+    init?(device: any MTLDevice, length: Int, options: MTLResourceOptions = []) {
         guard let memory = BufferMemory(length: length) else { return nil }
         self.device = device
         self.memory = memory
+        hazardTrackingMode = Self.tracking(options)
     }
 
-    init(device: any MTLDevice, noCopy: UnsafeMutableRawPointer, length: Int,
+    init(device: any MTLDevice, noCopy: UnsafeMutableRawPointer, length: Int, options: MTLResourceOptions = [],
          deallocator: (@Sendable (UnsafeMutableRawPointer, Int) -> Void)?) {
         self.device = device
         memory = BufferMemory(noCopy: noCopy, length: length, deallocator: deallocator)
+        hazardTrackingMode = Self.tracking(options)
+    }
+
+    private static func tracking(_ options: MTLResourceOptions) -> MTLHazardTrackingMode {
+        options.contains(.hazardTrackingModeUntracked) && !options.contains(.hazardTrackingModeTracked) ? .untracked : .tracked
     }
 
     /// The host may write through the pointer, which nothing here can see: from now on
