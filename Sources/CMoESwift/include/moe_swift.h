@@ -296,6 +296,8 @@ moe_status moe_run_layers_ex(moe_layer* const* layers, int64_t num_layers, const
  * themselves (from Objective-C: (__bridge void*)obj; from metal-cpp: the MTL:: pointer), on
  * Linux SoftMetal's objects (from Swift: Unmanaged.passUnretained(obj).toOpaque()); they are
  * borrowed for the call. A pointer that is not such an object cannot be detected.
+ * With buffers Metal does not track (MLX's), the call's pass and the host's may run at
+ * the same time unless the descriptor's fences or events order them.
  * Scratch buffers come from the layer's pool and go back when the command buffer completes
  * (a completed handler is added to it), so several command buffers may be in flight; the
  * command buffer must not be committed yet. That handler also holds the layer (weights,
@@ -303,7 +305,8 @@ moe_status moe_run_layers_ex(moe_layer* const* layers, int64_t num_layers, const
  * encode call at once, even for a command buffer with unretained references (MLX makes
  * its own so); the caller's buffers are the caller's to keep alive until then. With `encoder` NULL the call makes, fills and
  * ends a compute encoder of its own on the command buffer (no other encoder of it may be
- * open); given, it is the caller's open, serial compute encoder of that command buffer,
+ * open); given, it is the caller's open compute encoder of that command buffer (serial, or
+ * concurrent: the call then puts memory barriers between its stages and after its last),
  * left open with its pipeline and bindings changed. Metal offers no way to tell an
  * encoder that was already ended: Metal's validation layer stops the program at its first
  * use, SoftMetal fails the command buffer naming the misuse. Every argument is checked
@@ -335,6 +338,19 @@ typedef struct moe_encode_desc {
     moe_rms_norm next_norm;           /* read during the call only */
     moe_metal_array normed;           /* (num_tokens, H), required with next_norm; must not
                                          overlap x, residual or y */
+    /* Appended later (older callers' struct_size ends above). Ordering with the host's own
+     * passes on buffers Metal does not track (MLX makes every buffer untracked); tracked
+     * buffers need none of it. Fences apply to the call's pass (with `encoder` given: to
+     * that whole pass, as Metal's do); events only with `encoder` NULL, as Metal encodes
+     * them between encoders. */
+    void* const* wait_fences;         /* id<MTLFence>[num_wait_fences]: the pass waits for each */
+    void* const* update_fences;       /* id<MTLFence>[num_update_fences]: updated once it completes */
+    int32_t num_wait_fences;
+    int32_t num_update_fences;
+    void* wait_event;                 /* id<MTLEvent> or NULL: the work starts once it reaches */
+    uint64_t wait_value;              /* this value */
+    void* signal_event;               /* id<MTLEvent> or NULL: set to signal_value once the */
+    uint64_t signal_value;            /* work is done */
 } moe_encode_desc;
 
 /* Sets struct_size; pointers NULL, offsets 0, dtypes MOE_DTYPE_F32. */

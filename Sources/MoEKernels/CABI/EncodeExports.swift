@@ -75,6 +75,31 @@ enum EncodeDescriptor {
         return Int(d.num_tokens)
     }
 
+    /// The fences and events of `d` (MoEMetalSync).
+    static func sync(_ d: moe_encode_desc) throws -> MoEMetalSync {
+        func fences(_ list: UnsafePointer<UnsafeMutableRawPointer?>?, _ count: Int32, _ name: String) throws -> [any MTLFence] {
+            guard count > 0 else {
+                if count < 0 { throw MoEError.invalidArgument("num_\(name) is negative (\(count))") }
+                return []
+            }
+            guard count <= 64 else { throw MoEError.invalidArgument("num_\(name) is \(count); at most 64 fences") }
+            guard let list else { throw MoEError.invalidArgument("\(name) is NULL but num_\(name) is \(count)") }
+            return try (0..<Int(count)).map { i in
+                guard let fence = try object(list[i], "\(name)[\(i)]", as: (any MTLFence).self, what: "an MTLFence") else {
+                    throw MoEError.invalidArgument("\(name)[\(i)] is NULL")
+                }
+                return fence
+            }
+        }
+        func event(_ pointer: UnsafeMutableRawPointer?, _ value: UInt64, _ name: String) throws -> MoEMetalEventValue? {
+            try object(pointer, name, as: (any MTLEvent).self, what: "an MTLEvent").map { MoEMetalEventValue($0, value: value) }
+        }
+        return MoEMetalSync(waitFences: try fences(d.wait_fences, d.num_wait_fences, "wait_fences"),
+                            updateFences: try fences(d.update_fences, d.num_update_fences, "update_fences"),
+                            waitEvent: try event(d.wait_event, d.wait_value, "wait_event"),
+                            signalEvent: try event(d.signal_event, d.signal_value, "signal_event"))
+    }
+
     /// For the calls that take only x and y: the other fields must be unset.
     static func requireOnlyXAndY(_ d: moe_encode_desc, _ call: String) throws {
         if d.residual.buffer != nil || d.residual_is_input != 0 || d.input_norm.weight != nil
@@ -116,7 +141,7 @@ public func moe_layer_encode(_ handle: OpaquePointer?, _ desc: UnsafePointer<moe
         try layer.encodeForward(try EncodeDescriptor.required(d.x, "x"), tokens: try EncodeDescriptor.tokens(d),
                                 options: options, into: try EncodeDescriptor.required(d.y, "y"),
                                 commandBuffer: try EncodeDescriptor.commandBuffer(d),
-                                encoder: try EncodeDescriptor.encoder(d))
+                                encoder: try EncodeDescriptor.encoder(d), sync: try EncodeDescriptor.sync(d))
     }
 }
 
@@ -142,7 +167,7 @@ public func moe_layer_encode_routed(_ handle: OpaquePointer?, _ desc: UnsafePoin
         try layer.encodeExperts(try EncodeDescriptor.required(d.x, "x"), tokens: try EncodeDescriptor.tokens(d),
                                 routing: routing, into: try EncodeDescriptor.required(d.y, "y"),
                                 commandBuffer: try EncodeDescriptor.commandBuffer(d),
-                                encoder: try EncodeDescriptor.encoder(d))
+                                encoder: try EncodeDescriptor.encoder(d), sync: try EncodeDescriptor.sync(d))
     }
 }
 
@@ -165,6 +190,6 @@ public func moe_run_layers_encode(_ handles: UnsafePointer<OpaquePointer?>?, _ c
         try MoELayer.encodeLayers(layers, try EncodeDescriptor.required(d.x, "x"), tokens: try EncodeDescriptor.tokens(d),
                                   inputNorms: norms, into: try EncodeDescriptor.required(d.y, "y"),
                                   commandBuffer: try EncodeDescriptor.commandBuffer(d),
-                                  encoder: try EncodeDescriptor.encoder(d))
+                                  encoder: try EncodeDescriptor.encoder(d), sync: try EncodeDescriptor.sync(d))
     }
 }

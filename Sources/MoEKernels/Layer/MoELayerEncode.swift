@@ -58,6 +58,68 @@ public struct MoEMetalRouting {
     }
 }
 
+/// An event and a value: `waitEvent` holds the call's work until the event reaches the
+/// value; `signalEvent` sets it once the work is done.
+public struct MoEMetalEventValue {
+    public var event: any MTLEvent
+    public var value: UInt64
+
+    public init(_ event: any MTLEvent, value: UInt64) {
+        self.event = event
+        self.value = value
+    }
+}
+
+/// Ordering of the call's GPU work with the host's own, for hosts whose buffers Metal does
+/// not track (MLX makes every buffer untracked and orders its passes with its own fences):
+/// without it, the call's pass and the host's passes on those buffers may run at the same
+/// time. Buffers Metal tracks (the default) need none of this.
+///   - `waitFences`: the call's pass waits for each (updated by an earlier pass of the host);
+///   - `updateFences`: each is updated once the call's pass completes (a later pass of the
+///     host waits for it);
+///   - `waitEvent` / `signalEvent`: with the call's own encoder only (`encoder` nil), the
+///     command buffer waits for the event's value before the call's pass and signals the
+///     value after it (events are encoded between encoders, so an open encoder of the
+///     caller cannot take them).
+/// With the caller's open encoder, the fences apply to that whole pass, as Metal's do.
+public struct MoEMetalSync {
+    public var waitFences: [any MTLFence]
+    public var updateFences: [any MTLFence]
+    public var waitEvent: MoEMetalEventValue?
+    public var signalEvent: MoEMetalEventValue?
+
+    public init(waitFences: [any MTLFence] = [], updateFences: [any MTLFence] = [],
+                waitEvent: MoEMetalEventValue? = nil, signalEvent: MoEMetalEventValue? = nil) {
+        self.waitFences = waitFences
+        self.updateFences = updateFences
+        self.waitEvent = waitEvent
+        self.signalEvent = signalEvent
+    }
+
+    var hasEvents: Bool { waitEvent != nil || signalEvent != nil }
+
+    /// Throws unless every fence and event is `backend`'s device's, and events come without an encoder.
+    func validate(device backend: MetalBackend, encoder: (any MTLComputeCommandEncoder)?) throws {
+        let device = backend.context.device
+        for (name, fences) in [("waitFences", waitFences), ("updateFences", updateFences)] {
+            for (i, fence) in fences.enumerated() where fence.device !== device {
+                throw MoEError.invalidArgument("sync.\(name)[\(i)] belongs to another Metal device than the layer's")
+            }
+        }
+        for (name, e) in [("waitEvent", waitEvent), ("signalEvent", signalEvent)] {
+            guard let e else { continue }
+            if let other = e.event.device, other !== device {
+                throw MoEError.invalidArgument("sync.\(name) belongs to another Metal device than the layer's")
+            }
+            if encoder != nil {
+                throw MoEError.invalidArgument(
+                    "sync.\(name): events are encoded between encoders, and your encoder is open; order with fences, "
+                    + "or end your encoder and pass encoder nil")
+            }
+        }
+    }
+}
+
 // MARK: Encode, don't run
 
 // The layer recorded into a command buffer the caller owns, on the metal and softmetal
@@ -67,11 +129,15 @@ public struct MoEMetalRouting {
 //
 // `encoder`: nil records into a compute encoder of our own on `commandBuffer` (made and
 // ended in the call; no other encoder of it may be open). Given, it is the caller's open
-// compute encoder, which must belong to `commandBuffer` (Metal offers no way to check) and
-// must be serial (Metal's default dispatch type: each dispatch sees the previous one's
-// writes); it stays open, with its pipeline, buffer bindings and threadgroup memory
-// lengths changed, as after any kernel an app encodes. The command buffer is still needed
-// then: see below.
+// compute encoder, which must belong to `commandBuffer` (Metal offers no way to check).
+// Serial or concurrent: on a concurrent one the call puts a memory barrier between its
+// stages and after its last, so the caller's next dispatch sees its output; the caller's
+// dispatches before the call must already be complete or barriered, as for any kernel. It
+// stays open, with its pipeline, buffer bindings and threadgroup memory lengths changed, as
+// after any kernel an app encodes. The command buffer is still needed then: see below.
+//
+// `sync` (MoEMetalSync): fences and events that order the call's pass with the host's own
+// passes on buffers Metal does not track (MLX's); tracked buffers need none.
 //
 // Scratch: the intermediate buffers of a call come from the layer's pool and are the
 // command buffer's until it completes — a completed handler added to `commandBuffer` puts
@@ -100,10 +166,11 @@ extension MoELayer {
     /// (the rules are in the comment above this extension).
     public func encodeForward(_ input: MoEMetalArray, tokens: Int, options: MoEEncodeOptions = MoEEncodeOptions(),
                               into output: MoEMetalArray, commandBuffer: any MTLCommandBuffer,
-                              encoder: (any MTLComputeCommandEncoder)? = nil) throws {
+                              encoder: (any MTLComputeCommandEncoder)? = nil, sync: MoEMetalSync = MoEMetalSync()) throws {
         CallStats.begin(backend.kind, tokens: tokens)
         let metal = try encodingBackend()
         try checkCall(tokens: tokens)
+        try sync.validate(device: metal, encoder: encoder)
         try options.inputNorm?.validate("input_norm")
         try options.nextNorm?.validate("next_norm")
         if options.nextNorm != nil && options.normedOutput == nil {
@@ -127,17 +194,18 @@ extension MoELayer {
         try MetalEncodeTarget.check(commandBuffer, device: metal)
         if tokens == 0 { return }
         try metal.encodeForward(input, tokens: tokens, options: options, routing: nil, output: output,
-                                commandBuffer: commandBuffer, encoder: encoder)
+                                commandBuffer: commandBuffer, encoder: encoder, sync: sync)
     }
 
     /// Records the routed experts with the routing given (no router, no shared expert, no
     /// residual): `output[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(input[t])`.
     public func encodeExperts(_ input: MoEMetalArray, tokens: Int, routing: MoEMetalRouting,
                               into output: MoEMetalArray, commandBuffer: any MTLCommandBuffer,
-                              encoder: (any MTLComputeCommandEncoder)? = nil) throws {
+                              encoder: (any MTLComputeCommandEncoder)? = nil, sync: MoEMetalSync = MoEMetalSync()) throws {
         CallStats.begin(backend.kind, tokens: tokens)
         let metal = try encodingBackend()
         try checkCall(tokens: tokens)
+        try sync.validate(device: metal, encoder: encoder)
         let count = tokens * configuration.hiddenSize, pairs = tokens * configuration.topK
         try input.validate("x", elements: count, device: metal)
         try output.validate("the output", elements: count, device: metal)
@@ -148,7 +216,7 @@ extension MoELayer {
         try MetalEncodeTarget.check(commandBuffer, device: metal)
         if tokens == 0 { return }
         try metal.encodeForward(input, tokens: tokens, options: MoEEncodeOptions(), routing: routing, output: output,
-                                commandBuffer: commandBuffer, encoder: encoder)
+                                commandBuffer: commandBuffer, encoder: encoder, sync: sync)
     }
 
     /// Records `runLayers`: `x_{i+1} = x_i + layer_i(inputNorms[i](x_i))`, `output = x_n`,
@@ -157,13 +225,14 @@ extension MoELayer {
     public static func encodeLayers(_ layers: [MoELayer], _ input: MoEMetalArray, tokens: Int,
                                     inputNorms: [RMSNorm]? = nil, into output: MoEMetalArray,
                                     commandBuffer: any MTLCommandBuffer,
-                                    encoder: (any MTLComputeCommandEncoder)? = nil) throws {
+                                    encoder: (any MTLComputeCommandEncoder)? = nil, sync: MoEMetalSync = MoEMetalSync()) throws {
         guard let first = layers.first else {
             CallStats.begin(.auto, tokens: tokens, layers: 0)
             throw MoEError.invalidArgument("encodeLayers needs at least one layer")
         }
         CallStats.begin(first.backendKind, tokens: tokens, layers: layers.count)
         let metal = try first.encodingBackend()
+        try sync.validate(device: metal, encoder: encoder)
         var backends: [MetalBackend] = []
         let h = first.configuration.hiddenSize
         for (i, layer) in layers.enumerated() {
@@ -191,7 +260,7 @@ extension MoELayer {
         try MetalEncodeTarget.check(commandBuffer, device: metal)
         if tokens == 0 { return }
         try MetalBackend.encodeLayers(backends, input, tokens: tokens, inputNorms: inputNorms, output: output,
-                                      commandBuffer: commandBuffer, encoder: encoder)
+                                      commandBuffer: commandBuffer, encoder: encoder, sync: sync)
     }
 
     /// The layer's Metal backend, or why the encode API is not offered.

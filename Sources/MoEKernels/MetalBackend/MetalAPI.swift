@@ -9,8 +9,8 @@
 // which no machine of this project can compile, cannot silently fall behind — as long as
 // both lists stay the same names in the same order (MetalAPIShimTests compares them).
 //
-// Three aliases are public: the encode API (MoELayer.encodeForward and its kin) takes
-// the caller's command buffer, encoder and buffers. An app that imports Metal (or
+// Five aliases are public: the encode API (MoELayer.encodeForward and its kin) takes
+// the caller's command buffer, encoder, buffers, fences and events. An app that imports Metal (or
 // SoftMetal) as well sees the same type under both names, which Swift does not call
 // ambiguous.
 //
@@ -36,6 +36,8 @@ typealias MTLLibrary = Metal.MTLLibrary
 typealias MTLCompileOptions = Metal.MTLCompileOptions
 typealias MTLComputePipelineState = Metal.MTLComputePipelineState
 public typealias MTLBuffer = Metal.MTLBuffer
+public typealias MTLFence = Metal.MTLFence
+public typealias MTLEvent = Metal.MTLEvent
 typealias MTLSize = Metal.MTLSize
 #else
 import SoftMetal
@@ -51,6 +53,8 @@ typealias MTLLibrary = SoftMetal.MTLLibrary
 typealias MTLCompileOptions = SoftMetal.MTLCompileOptions
 typealias MTLComputePipelineState = SoftMetal.MTLComputePipelineState
 public typealias MTLBuffer = SoftMetal.MTLBuffer
+public typealias MTLFence = SoftMetal.MTLFence
+public typealias MTLEvent = SoftMetal.MTLEvent
 typealias MTLSize = SoftMetal.MTLSize
 #endif
 

@@ -28,7 +28,7 @@ extension MetalBackend {
     /// that can fail (kernels, scratch) is done before the first command is recorded.
     func encodeForward(_ input: MoEMetalArray, tokens: Int, options: MoEEncodeOptions, routing: MoEMetalRouting?,
                        output: MoEMetalArray, commandBuffer: any MTLCommandBuffer,
-                       encoder: (any MTLComputeCommandEncoder)?) throws {
+                       encoder: (any MTLComputeCommandEncoder)?, sync: MoEMetalSync) throws {
         let count = tokens * configuration.hiddenSize
         // float32 rows bind in place where the kernels can read them: x (read as float4) at
         // 16-byte offsets; the others at any float offset. The output too unless it shares
@@ -58,7 +58,7 @@ extension MetalBackend {
 
         let scratch = try checkOutScratch(tokens: tokens)
         let session = try MetalSession(kind: kind, commandBuffer: commandBuffer, encoder: encoder,
-                                       holding: [(self, scratch)])
+                                       holding: [(self, scratch)], sync: sync)
         // From here on nothing throws.
         let x = xInPlace ? input.binding : MetalBinding(scratch.x)
         let pass = MetalPass(backend: self, session: session, scratch: scratch, tokens: tokens, x: x,
@@ -100,7 +100,7 @@ extension MetalBackend {
     /// each layer's combine using it as its residual.
     static func encodeLayers(_ layers: [MetalBackend], _ input: MoEMetalArray, tokens: Int, inputNorms: [RMSNorm]?,
                              output: MoEMetalArray, commandBuffer: any MTLCommandBuffer,
-                             encoder: (any MTLComputeCommandEncoder)?) throws {
+                             encoder: (any MTLComputeCommandEncoder)?, sync: MoEMetalSync) throws {
         let first = layers[0]
         let count = tokens * first.configuration.hiddenSize
         let inputInPlace = input.dtype == .float32 && input.offset % 16 == 0
@@ -116,7 +116,8 @@ extension MetalBackend {
             for (layer, scratch) in held { layer.pool.checkIn(scratch) }
             throw error
         }
-        let session = try MetalSession(kind: first.kind, commandBuffer: commandBuffer, encoder: encoder, holding: held)
+        let session = try MetalSession(kind: first.kind, commandBuffer: commandBuffer, encoder: encoder, holding: held,
+                                       sync: sync)
         // From here on nothing throws.
         let work = workInPlace ? output.binding : MetalBinding(held[0].scratch.x)
         var x = inputInPlace ? input.binding : work

@@ -37,6 +37,8 @@ final class MetalSession {
     let needsBarriers: Bool
     private var ended = false
     private var held: [(layer: MetalBackend, scratch: MetalScratch)] = []
+    /// The host's fences and events (encode API).
+    private let sync: MoEMetalSync
 
     /// A command buffer of the backend's queue.
     init(_ backend: MetalBackend) throws {
@@ -49,16 +51,21 @@ final class MetalSession {
         kind = backend.kind
         ownsEncoder = true
         needsBarriers = false
+        sync = MoEMetalSync()
     }
 
     /// The caller's command buffer, and its open encoder or (nil) one of our own on it.
     /// `holding` are scratch sets already checked out for this call (the session returns
     /// them however it ends).
     init(kind: MoEBackendKind, commandBuffer: any MTLCommandBuffer, encoder: (any MTLComputeCommandEncoder)?,
-         holding: [(layer: MetalBackend, scratch: MetalScratch)]) throws {
+         holding: [(layer: MetalBackend, scratch: MetalScratch)], sync: MoEMetalSync) throws {
         self.commandBuffer = commandBuffer
         self.kind = kind
+        self.sync = sync
         held = holding
+        // Events go between encoders: before ours is made (MoEMetalSync.validate refused
+        // them with the caller's encoder).
+        if let wait = sync.waitEvent { commandBuffer.encodeWaitForEvent(wait.event, value: wait.value) }
         if let encoder {
             self.encoder = encoder
             ownsEncoder = false
@@ -72,6 +79,7 @@ final class MetalSession {
             throw MoEError.invalidArgument(
                 "the command buffer gave no compute encoder (is another encoder of it still open? then pass that one)")
         }
+        for fence in sync.waitFences { self.encoder.waitForFence(fence) }
     }
 
     deinit {
@@ -104,10 +112,12 @@ final class MetalSession {
     func endRecording() {
         // The caller's next kernel reads what the last stage wrote.
         if needsBarriers { encoder.memoryBarrier(scope: .buffers) }
+        for fence in sync.updateFences { encoder.updateFence(fence) }
         if ownsEncoder {
             ended = true
             encoder.endEncoding()
         }
+        if let signal = sync.signalEvent { commandBuffer.encodeSignalEvent(signal.event, value: signal.value) }
         let sets = ScratchReturn(held)
         held = []
         commandBuffer.addCompletedHandler { _ in sets.checkIn() }

@@ -86,6 +86,11 @@ final class EncodeApp {
         try XCTUnwrap(device.makeBuffer(length: max(bytes, 16), options: .storageModeShared))
     }
 
+    /// A buffer Metal does not track, as MLX makes every buffer.
+    func untrackedBuffer(bytes: Int) throws -> any MTLBuffer {
+        try XCTUnwrap(device.makeBuffer(length: max(bytes, 16), options: [.storageModeShared, .hazardTrackingModeUntracked]))
+    }
+
     func buffer(_ values: [Float]) throws -> any MTLBuffer {
         let b = try buffer(bytes: values.count * 4)
         values.withUnsafeBytes { b.contents().copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
@@ -403,6 +408,94 @@ final class EncodeTests: XCTestCase {
         XCTAssertEqual(commandBuffer.status, .completed, "\(String(describing: commandBuffer.error))")
         assertBitwiseEqual(app.floats(y, count: tokens * h), want, "the layer")
         assertBitwiseEqual(app.floats(stacked, count: tokens * h), wantStack, "the stack")
+    }
+
+    /// A host whose buffers Metal does not track (MLX's way): its pass writes x, the layer's
+    /// pass reads x and writes y, its next pass reads y, all in one command buffer. Nothing
+    /// orders the passes then, and SoftMetal reports the race a GPU would run; the host's
+    /// fences (Swift and C) or events passed to the call order them, and the result is the
+    /// forward's bit for bit.
+    func testUntrackedHostBuffersAreOrderedByTheCallersFencesOrEvents() throws {
+        let app = try EncodeApp()
+        let data = Self.data(seed: 51)
+        let layer = try MoELayer(configuration: data.config, weights: data.weights(), backend: Self.kind)
+        let (h, tokens) = (data.config.hiddenSize, 3)
+        let count = tokens * h
+        let staging = Self.input(count, seed: 52)
+        let want = try layer.forward(staging.map { $0 * 0.5 })
+        let cDesc = CDescriptor(data, backend: moe_backend(rawValue: UInt32(Self.kind.rawValue)))
+        var cLayer: OpaquePointer?
+        XCTAssertEqual(CMoESwift.moe_layer_create(&cDesc.desc, &cLayer), MOE_OK)
+        defer { CMoESwift.moe_layer_destroy(cLayer) }
+        let event = try XCTUnwrap(app.device.makeEvent())
+        var eventValue: UInt64 = 0
+        for mode in ["nothing", "fences", "events", "C fences"] {
+            let (written, read) = (try XCTUnwrap(app.device.makeFence()), try XCTUnwrap(app.device.makeFence()))
+            let xs = MoEMetalArray(try app.untrackedBuffer(bytes: count * 4)), ys = MoEMetalArray(try app.untrackedBuffer(bytes: count * 4))
+            let result = try app.buffer(bytes: count * 4)
+            let cb = try XCTUnwrap(app.queue.makeCommandBuffer())
+            let writer = try XCTUnwrap(cb.makeComputeCommandEncoder())
+            try app.write(try app.buffer(staging), to: xs, count: count, writer)
+            if mode.hasSuffix("fences") { writer.updateFence(written) }
+            writer.endEncoding()
+            var sync = MoEMetalSync()
+            switch mode {
+            case "fences":
+                sync = MoEMetalSync(waitFences: [written], updateFences: [read])
+            case "events":
+                cb.encodeSignalEvent(event, value: eventValue + 1)
+                sync = MoEMetalSync(waitEvent: MoEMetalEventValue(event, value: eventValue + 1),
+                                    signalEvent: MoEMetalEventValue(event, value: eventValue + 2))
+            default: break
+            }
+            if mode == "C fences" {
+                var desc = moe_encode_desc()
+                CMoESwift.moe_encode_desc_init(&desc)
+                desc.command_buffer = opaque(cb)
+                desc.num_tokens = Int64(tokens)
+                desc.x = cArray(xs)
+                desc.y = cArray(ys)
+                var waits: [UnsafeMutableRawPointer?] = [opaque(written)], updates: [UnsafeMutableRawPointer?] = [opaque(read)]
+                let status = waits.withUnsafeMutableBufferPointer { w in
+                    updates.withUnsafeMutableBufferPointer { u in
+                        desc.wait_fences = UnsafePointer(w.baseAddress)
+                        desc.num_wait_fences = 1
+                        desc.update_fences = UnsafePointer(u.baseAddress)
+                        desc.num_update_fences = 1
+                        return CMoESwift.moe_layer_encode(cLayer, &desc)
+                    }
+                }
+                XCTAssertEqual(status, MOE_OK, String(cString: CMoESwift.moe_last_error()))
+            } else {
+                try layer.encodeForward(xs, tokens: tokens, into: ys, commandBuffer: cb, sync: sync)
+            }
+            if mode == "events" { cb.encodeWaitForEvent(event, value: eventValue + 2) }
+            eventValue += 2
+            let reader = try XCTUnwrap(cb.makeComputeCommandEncoder())
+            if mode.hasSuffix("fences") { reader.waitForFence(read) }
+            try app.read(ys, to: result, count: count, reader)
+            reader.endEncoding()
+            cb.commit()
+            cb.waitUntilCompleted()
+            if mode == "nothing" {
+                XCTAssertEqual(cb.status, .error)
+                let message = "\(String(describing: cb.error))"
+                XCTAssertTrue(message.contains("SoftMetal race") && message.contains("moe_") && message.contains("untracked"),
+                              message)
+            } else {
+                XCTAssertEqual(cb.status, .completed, "\(mode): \(String(describing: cb.error))")
+                assertBitwiseEqual(app.floats(result, count: count), want, mode)
+            }
+        }
+        // Events go between encoders: not with the caller's open encoder.
+        let cb = try XCTUnwrap(app.queue.makeCommandBuffer())
+        let encoder = try XCTUnwrap(cb.makeComputeCommandEncoder())
+        let x = MoEMetalArray(try app.buffer(bytes: count * 4))
+        XCTAssertThrowsError(try layer.encodeForward(x, tokens: tokens, into: x, commandBuffer: cb, encoder: encoder,
+                                                     sync: MoEMetalSync(signalEvent: MoEMetalEventValue(event, value: 1)))) {
+            XCTAssertTrue("\($0)".contains("sync.signalEvent: events are encoded between encoders"), "\($0)")
+        }
+        encoder.endEncoding()
     }
 
     func testBadArgumentsAreClearErrorsAndRecordNothing() throws {
