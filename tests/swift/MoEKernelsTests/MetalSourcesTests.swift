@@ -102,6 +102,23 @@ final class MetalSourcesTests: XCTestCase {
         }
     }
 
+    /// On macOS 13 the library compiles as MSL 3.0, that system's default (compileOptions
+    /// asks for 3.1 only from macOS 14): nothing of 3.1 (`bfloat`, ...) may be used, which
+    /// SoftMetal's language check enforces as Apple's compiler does. The macOS CI job
+    /// compiles it with `-std=metal3.0` too.
+    func testTheLibraryCompilesAsMSL30() throws {
+        guard MoELayer.availableBackends.contains(metalDeviceKind), let device = metalSystemDevice() else {
+            throw XCTSkip("the \(metalDeviceKind.name) backend is not available here")
+        }
+        let options = MetalContext.compileOptions()
+        options.languageVersion = .version3_0
+        let library = try device.makeLibrary(source: MetalKernels.source, options: options)
+        XCTAssertNotNil(library.makeFunction(name: MetalKernels.combine))
+        // The check bites: a bfloat in the same source is refused as MSL 3.0, accepted as 3.1.
+        let bfloat = MetalKernels.source + "\nkernel void planted_bfloat(device bfloat* p [[buffer(0)]]) { p[0] = bfloat(1.0f); }\n"
+        XCTAssertThrowsError(try device.makeLibrary(source: bfloat, options: options))
+    }
+
     /// scripts/assemble-msl.sh (what the macOS CI job hands to `xcrun metal`) writes the
     /// source this binary embeds, byte for byte.
     func testTheAssembleScriptWritesTheEmbeddedSource() throws {

@@ -30,6 +30,7 @@ final class KernelCompiler: @unchecked Sendable {
         ("simd.h", PackageResources.simd_h),                  // barriers, simd and quad operations
         ("simdgroup_matrix.h", PackageResources.simdgroup_matrix_h),
         ("builtins.h", PackageResources.builtins_h),          // Apple's __metal_* compiler builtins
+        ("language_version.h", PackageResources.language_version_h),  // names of later MSL versions withdrawn
     ]
     /// The folder the parts' `#line` directives name (see Runtime/prelude.h).
     static let runtimePartFolder = "softmetal_runtime/"

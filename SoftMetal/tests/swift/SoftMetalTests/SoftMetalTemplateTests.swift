@@ -200,6 +200,18 @@ final class SoftMetalTemplateTests: XCTestCase {
         }
     }
 
+    /// `bfloat` is MSL 3.1: as 3.0 (macOS 13's default) Apple's compiler does not know the
+    /// type, and SoftMetal refuses it too; the same source compiles as 3.1.
+    func testBfloatIsRefusedBeforeMSL31() throws {
+        let source = "kernel void k(device bfloat2* p [[buffer(0)]]) { p[0] = bfloat2(bfloat(1.0f)); }"
+        let old = MTLCompileOptions()
+        old.languageVersion = .version3_0
+        XCTAssertThrowsError(try device.makeLibrary(source: source, options: old)) {
+            XCTAssertTrue("\($0)".contains("unknown type name 'bfloat2_needs_MSL_3_1'"), "\($0)")
+        }
+        XCTAssertNoThrow(try device.makeLibrary(source: source, options: nil))
+    }
+
     func testCombinedKernelAttributeSetsMaxTotalThreads() throws {
         let source = """
         [[kernel, max_total_threads_per_threadgroup(128)]] void capped(device uint* out [[buffer(0)]],
