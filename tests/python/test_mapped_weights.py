@@ -17,8 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import make_checkpoints as fixtures  # noqa: E402
 
 # Every stored format: bf16 (fused 3-D), float32, float16, mlx-lm's affine 4-bit (with an
-# 8-bit router and a shared expert), gpt-oss's MXFP4 (restacked: copied either way).
-CASES = ["qwen3_moe", "mixtral_fused", "glm4_moe", "qwen2_moe_mlx", "gpt_oss_mxfp4", "olmoe"]
+# 8-bit router and a shared expert), gpt-oss's MXFP4 (restacked: copied either way), and
+# one tensor per expert (bf16: qwen2_moe with a shared expert, deepseek_v3; float32: olmoe),
+# read through the backends' per-expert tables.
+CASES = ["qwen3_moe", "mixtral_fused", "glm4_moe", "qwen2_moe_mlx", "gpt_oss_mxfp4", "olmoe", "qwen2_moe",
+         "deepseek_v3"]
 BACKENDS = [b for b in ("cpu", "softmetal", "metal") if b in moe_swift.available_backends()]
 MAPS = Path("/proc/self/maps")
 
@@ -216,3 +219,53 @@ def test_weight_memory_bad_inputs():
     assert len(layer_module._HELD) == held
     with pytest.raises(ValueError, match="positive"):
         moe_swift.aligned_buffer(0)
+
+
+_MEASURE = """
+import json, sys
+from pathlib import Path
+import numpy as np
+import moe_swift
+
+def anonymous():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+
+folder, backend = sys.argv[1], sys.argv[2]
+moe_swift.from_pretrained(folder, 0, backend=backend).close()  # the backend's one-time start-up
+growth = {}
+for copy in (False, True):
+    before = anonymous()
+    layer = moe_swift.from_pretrained(folder, 0, backend=backend, copy_weights=copy)
+    growth["copied" if copy else "mapped"] = anonymous() - before
+    assert np.isfinite(layer(np.random.default_rng(0).standard_normal((2, 2048)).astype(np.float32))).all()
+    layer.close()
+print(json.dumps(growth))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.parametrize("backend", [b for b in ("cpu", "softmetal") if b in BACKENDS])
+def test_per_expert_bf16_checkpoint_costs_no_copy(tmp_path, monkeypatch, backend):
+    """A Qwen3-MoE-shaped layer stored one bf16 tensor per expert, as the originals are
+    published (H = 2048, I = 768, 16 experts: 151 MB of experts), loads without copying
+    them: anonymous memory grows by at most 15% of the experts' bytes, where the copied
+    layer's grows by all of them. Measured in a fresh process (freed memory that an
+    earlier test left resident would hide a copy)."""
+    import subprocess
+
+    monkeypatch.setattr(fixtures, "H", 2048)
+    monkeypatch.setattr(fixtures, "LAYERS", 1)
+    monkeypatch.setitem(fixtures.CASES, "qwen3_per_expert", ("qwen3_moe", "per_expert", "bfloat16", 16, 2, 768,
+                                                              {"norm_topk_prob": True, "mlp_only_layers": []}))
+    folder = str(fixtures.make("qwen3_per_expert", tmp_path / "q"))
+    experts = _expert_bytes(folder, 0)
+    assert experts == 3 * 16 * 768 * 2048 * 2
+    run = subprocess.run([sys.executable, "-c", _MEASURE, folder, backend], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    growth = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"{backend}: anonymous memory +{growth['mapped'] / 1e6:.1f} MB mapped, +{growth['copied'] / 1e6:.1f} MB "
+          f"copied ({experts / 1e6:.0f} MB of experts)")
+    assert growth["mapped"] <= 0.15 * experts, growth
+    assert growth["copied"] >= 0.9 * experts, growth

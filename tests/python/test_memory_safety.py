@@ -187,34 +187,40 @@ def _rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
-def test_per_expert_checkpoints_are_budgeted_before_they_are_stacked(tmp_path, kind):
-    """Checkpoints that store one tensor per expert (older Mixtral GGUFs, Mixtral's and
-    most bf16 originals' safetensors) are stacked into copies: their whole size is checked
-    first (a file's per-expert tensors may all point at the same bytes and ask for far more
-    than the file holds), and the layer's own copies get what the stacking left of
-    memory_limit."""
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["gguf", "safetensors", "sharded safetensors"])
+def test_per_expert_checkpoints_are_read_where_they_lie(tmp_path, kind, backend):
+    """Checkpoints that store one tensor per expert (older Mixtral GGUFs, and Qwen-MoE's,
+    DeepSeek's, Mixtral's bf16 originals) are read where each tensor lies, as stacked
+    ones are: memory_limit budgets only the backend's own copies (none here), a file whose
+    per-expert tensors all point at the same bytes costs nothing more, and the results
+    equal the copied layer's bit for bit. Where one projection's experts straddle two
+    shard files, the Metal backends stack a copy of that projection (one buffer per table),
+    within the same budget rules."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+    layer, limit = 0, 4096
     if kind == "gguf":
         pytest.importorskip("gguf")
         import make_gguf
 
-        path, _ = make_gguf.make("mixtral_per_expert", tmp_path, types={"gate": "Q4_0", "up": "Q4_0", "down": "Q8_0"})
-        pattern = r"stacking the \d+ per-expert tensors of blk\.0\.ffn_\{gate,up,down\}"
+        path, _ = make_gguf.make("mixtral_per_expert", tmp_path, types={"gate": "Q8_0", "up": "Q8_0", "down": "Q8_0"})
     else:
         import make_checkpoints
 
-        path = make_checkpoints.make("mixtral", tmp_path / "mixtral")
-        pattern = r"stacking the \d+ per-expert tensors of model\.layers\.0\.block_sparse_moe\.experts"
-    with pytest.raises(MemoryError, match=pattern + r".* needs (\d+) bytes .*only 4096 bytes") as caught:
-        moe_swift.from_pretrained(path, 0, backend="cpu", memory_limit=4096)
-    stacked = int(re.search(r"needs (\d+) bytes", str(caught.value)).group(1))
-    # Enough for the stacking but not for the layer's copies of the stack: the layer is refused.
-    with pytest.raises(MemoryError, match=r"copies of the weights, but only"):
-        moe_swift.from_pretrained(path, 0, backend="cpu", memory_limit=stacked + 1)
-    layer = moe_swift.from_pretrained(path, 0, backend="cpu")
-    x = np.ones((2, layer.hidden_size), np.float32)
-    assert np.isfinite(layer(x)).all()
+        if kind == "safetensors":
+            path, layer = make_checkpoints.make("qwen2_moe", tmp_path / "qwen2_moe"), 1
+        else:
+            path = make_checkpoints.make("mixtral", tmp_path / "mixtral")
+            limit = None if backend != "cpu" else limit
+    mapped = moe_swift.from_pretrained(path, layer, backend=backend, memory_limit=limit)
+    copied = moe_swift.from_pretrained(path, layer, backend=backend, copy_weights=True)
+    x = np.random.default_rng(0).standard_normal((5, mapped.hidden_size)).astype(np.float32)
+    y = mapped(x)
+    assert np.isfinite(y).all()
+    np.testing.assert_array_equal(y, copied(x))
+    # The copies that copy_weights makes are budgeted: refused under the same limit.
+    with pytest.raises(MemoryError, match=r"only 4096 bytes"):
+        moe_swift.from_pretrained(path, layer, backend=backend, copy_weights=True, memory_limit=4096)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -70,6 +70,9 @@ extension WeightMatrix {
     /// values (the same meaning).
     func multiply(m: Int, rows row0: Int, count n: Int, q: Q8Rows, first: Int,
                   c: UnsafeMutablePointer<Float>, ldc: Int, tile: UnsafeMutablePointer<Float>?) {
+        if n > 0, let (expert, row) = expertRows(row0, n) {
+            return expert.multiply(m: m, rows: row, count: n, q: q, first: first, c: c, ldc: ldc, tile: tile)
+        }
         if m <= Self.registerRowLimit && n > 0 {
             var a = q.rows(from: first)
             let done = withUnsafePointer(to: matrix) { w in

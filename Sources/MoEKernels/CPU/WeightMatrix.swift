@@ -15,6 +15,9 @@ final class WeightMatrix: @unchecked Sendable {
     private let memory: WeightMemory?
     /// The kernels' view of this matrix (pointers into the buffers above, or the mapping).
     private(set) var matrix: moe_cpu_matrix
+    /// A per-expert tensor (WeightData.experts): one matrix per expert, each where its
+    /// tensor lies (or copied by its own rules), reached by the rows' expert. nil: stacked.
+    private let experts: [WeightMatrix]?
 
     /// Rows per dequantized tile in prefill: the tile (float32) stays in L2 for all the
     /// activation rows that multiply it.
@@ -42,6 +45,7 @@ final class WeightMatrix: @unchecked Sendable {
     /// Bytes that making this matrix allocates (its copied parts).
     static func copiedBytes(_ source: WeightData, repack: Bool = true) -> Int {
         if case .array(let a) = source { return a.count * MemoryLayout<Float>.stride }
+        if case .experts(let list) = source { return list.reduce(0) { $0 + copiedBytes($1, repack: repack) } }
         return zip(source.parts, inPlace(source, repack: repack)).reduce(0) { $0 + ($1.1 ? 0 : $1.0.count) }
     }
 
@@ -50,6 +54,17 @@ final class WeightMatrix: @unchecked Sendable {
         format = source.format
         self.rows = rows
         self.cols = cols
+        if case .experts(let list) = source {
+            let each = rows / Swift.max(list.count, 1)
+            let made = try list.enumerated().map { e, tensor in
+                try WeightMatrix(tensor, rows: each, cols: cols, repack: repack, what: "\(what) (expert \(e))")
+            }
+            experts = made
+            (data, scales, biases, memory) = (nil, nil, nil, nil)
+            matrix = made.first?.matrix ?? format.cpuMatrix(cols: cols)
+            return
+        }
+        experts = nil
         let rowBytes = format.rowBytes(cols: cols), scaleBytes = format.scaleRowBytes(cols: cols)
         let inPlace = Self.inPlace(source, repack: repack)
         memory = inPlace.contains(true) ? source.memory : nil
@@ -82,6 +97,17 @@ final class WeightMatrix: @unchecked Sendable {
         matrix.split_nibbles = splitNibbles ? 1 : 0
     }
 
+    /// For a per-expert tensor: the expert's matrix that holds rows `row0 ..< row0 + n`
+    /// (callers never cross an expert: their rows are one expert's block) and the first
+    /// row's index in it.
+    @inline(__always)
+    func expertRows(_ row0: Int, _ n: Int) -> (WeightMatrix, Int)? {
+        guard let experts else { return nil }
+        let each = rows / experts.count, e = row0 / each
+        precondition(row0 + n <= (e + 1) * each, "a product crossed from one expert's rows into the next's")
+        return (experts[e], row0 - e * each)
+    }
+
     /// Bytes held (codes, scales and biases), in place or copied.
     var bytes: Int { rows * (format.rowBytes(cols: cols) + format.scaleRowBytes(cols: cols) * (format.hasBiases ? 2 : 1)) }
 
@@ -101,6 +127,9 @@ final class WeightMatrix: @unchecked Sendable {
     func multiply(m: Int, rows row0: Int, count n: Int, a: UnsafePointer<Float>, lda: Int,
                   c: UnsafeMutablePointer<Float>, ldc: Int, tile: UnsafeMutablePointer<Float>?) {
         if m == 0 || n == 0 { return }
+        if let (expert, row) = expertRows(row0, n) {
+            return expert.multiply(m: m, rows: row, count: n, a: a, lda: lda, c: c, ldc: ldc, tile: tile)
+        }
         // Decode rows of every format, float32 included, go through the same row kernels:
         // a product that only streams its weights (moe_cpu_matmul_formatted picks the
         // vector width that streams fastest).

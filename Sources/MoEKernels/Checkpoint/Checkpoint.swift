@@ -55,21 +55,17 @@ public final class Checkpoint {
         }
     }
 
-    /// The weights of layer `layer`, and what holds their temporaries until the layer has
-    /// copied them.
-    /// The layer's weights, the reader that owns their temporaries, and the bytes of those
-    /// temporaries (per-expert tensors stacked), which were checked against `memoryLimit`
-    /// and the system's memory before any was allocated.
-    func weights(layer: Int, configuration: MoEConfiguration, map: Bool,
-                 memoryLimit: Int?) throws -> (weights: MoEWeights, reader: AnyObject, stagedBytes: Int) {
+    /// The weights of layer `layer`, and the reader that owns their temporaries (joined
+    /// biases) until the layer has copied them. Per-expert tensors come as
+    /// `WeightData.experts`, each read where it lies.
+    func weights(layer: Int, configuration: MoEConfiguration, map: Bool) throws -> (weights: MoEWeights, reader: AnyObject) {
         switch source {
         case .folder(let folder):
-            let reader = LayerReader(folder, layer: layer, configuration: configuration, map: map, memoryLimit: memoryLimit)
-            return (try reader.weights(), reader, reader.stagedBytes)
+            let reader = LayerReader(folder, layer: layer, configuration: configuration, map: map)
+            return (try reader.weights(), reader)
         case .gguf(let gguf):
-            let reader = GGUFLayerReader(gguf, layer: layer, configuration: configuration, map: map,
-                                         memoryLimit: memoryLimit)
-            return (try reader.weights(), reader, reader.stagedBytes)
+            let reader = GGUFLayerReader(gguf, layer: layer, configuration: configuration, map: map)
+            return (try reader.weights(), reader)
         }
     }
 
@@ -263,11 +259,8 @@ extension MoELayer {
                             overrides: [String: Double] = [:], copyWeights: Bool = false,
                             memoryLimit: Int? = nil) throws {
         let configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
-        let (weights, reader, staged) = try checkpoint.weights(layer: layer, configuration: configuration,
-                                                               map: !copyWeights, memoryLimit: memoryLimit)
-        // One budget for the whole load: the backend's copies get what the stacking left.
-        try self.init(configuration: configuration, weights: weights, backend: backend,
-                      memoryLimit: memoryLimit.map { Swift.max(0, $0 - staged) })
+        let (weights, reader) = try checkpoint.weights(layer: layer, configuration: configuration, map: !copyWeights)
+        try self.init(configuration: configuration, weights: weights, backend: backend, memoryLimit: memoryLimit)
         withExtendedLifetime(reader) {}  // its temporaries until the backend has copied them
     }
 }

@@ -11,17 +11,12 @@ final class GGUFLayerReader {
     let c: MoEConfiguration
     let prefix: String
     let map: Bool
-    /// Stacked experts and joined bias rows; freed with the reader.
+    /// Joined bias rows; freed with the reader.
     private var temporaries: [UnsafeMutableRawBufferPointer] = []
-    /// The caller's budget for copies (nil: the system's memory alone).
-    let memoryLimit: Int?
-    /// The bytes of the stacked experts, checked against the budget before the first copy.
-    private(set) var stagedBytes = 0
 
-    init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool, memoryLimit: Int? = nil) {
+    init(_ checkpoint: GGUFCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool) {
         self.checkpoint = checkpoint
         self.map = map
-        self.memoryLimit = memoryLimit
         c = configuration
         prefix = "blk.\(layer)."
     }
@@ -94,8 +89,8 @@ final class GGUFLayerReader {
     }
 
     /// The experts' `ffn_<projection>.<e>.weight` of shape `shape` (older Mixtral files,
-    /// which llama.cpp still reads) stacked into one (E, ...) tensor in their common type.
-    private func stacked(_ projection: String, _ shape: [Int]) throws -> WeightData {
+    /// which llama.cpp still reads), each read where it lies, in their common type.
+    private func experts(_ projection: String, _ shape: [Int]) throws -> WeightData {
         let parts = try (0..<c.numExperts).map { try require("ffn_\(projection).\($0).weight") }
         for t in parts {
             try check(t, shape)
@@ -104,14 +99,7 @@ final class GGUFLayerReader {
                                                + "the experts of one projection must share a type")
             }
         }
-        let out = temporary(parts.reduce(0) { $0 + $1.bytes.count })
-        var at = 0
-        for t in parts {
-            UnsafeMutableRawBufferPointer(rebasing: out[at..<at + t.bytes.count]).copyMemory(from: t.bytes)
-            at += t.bytes.count
-        }
-        return try Self.weight(UnsafeRawBufferPointer(out), of: parts[0], name: "\(prefix)ffn_\(projection).*.weight",
-                               shape: [c.numExperts] + shape)
+        return .experts(try (0..<c.numExperts).map { try matrix("ffn_\(projection).\($0).weight", shape) })
     }
 
     private func temporary(_ bytes: Int) -> UnsafeMutableRawBufferPointer {
@@ -147,13 +135,10 @@ final class GGUFLayerReader {
             gateUp = .fused(try matrix("ffn_gate_up_exps.weight", [e, 2 * i, h]))
             down = try matrix("ffn_down_exps.weight", [e, h, i])
         } else if tensor("ffn_gate_exps.weight") == nil && tensor("ffn_gate.0.weight") != nil {
-            // The whole stacking planned and budgeted before a byte is copied: the tensors'
-            // sizes come from the file, and may all point at the same bytes.
-            stagedBytes = try LayerReader.budgetStacking(
-                (0..<e).flatMap { x in ["gate", "up", "down"].map { tensor("ffn_\($0).\(x).weight")?.bytes.count ?? 0 } },
-                limit: memoryLimit, what: "stacking the \(e) per-expert tensors of \(prefix)ffn_{gate,up,down}.<e>.weight")
-            gateUp = .separate(gate: try stacked("gate", [i, h]), up: try stacked("up", [i, h]))
-            down = try stacked("down", [h, i])
+            // Each expert's tensor read where it lies: the tensors' offsets come from the
+            // file and may all point at the same bytes, which costs nothing then.
+            gateUp = .separate(gate: try experts("gate", [i, h]), up: try experts("up", [i, h]))
+            down = try experts("down", [h, i])
         } else {
             if checkpoint.architecture == "llama" && tensor("ffn_gate_exps.weight") == nil {
                 // llama.cpp's llama loader marks ffn_gate_exps TENSOR_NOT_REQUIRED: without it

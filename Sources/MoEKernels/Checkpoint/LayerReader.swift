@@ -19,16 +19,9 @@ final class LayerReader {
     private var temporaries: [UnsafeMutableRawBufferPointer] = []
     /// Whether tensors borrowed from the files are handed over as mapped (read in place).
     let map: Bool
-    /// The caller's budget for copies (nil: the system's memory alone).
-    let memoryLimit: Int?
-    /// The bytes of the stacked experts, checked against the budget before the first copy.
-    private(set) var stagedBytes = 0
-
-    init(_ checkpoint: SafeTensorsCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true,
-         memoryLimit: Int? = nil) {
+    init(_ checkpoint: SafeTensorsCheckpoint, layer: Int, configuration: MoEConfiguration, map: Bool = true) {
         self.checkpoint = checkpoint
         self.map = map
-        self.memoryLimit = memoryLimit
         c = configuration
         let family = checkpoint.family
         blocks = family.blockNames.map { "model.layers.\(layer).\($0)" }
@@ -166,16 +159,9 @@ final class LayerReader {
             w = MoEWeights(router: try router(), gateUp: .fused(try dense(gateUp)), downProj: try dense(down))
         } else if let names = [("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")]
                     .first(where: { tensor("experts.0.\($0.0).weight") != nil }) {
-            // The whole stacking planned and budgeted before a byte is copied.
-            stagedBytes = try Self.budgetStacking(
-                (0..<e).flatMap { x in [names.0, names.1, names.2].flatMap { p in
-                    ["weight", "scales", "biases"].map { tensor("experts.\(x).\(p).\($0)")?.bytes.count ?? 0 }
-                } },
-                limit: memoryLimit,
-                what: "stacking the \(e) per-expert tensors of \(prefix).experts.<e>.{\(names.0),\(names.1),\(names.2)}")
             w = MoEWeights(router: try router(),
-                           gateUp: .separate(gate: try stackExperts(names.0, [i, h]), up: try stackExperts(names.1, [i, h])),
-                           downProj: try stackExperts(names.2, [h, i]))
+                           gateUp: .separate(gate: try experts(names.0, [i, h]), up: try experts(names.1, [i, h])),
+                           downProj: try experts(names.2, [h, i]))
         } else {
             throw checkpoint.missing(["switch_mlp.gate_proj.weight", "experts.gate_up_proj",
                                       "experts.0.gate_proj.weight", "experts.0.w1.weight"].map { prefix + "." + $0 },
@@ -195,59 +181,20 @@ final class LayerReader {
         return w
     }
 
-    /// The sum of `sizes` (bytes that stacking copies), checked against the budget: throws
-    /// MoEError.outOfMemory naming `what` before anything is allocated.
-    static func budgetStacking(_ sizes: [Int], limit: Int?, what: String) throws -> Int {
-        var total = 0
-        for size in sizes {
-            let (sum, overflow) = total.addingReportingOverflow(size)
-            total = overflow ? Int.max : sum
-        }
-        try MemoryBudget.check(needed: total, limit: limit, what: what,
-                               hint: "A checkpoint that stores one tensor per expert is stacked into copies; "
-                                   + "one whose experts are stored stacked is read in place")
-        return total
-    }
-
-    /// One (E, ...) tensor from E per-expert tensors, in their stored format.
-    private func stackExperts(_ projection: String, _ shape: [Int]) throws -> WeightData {
+    /// The E per-expert tensors of `projection`, each read where it lies (the backends reach
+    /// them through a per-expert table, or stack a copy where they cannot).
+    private func experts(_ projection: String, _ shape: [Int]) throws -> WeightData {
         let parts = try (0..<c.numExperts).map { e -> WeightData in
             guard tensor("experts.\(e).\(projection).weight") != nil else {
                 throw checkpoint.missing([prefix + ".experts.\(e).\(projection).weight"], "expert \(e)")
             }
             return try matrix("experts.\(e).\(projection)", shape)
         }
-        func concat(_ pieces: [UnsafeRawBufferPointer]) throws -> UnsafeRawBufferPointer {
-            guard Set(pieces.map(\.count)).count == 1 else {
-                throw MoEError.invalidArgument("\(prefix).experts.*.\(projection): the experts' tensors differ in size")
-            }
-            let out = temporary(pieces.reduce(0) { $0 + $1.count })
-            var at = 0
-            for p in pieces {
-                UnsafeMutableRawBufferPointer(rebasing: out[at..<at + p.count]).copyMemory(from: p)
-                at += p.count
-            }
-            return UnsafeRawBufferPointer(out)
+        for (e, part) in parts.enumerated() where part.format != parts[0].format {
+            throw MoEError.invalidArgument("\(prefix).experts.\(e).\(projection) is \(part.format), expert 0's is "
+                                           + "\(parts[0].format): the experts of one projection must share a format")
         }
-        let mixed = MoEError.invalidArgument("\(prefix).experts.*.\(projection): the experts' tensors differ in format")
-        switch parts[0].unmapped {
-        case .dense(_, let type):
-            return .dense(try concat(parts.map { part in
-                guard case .dense(let raw, type) = part.unmapped else { throw mixed }
-                return raw
-            }), type)
-        case .quantized(let first):
-            let q = try parts.map { part in
-                guard case .quantized(let q) = part.unmapped, q.quantization == first.quantization else { throw mixed }
-                return q
-            }
-            return .quantized(QuantizedWeightData(first.quantization, weight: try concat(q.map(\.weight)),
-                                                  scales: try concat(q.map(\.scales)),
-                                                  biases: first.biases == nil ? nil : try concat(q.compactMap(\.biases)),
-                                                  scaleType: first.scaleType))
-        default:
-            throw MoEError.internalError("unexpected weight data from a checkpoint")
-        }
+        return .experts(parts)
     }
 
     /// (E, I) gate bias and (E, I) up bias as one (E, 2I) tensor, in their dtype.

@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import CMoECPU
 
 /// A quantized weight tensor, in memory the caller keeps alive until the layer's
@@ -45,6 +50,12 @@ public enum WeightData: @unchecked Sendable {
     /// read in place (the Metal backends wrap the memory without a copy and bind each part
     /// at its offset; the CPU reads in place every layout its kernels take as stored).
     indirect case mapped(WeightData, in: WeightMemory)
+    /// A tensor of experts stored one tensor per expert (most bf16 originals: Qwen3-MoE,
+    /// Mixtral, DeepSeek, OLMoE), each (rows, cols) of the same format, wherever each lies:
+    /// the backends reach expert e's rows through a per-expert table (CPU: one matrix per
+    /// expert; Metal: byte offsets into one wrapped buffer) instead of stacking copies, and
+    /// stack a copy only where they cannot (WeightData.stacked).
+    indirect case experts([WeightData])
 
     /// The tensor itself, without the memory it may be mapped from.
     public var unmapped: WeightData {
@@ -52,10 +63,60 @@ public enum WeightData: @unchecked Sendable {
         return self
     }
 
-    /// The memory the tensor is read from in place, if it is mapped.
+    /// The memory the tensor is read from in place, if it is mapped (not for `.experts`,
+    /// whose tensors each have their own: `memories`).
     public var memory: WeightMemory? {
         if case .mapped(_, let memory) = self { return memory }
         return nil
+    }
+
+    /// Every memory the tensor's bytes are read from in place.
+    var memories: [WeightMemory] {
+        switch self {
+        case .mapped(_, let memory): return [memory]
+        case .experts(let list): return list.flatMap(\.memories)
+        default: return []
+        }
+    }
+
+    /// The tensor in one stacked piece: `.experts` copied into memory of its own, which the
+    /// result owns (a WeightMemory, read in place as a mapped tensor is); anything else as
+    /// it is. For backends (and parts of them) that cannot read a per-expert table.
+    func stacked(what: String) throws -> WeightData {
+        guard case .experts(let list) = self, let first = list.first else { return self }
+        let sizes = first.parts.map(\.count)
+        for (e, expert) in list.enumerated() where expert.format != first.format || expert.parts.map(\.count) != sizes {
+            throw MoEError.invalidArgument("\(what): expert \(e)'s tensor differs from expert 0's in format or size")
+        }
+        // Each part of all experts, one after another, each part starting on a 64-byte boundary.
+        let starts = sizes.indices.map { k in sizes[..<k].reduce(0) { $0 + ($1 * list.count + 63) / 64 * 64 } }
+        let total = (starts.last ?? 0) + (sizes.last ?? 0) * list.count
+        let page = WeightMemory.pageSize
+        let length = Swift.max(page, (total + page - 1) / page * page)
+        var raw: UnsafeMutableRawPointer?
+        guard posix_memalign(&raw, page, length) == 0, let base = raw else {
+            throw MoEError.outOfMemory("cannot allocate \(length) bytes to stack the \(list.count) experts of \(what)")
+        }
+        CallStats.allocation(bytes: length)
+        let address = Int(bitPattern: base)
+        let memory = try WeightMemory(base: base, length: length, release: { free(UnsafeMutableRawPointer(bitPattern: address)) })
+        func part(_ k: Int) -> UnsafeRawBufferPointer {
+            for (e, expert) in list.enumerated() {
+                (base + starts[k] + e * sizes[k]).copyMemory(from: expert.parts[k].baseAddress!, byteCount: sizes[k])
+            }
+            return UnsafeRawBufferPointer(start: base + starts[k], count: sizes[k] * list.count)
+        }
+        switch first.unmapped {
+        case .dense(_, let type): return .mapped(.dense(part(0), type), in: memory)
+        case .borrowed: return .mapped(.dense(part(0), .float32), in: memory)
+        case .quantized(let q):
+            let scales = q.quantization.hasSeparateScales ? part(1) : UnsafeRawBufferPointer(start: nil, count: 0)
+            let biases = q.biases == nil ? nil : part(sizes.count - 1)
+            return .mapped(.quantized(QuantizedWeightData(q.quantization, weight: part(0), scales: scales, biases: biases,
+                                                          scaleType: q.scaleType)), in: memory)
+        default:
+            throw MoEError.invalidArgument("\(what): per-expert tensors must be borrowed, dense or quantized bytes")
+        }
     }
 
     /// Its bytes: codes (or dense values), then scales and biases where the format has them.
@@ -67,6 +128,7 @@ public enum WeightData: @unchecked Sendable {
         case .quantized(let q):
             return [q.weight] + (q.quantization.hasSeparateScales ? [q.scales] : []) + (q.biases.map { [$0] } ?? [])
         case .mapped(let inner, _): return inner.parts
+        case .experts: return []  // not one piece: each expert's own parts, or `stacked`
         }
     }
 
@@ -78,6 +140,7 @@ public enum WeightData: @unchecked Sendable {
         case .dense(_, let t): return .dense(t)
         case .quantized(let q): return .quantized(q.quantization, scaleType: q.scaleType)
         case .mapped(let inner, _): return inner.format
+        case .experts(let list): return list.first?.format ?? .float32
         }
     }
 
@@ -91,6 +154,7 @@ public enum WeightData: @unchecked Sendable {
             if case .ggml(let t) = q.quantization { return q.weight.count / t.blockBytes * t.blockElements }
             return q.weight.count * 8 / q.quantization.bits
         case .mapped(let inner, _): return inner.count
+        case .experts(let list): return list.reduce(0) { $0 + $1.count }
         }
     }
 
@@ -100,9 +164,21 @@ public enum WeightData: @unchecked Sendable {
         let elements = shape.reduce(1, *)
         let dims = "(" + shape.map(String.init).joined(separator: ", ") + ")"
         switch self {
+        case .experts(let list):
+            guard shape.count >= 2, list.count == shape[0] else {
+                throw MoEError.invalidArgument("\(name) must have \(shape.first ?? 0) per-expert tensors (shape \(dims)), got \(list.count)")
+            }
+            for (e, expert) in list.enumerated() {
+                if case .experts = expert { throw MoEError.invalidArgument("\(name)[\(e)]: per-expert tensors do not nest") }
+                guard expert.format == list[0].format else {
+                    throw MoEError.invalidArgument("\(name)[\(e)] is \(expert.format), expert 0's is \(list[0].format): "
+                                                   + "the experts of one tensor share a format")
+                }
+                try expert.validate("\(name)[\(e)]", shape: Array(shape.dropFirst()))
+            }
         case .mapped(let inner, let memory):
             switch inner {
-            case .array, .mapped:
+            case .array, .mapped, .experts:
                 throw MoEError.invalidArgument("\(name): only borrowed, dense or quantized bytes can be mapped")
             default:
                 guard inner.parts.allSatisfy(memory.contains) else {
@@ -196,6 +272,8 @@ public enum WeightData: @unchecked Sendable {
             return try body(m)
         case .mapped(let inner, _):
             return try inner.withMatrix(cols: cols, body)
+        case .experts:
+            preconditionFailure("per-expert tensors have one matrix per expert")
         }
     }
 
@@ -203,6 +281,7 @@ public enum WeightData: @unchecked Sendable {
     /// for quantized ones. For small vectors, tests and backends without format kernels.
     public func floats() -> [Float] {
         if case .array(let a) = self { return a }
+        if case .experts(let list) = self { return list.flatMap { $0.floats() } }
         let n = count
         // Rows of one quantization group each, so no row shape is needed.
         let cols: Int

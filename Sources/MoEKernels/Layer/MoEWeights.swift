@@ -70,7 +70,7 @@ public struct MoEWeights: Sendable {
         let all = matrices + [routerBias, selectionBias, perExpertScale, gateUpBias, downBias, shared?.sigmoidGate]
             .compactMap { $0 }
         var seen: [WeightMemory] = []
-        for memory in all.compactMap(\.memory) where !seen.contains(where: { $0 === memory }) { seen.append(memory) }
+        for memory in all.flatMap(\.memories) where !seen.contains(where: { $0 === memory }) { seen.append(memory) }
         return seen
     }
 

@@ -110,9 +110,11 @@ template <typename L>
                                  device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],           // gate (E, I, H)
                                  device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
                                  device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                                 device const moe_expert_parts* t0 [[buffer(MOE_FFN_BUF_W0_EXPERTS)]],
                                  device const uchar* w1 [[buffer(MOE_FFN_BUF_W1)]],           // up (E, I, H)
                                  device const uchar* s1 [[buffer(MOE_FFN_BUF_W1_SCALES)]],
                                  device const uchar* b1 [[buffer(MOE_FFN_BUF_W1_BIASES)]],
+                                 device const moe_expert_parts* t1 [[buffer(MOE_FFN_BUF_W1_EXPERTS)]],
                                  device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],       // (E, 2I)
                                  device float* act [[buffer(MOE_FFN_BUF_OUTPUT)]],            // (rows, I)
                                  device const int* ids [[buffer(MOE_FFN_BUF_IDS)]],           // (T * k)
@@ -136,8 +138,8 @@ template <typename L>
     moe_wrow wg[MOE_GEMV_R], wu[MOE_GEMV_R];
     for (uint j = 0; j < MOE_GEMV_R; j++) {
         const uint r = min(r0 + j, I - 1);
-        wg[j] = moe_row(p.w0, w0, s0, b0, expert, r, H);
-        wu[j] = moe_row(p.w1, w1, s1, b1, expert, r, H);
+        wg[j] = moe_row(p.w0, w0, s0, b0, t0, expert, r, H);
+        wu[j] = moe_row(p.w1, w1, s1, b1, t1, expert, r, H);
     }
     float g[MOE_GEMV_R][MOE_GEMV_T], u[MOE_GEMV_R][MOE_GEMV_T];
     for (uint j = 0; j < MOE_GEMV_R; j++) {
@@ -199,6 +201,7 @@ template <typename L>
                               device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],              // down (E, H, I)
                               device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
                               device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                              device const moe_expert_parts* t0 [[buffer(MOE_FFN_BUF_W0_EXPERTS)]],
                               device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],          // (E, H)
                               device float* out [[buffer(MOE_FFN_BUF_OUTPUT)]],               // (rows, H)
                               device const int* ids [[buffer(MOE_FFN_BUF_IDS)]],              // (T * k)
@@ -217,7 +220,7 @@ template <typename L>
     device const float* as[MOE_GEMV_T];
     for (uint i = 0; i < MOE_GEMV_T; i++) as[i] = act + (ulong)rows[i] * I;
     moe_wrow wd[MOE_GEMV_R];
-    for (uint j = 0; j < MOE_GEMV_R; j++) wd[j] = moe_row(p.w0, w0, s0, b0, expert, min(h0 + j, H - 1), I);
+    for (uint j = 0; j < MOE_GEMV_R; j++) wd[j] = moe_row(p.w0, w0, s0, b0, t0, expert, min(h0 + j, H - 1), I);
     float y[MOE_GEMV_R][MOE_GEMV_T];
     for (uint j = 0; j < MOE_GEMV_R; j++) {
         for (uint i = 0; i < MOE_GEMV_T; i++) y[j][i] = 0.0f;
@@ -419,9 +422,11 @@ template <typename L>
                                  device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],           // gate (E, I, H)
                                  device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
                                  device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                                 device const moe_expert_parts* t0 [[buffer(MOE_FFN_BUF_W0_EXPERTS)]],
                                  device const uchar* w1 [[buffer(MOE_FFN_BUF_W1)]],           // up (E, I, H)
                                  device const uchar* s1 [[buffer(MOE_FFN_BUF_W1_SCALES)]],
                                  device const uchar* b1 [[buffer(MOE_FFN_BUF_W1_BIASES)]],
+                                 device const moe_expert_parts* t1 [[buffer(MOE_FFN_BUF_W1_EXPERTS)]],
                                  device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],       // (E, 2I)
                                  device float* act [[buffer(MOE_FFN_BUF_OUTPUT)]],            // (rows, I)
                                  device const uint* rows [[buffer(MOE_FFN_BUF_ROWS)]],        // bucket row -> pair
@@ -442,8 +447,8 @@ template <typename L>
     device const float* xa = x + (ulong)(p.mode == MOE_FFN_SHARED ? a_row : a_row / p.top_k) * H;
     // Product columns [0, 32): gate rows n0 ...; [32, 64): the same up rows.
     const bool b_ok = n0 + lr < I;
-    const moe_wrow wg = moe_row(p.w0, w0, s0, b0, t.expert, b_ok ? n0 + lr : 0, H);
-    const moe_wrow wu = moe_row(p.w1, w1, s1, b1, t.expert, b_ok ? n0 + lr : 0, H);
+    const moe_wrow wg = moe_row(p.w0, w0, s0, b0, t0, t.expert, b_ok ? n0 + lr : 0, H);
+    const moe_wrow wu = moe_row(p.w1, w1, s1, b1, t1, t.expert, b_ok ? n0 + lr : 0, H);
     moe_gemm_product<L>(C, xa, a_ok, wg, b_ok, wu, b_ok, H,
                         t.count == MOE_GEMM_BM && n0 + MOE_GEMM_GATE_UP_BN <= I, tid, sg);
     for (uint i = tid; i < MOE_GEMM_BM * MOE_GEMM_GATE_UP_BN; i += MOE_GEMM_THREADS) {
@@ -464,6 +469,7 @@ template <typename L>
                               device const uchar* w0 [[buffer(MOE_FFN_BUF_W0)]],              // down (E, H, I)
                               device const uchar* s0 [[buffer(MOE_FFN_BUF_W0_SCALES)]],
                               device const uchar* b0 [[buffer(MOE_FFN_BUF_W0_BIASES)]],
+                              device const moe_expert_parts* t0 [[buffer(MOE_FFN_BUF_W0_EXPERTS)]],
                               device const float* bias [[buffer(MOE_FFN_BUF_BIAS)]],          // (E, H)
                               device float* out [[buffer(MOE_FFN_BUF_OUTPUT)]],               // (rows, H)
                               device const uint* rows [[buffer(MOE_FFN_BUF_ROWS)]],
@@ -484,8 +490,8 @@ template <typename L>
     device const float* aa = act + (ulong)(a_ok ? moe_gemm_row(p, rows, t, lr) : 0) * I;
     // Product columns: down rows n0 ... n0 + 63; this thread loads n0 + lr and n0 + 32 + lr.
     const bool ok0 = n0 + lr < H, ok1 = n0 + 32 + lr < H;
-    const moe_wrow wd0 = moe_row(p.w0, w0, s0, b0, t.expert, ok0 ? n0 + lr : 0, I);
-    const moe_wrow wd1 = moe_row(p.w0, w0, s0, b0, t.expert, ok1 ? n0 + 32 + lr : 0, I);
+    const moe_wrow wd0 = moe_row(p.w0, w0, s0, b0, t0, t.expert, ok0 ? n0 + lr : 0, I);
+    const moe_wrow wd1 = moe_row(p.w0, w0, s0, b0, t0, t.expert, ok1 ? n0 + 32 + lr : 0, I);
     moe_gemm_product<L>(C, aa, a_ok, wd0, ok0, wd1, ok1, I, t.count == MOE_GEMM_BM && n0 + MOE_GEMM_DOWN_BN <= H,
                         tid, sg);
     for (uint i = tid; i < MOE_GEMM_BM * MOE_GEMM_DOWN_BN; i += MOE_GEMM_THREADS) {

@@ -39,11 +39,21 @@ struct moe_wrow {
     uint scale_type;
 };
 
-// Row r of expert `expert` of a matrix with `cols` columns (moe_weight_desc).
+// Row r of expert `expert` of a matrix with `cols` columns (moe_weight_desc); `experts`
+// is its moe_expert_parts table when d.per_expert (never read otherwise).
 static inline moe_wrow moe_row(constant moe_weight_desc& d, device const uchar* w, device const uchar* s,
-                               device const uchar* b, uint expert, uint r, uint cols)
+                               device const uchar* b, device const moe_expert_parts* experts, uint expert, uint r,
+                               uint cols)
 {
-    const ulong row = (ulong)expert * d.rows_per_expert + d.row_offset + r;
+    ulong row = (ulong)d.row_offset + r;
+    if (d.per_expert != 0) {
+        const moe_expert_parts e = experts[expert];
+        w += ((ulong)e.codes_hi << 32) | e.codes_lo;
+        s += ((ulong)e.scales_hi << 32) | e.scales_lo;
+        b += ((ulong)e.biases_hi << 32) | e.biases_lo;
+    } else {
+        row += (ulong)expert * d.rows_per_expert;
+    }
     const uint scale_size = d.format == MOE_FORMAT_MXFP4 ? 1u : (d.scale_type == MOE_DTYPE_F32 ? 4u : 2u);
     // ggml's blocks carry their scales: s and b are dummies that nothing reads.
     const ulong scale_offset = d.row_bytes != 0 ? 0 : row * (cols >> d.group_shift) * scale_size;

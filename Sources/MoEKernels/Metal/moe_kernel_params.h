@@ -92,7 +92,11 @@ typedef int32_t moe_i32;
  * a row of `cols` elements takes cols * bits / 8 bytes of codes and cols >> group_shift
  * scales (and biases), except in ggml's block formats, whose rows are row_bytes bytes of
  * blocks that hold their own scales (no scale or bias buffer). Gate and up of a fused
- * (E, 2I, H) tensor are the same buffers with row_offset 0 and I. */
+ * (E, 2I, H) tensor are the same buffers with row_offset 0 and I. With per_expert, each
+ * expert's tensor lies on its own (a checkpoint of one tensor per expert, read where it
+ * lies): row r of expert e is row row_offset + r of the tensor whose codes, scales and
+ * biases start at the byte offsets of entry e of the matrix's moe_expert_parts table
+ * (MOE_FFN_BUF_W0_EXPERTS / _W1_EXPERTS) from the three buffers. */
 typedef struct moe_weight_desc {
     moe_u32 format;               /* moe_format */
     moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4), 0 (ggml) */
@@ -101,8 +105,17 @@ typedef struct moe_weight_desc {
     moe_u32 rows_per_expert;
     moe_u32 row_offset;
     moe_u32 row_bytes;            /* ggml blocks: cols / block_elems * block_bytes; 0 otherwise */
-    moe_u32 _pad1;
+    moe_u32 per_expert;           /* 1: experts through the moe_expert_parts table */
 } moe_weight_desc;
+
+/* Where one expert's tensor lies in the three buffers of a per-expert matrix: byte offsets
+ * of its codes, scales and biases, each as low and high 32 bits. */
+typedef struct moe_expert_parts {
+    moe_u32 codes_lo, codes_hi;
+    moe_u32 scales_lo, scales_hi;
+    moe_u32 biases_lo, biases_hi;
+    moe_u32 _pad0, _pad1;
+} moe_expert_parts;
 
 /* Buffer indices ([[buffer(n)]]) of moe_router_<format>. */
 #define MOE_ROUTER_BUF_PARAMS 0
@@ -139,6 +152,8 @@ typedef struct moe_weight_desc {
 #define MOE_FFN_BUF_W1 11
 #define MOE_FFN_BUF_W1_SCALES 12
 #define MOE_FFN_BUF_W1_BIASES 13
+#define MOE_FFN_BUF_W0_EXPERTS 14       /* moe_expert_parts (E) of a per-expert w0, else unused */
+#define MOE_FFN_BUF_W1_EXPERTS 15
 
 /* Buffer indices of moe_bucket and moe_combine. */
 #define MOE_BUCKET_BUF_PARAMS 0

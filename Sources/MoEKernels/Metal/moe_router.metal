@@ -140,7 +140,7 @@ static inline void moe_router_dot(constant moe_router_params& p, uint r, device 
     const float offset = p.input_norm_offset;
     const uint full = H % 8 == 0 ? H : 0;
     if (r < E) {
-        const moe_wrow w = moe_row(p.weight, w_codes, w_scales, w_biases, 0, r, H);
+        const moe_wrow w = moe_row(p.weight, w_codes, w_scales, w_biases, nullptr, 0, r, H);
         for (uint h = lane * 8; h < full; h += 8 * MOE_SIMD_WIDTH) {
             float wv[8];
             L::load8(w, h, wv);

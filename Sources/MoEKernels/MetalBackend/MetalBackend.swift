@@ -75,18 +75,40 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         }
     }
 
-    /// Device bytes the weights' copies take: every matrix part not read in place from
-    /// its mapping, and the vectors (read as float32).
-    static func copiedBytes(_ c: MoEConfiguration, _ w: MoEWeights) -> Int {
+    /// Bytes the weights' copies take: every matrix part not read in place from its
+    /// mapping (a per-expert tensor's table, or its stacked copy where the kernels cannot
+    /// read it through one), and the vectors (read as float32).
+    static func copiedBytes(_ c: MoEConfiguration, _ w: MoEWeights, maxBufferLength: Int = .max) -> Int {
         let vectors = [w.routerBias, w.selectionBias, w.perExpertScale, w.gateUpBias, w.downBias, w.shared?.sigmoidGate]
-        return w.matrices.reduce(0) { $0 + MetalWeight.copiedBytes($1) }
+        return w.matrices.reduce(0) { $0 + MetalWeight.copiedBytes($1, maxBufferLength: maxBufferLength) }
             + vectors.reduce(0) { $0 + ($1.map { MetalContext.bufferLength($0.count * MemoryLayout<Float>.stride) } ?? 0) }
     }
 
-    init(configuration c: MoEConfiguration, weights w: MoEWeights, memoryLimit: Int? = nil) throws {
+    /// `w`'s per-expert tensors that the kernels cannot read through a table (spread over
+    /// several memories, at offsets they cannot read, or wider than one buffer) stacked into
+    /// copies; the others as they are.
+    static func readable(_ w: MoEWeights, maxBufferLength: Int) throws -> MoEWeights {
+        func readable(_ data: WeightData, _ what: String) throws -> WeightData {
+            guard case .experts = data, !MetalWeight.readsExpertsInPlace(data, maxBufferLength: maxBufferLength) else {
+                return data
+            }
+            return try data.stacked(what: what)
+        }
+        var out = w
+        switch w.gateUp {
+        case .separate(let g, let u): out.gateUp = .separate(gate: try readable(g, "gate_proj"), up: try readable(u, "up_proj"))
+        case .fused(let gu): out.gateUp = .fused(try readable(gu, "gate_up_proj"))
+        }
+        out.downProj = try readable(w.downProj, "down_proj")
+        return out
+    }
+
+    init(configuration c: MoEConfiguration, weights given: MoEWeights, memoryLimit: Int? = nil) throws {
         let context = try MetalContext.shared()
-        try MemoryBudget.check(needed: Self.copiedBytes(c, w), limit: memoryLimit,
+        let maxBufferLength = context.device.maxBufferLength
+        try MemoryBudget.check(needed: Self.copiedBytes(c, given, maxBufferLength: maxBufferLength), limit: memoryLimit,
                                what: "this layer on the \(metalDeviceKind.name) backend")
+        let w = try Self.readable(given, maxBufferLength: maxBufferLength)
         kind = metalDeviceKind
         guard c.numExperts <= Int(MOE_MAX_EXPERTS) else {
             throw MoEError.invalidArgument(
@@ -96,7 +118,7 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
         configuration = c
         let (e, i) = (c.numExperts, c.intermediateSize)
 
-        let mappings = MetalMappings(w.matrices, maxBufferLength: context.device.maxBufferLength)
+        let mappings = MetalMappings(w.matrices, maxBufferLength: maxBufferLength)
         func matrix(_ data: WeightData, rows: Int, cols: Int, what: String) throws -> MetalWeight {
             try MetalWeight(data, rowsPerExpert: rows, cols: cols, context: context, mappings: mappings, what: what)
         }

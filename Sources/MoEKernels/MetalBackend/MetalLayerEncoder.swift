@@ -147,8 +147,10 @@ struct MetalLayerEncoder {
         p.w1 = backend.up.desc
         let routed = backend.pipelines.routed
         encoder.setComputePipelineState(decode ? routed.gateUpGemv : routed.gateUpGemm)
-        set(backend.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
-        set(backend.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
+        set(backend.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES,
+            experts: MOE_FFN_BUF_W0_EXPERTS)
+        set(backend.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES,
+            experts: MOE_FFN_BUF_W1_EXPERTS)
         set(MOE_FFN_BUF_BIAS, backend.gateUpBias)
         set(MOE_FFN_BUF_OUTPUT, scratch.act)
         if decode {
@@ -168,8 +170,10 @@ struct MetalLayerEncoder {
             s.w0 = weights.gate.desc
             s.w1 = weights.up.desc
             encoder.setComputePipelineState(decode ? kernels.gateUpGemv : kernels.gateUpGemm)
-            set(weights.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
-            set(weights.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES)
+            set(weights.gate, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES,
+            experts: MOE_FFN_BUF_W0_EXPERTS)
+            set(weights.up, codes: MOE_FFN_BUF_W1, scales: MOE_FFN_BUF_W1_SCALES, biases: MOE_FFN_BUF_W1_BIASES,
+            experts: MOE_FFN_BUF_W1_EXPERTS)
             set(MOE_FFN_BUF_BIAS, nil)
             set(MOE_FFN_BUF_OUTPUT, act)
             // ids, rows, tiles and offsets are not read for the shared expert.
@@ -212,7 +216,8 @@ struct MetalLayerEncoder {
         encoder.setComputePipelineState(decode ? routed.downGemv : routed.downGemm)
         setParams(&p)
         set(MOE_FFN_BUF_INPUT, scratch.act)
-        set(backend.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
+        set(backend.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES,
+            experts: MOE_FFN_BUF_W0_EXPERTS)
         set(MOE_FFN_BUF_BIAS, backend.downBias)
         set(MOE_FFN_BUF_OUTPUT, scratch.pairOut)
         set(MOE_FFN_BUF_ROW_WEIGHT, routingWeights)
@@ -231,7 +236,8 @@ struct MetalLayerEncoder {
             encoder.setComputePipelineState(decode ? kernels.downGemv : kernels.downGemm)
             setParams(&s)
             set(MOE_FFN_BUF_INPUT, act)
-            set(weights.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES)
+            set(weights.down, codes: MOE_FFN_BUF_W0, scales: MOE_FFN_BUF_W0_SCALES, biases: MOE_FFN_BUF_W0_BIASES,
+            experts: MOE_FFN_BUF_W0_EXPERTS)
             set(MOE_FFN_BUF_BIAS, nil)
             set(MOE_FFN_BUF_OUTPUT, out)
             set(MOE_FFN_BUF_ROW_WEIGHT, scratch.sharedFactor)
@@ -337,12 +343,14 @@ struct MetalLayerEncoder {
         encoder.setBuffer(binding.buffer, offset: binding.offset, index: Int(index))
     }
 
-    /// A weight's codes, scales and biases (the placeholder for those its format lacks).
-    /// Each part at its offset: a mapped weight's parts all lie in one buffer, the mapping.
-    private func set(_ weight: MetalWeight, codes: Int32, scales: Int32, biases: Int32) {
+    /// A weight's codes, scales and biases (the placeholder for those its format lacks),
+    /// each part at its offset, and at `experts` its per-expert table (moe_expert_parts;
+    /// the placeholder for a stacked weight, whose kernels do not read it).
+    private func set(_ weight: MetalWeight, codes: Int32, scales: Int32, biases: Int32, experts: Int32? = nil) {
         for (index, part) in [(codes, weight.codes), (scales, weight.scales), (biases, weight.biases)] {
             encoder.setBuffer(part?.buffer ?? context.placeholder, offset: part?.offset ?? 0, index: Int(index))
         }
+        if let experts { set(experts, weight.experts) }
     }
 
     /// Prefill: the buckets of moe_bucket for a routed GEMM.

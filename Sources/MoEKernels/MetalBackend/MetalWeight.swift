@@ -15,6 +15,9 @@ struct MetalWeight {
     let codes: Part
     let scales: Part?
     let biases: Part?
+    /// A per-expert tensor's table (moe_expert_parts, one entry per expert: where its
+    /// tensor lies in the three buffers); nil for a stacked one.
+    let experts: (any MTLBuffer)?
     let format: WeightFormat
     var desc: moe_weight_desc
 
@@ -39,9 +42,34 @@ struct MetalWeight {
         }
     }
 
-    /// Device bytes that making this weight allocates (the copied parts).
-    static func copiedBytes(_ data: WeightData) -> Int {
+    /// Whether the kernels read a per-expert tensor where it lies, through its table: every
+    /// expert's tensor mapped from one memory at offsets the kernels can read, within a span
+    /// one buffer can wrap. Otherwise the backend stacks a copy (WeightData.stacked).
+    static func readsExpertsInPlace(_ data: WeightData, maxBufferLength: Int) -> Bool {
+        guard case .experts(let list) = data, let memory = list.first?.memory else { return false }
+        var (low, high) = (Int.max, 0)
+        for tensor in list {
+            guard tensor.memory === memory, inPlace(tensor).allSatisfy({ $0 }) else { return false }
+            for bytes in tensor.parts {
+                guard let base = bytes.baseAddress else { continue }
+                low = Swift.min(low, memory.offset(of: base))
+                high = Swift.max(high, memory.offset(of: base) + bytes.count)
+            }
+        }
+        let page = WeightMemory.pageSize
+        return low <= high && (high + page - 1) / page * page - low / page * page <= maxBufferLength
+    }
+
+    /// Bytes that making this weight allocates: the copied parts (device buffers), a
+    /// per-expert tensor's table, or the stacked copy of one the kernels cannot read in place.
+    static func copiedBytes(_ data: WeightData, maxBufferLength: Int = .max) -> Int {
         if case .array(let a) = data { return MetalContext.bufferLength(a.count * MemoryLayout<Float>.stride) }
+        if case .experts(let list) = data {
+            if readsExpertsInPlace(data, maxBufferLength: maxBufferLength) {
+                return MetalContext.bufferLength(list.count * MemoryLayout<moe_expert_parts>.stride)
+            }
+            return list.reduce(0) { $0 + $1.parts.reduce(0) { $0 + $1.count } }
+        }
         return zip(data.parts, inPlace(data)).reduce(0) { $0 + ($1.1 ? 0 : MetalContext.bufferLength($1.0.count)) }
     }
 
@@ -50,6 +78,19 @@ struct MetalWeight {
     /// wraps each memory once per layer).
     init(_ data: WeightData, rowsPerExpert: Int, cols: Int, context: MetalContext, mappings: MetalMappings,
          what: String) throws {
+        if case .experts(let list) = data {
+            try self.init(experts: list, rowsPerExpert: rowsPerExpert, cols: cols, context: context, mappings: mappings,
+                          what: what)
+        } else {
+            try self.init(stacked: data, rowsPerExpert: rowsPerExpert, cols: cols, context: context, mappings: mappings,
+                          what: what)
+        }
+    }
+
+    /// A tensor in one piece (every case but `.experts`).
+    private init(stacked data: WeightData, rowsPerExpert: Int, cols: Int, context: MetalContext, mappings: MetalMappings,
+                 what: String) throws {
+        experts = nil
         let names = ["", " (scales)", " (biases)"]
         let quantized: Bool
         if case .quantized = data.format { quantized = true } else { quantized = false }
@@ -75,7 +116,43 @@ struct MetalWeight {
         scales = parts.count > 1 ? parts[1] : nil
         biases = parts.count > 2 ? parts[2] : nil
         format = data.format
-        desc = moe_weight_desc()
+        desc = Self.describe(format, rowsPerExpert: rowsPerExpert, cols: cols)
+    }
+
+    /// A per-expert tensor the kernels read where it lies (readsExpertsInPlace): the one
+    /// buffer of its planned span bound for codes, scales and biases, and the table of each
+    /// expert's offsets in it.
+    private init(experts list: [WeightData], rowsPerExpert: Int, cols: Int, context: MetalContext,
+                 mappings: MetalMappings, what: String) throws {
+        let (buffer, start) = try mappings.span(of: list, context: context, what: what)
+        let memory = list[0].memory!
+        let table = try context.makeBuffer(bytes: list.count * MemoryLayout<moe_expert_parts>.stride,
+                                           what: "\(what) (per-expert table)")
+        let entries = table.contents().bindMemory(to: moe_expert_parts.self, capacity: list.count)
+        for (e, tensor) in list.enumerated() {
+            let offsets = tensor.parts.map { UInt64(memory.offset(of: $0.baseAddress!) - start) }
+            func split(_ k: Int) -> (UInt32, UInt32) {
+                k < offsets.count ? (UInt32(truncatingIfNeeded: offsets[k]), UInt32(truncatingIfNeeded: offsets[k] >> 32)) : (0, 0)
+            }
+            var entry = moe_expert_parts()
+            (entry.codes_lo, entry.codes_hi) = split(0)
+            (entry.scales_lo, entry.scales_hi) = split(1)
+            (entry.biases_lo, entry.biases_hi) = split(2)
+            entries[e] = entry
+        }
+        let whole = Part(buffer: buffer, offset: 0), parts = list[0].parts.count
+        codes = whole
+        scales = parts > 1 ? whole : nil
+        biases = parts > 2 ? whole : nil
+        experts = table
+        format = list[0].format
+        desc = Self.describe(format, rowsPerExpert: rowsPerExpert, cols: cols)
+        desc.per_expert = 1
+    }
+
+    /// The `moe_weight_desc` of a tensor of `format` (stacked).
+    private static func describe(_ format: WeightFormat, rowsPerExpert: Int, cols: Int) -> moe_weight_desc {
+        var desc = moe_weight_desc()
         desc.rows_per_expert = UInt32(rowsPerExpert)
         desc.format = format.code.rawValue
         switch format {
@@ -89,6 +166,7 @@ struct MetalWeight {
             desc.group_shift = UInt32(q.groupSize.trailingZeroBitCount)
             desc.scale_type = UInt32(scaleType.rawValue)
         }
+        return desc
     }
 
     /// The same buffers, read from row `rowOffset` of each expert (the up half of a fused
@@ -127,6 +205,8 @@ final class MetalMappings {
         init(start: Int, end: Int) { (self.start, self.end) = (start, end) }
     }
     private var pieces: [ObjectIdentifier: [Piece]] = [:]
+    /// Per-expert tensors read through a table: each the one piece of its whole span.
+    private var spans: [ObjectIdentifier: [Piece]] = [:]
     /// Ranges closer than this share a piece: a few norm or attention tensors between two of
     /// the layer's cost less as address space than as one more buffer.
     static let mergeGap = 2 << 20
@@ -137,6 +217,11 @@ final class MetalMappings {
         let limit = Swift.max(page, maxBufferLength / page * page)
         var ranges: [ObjectIdentifier: [(start: Int, end: Int)]] = [:]
         for data in weights {
+            if case .experts(let list) = data, let memory = list.first?.memory {
+                let (start, end) = Self.span(of: list)
+                spans[ObjectIdentifier(memory), default: []].append(Piece(start: start, end: end))
+                continue
+            }
             guard let memory = data.memory else { continue }
             for (bytes, inPlace) in zip(data.parts, MetalWeight.inPlace(data)) where inPlace {
                 guard let base = bytes.baseAddress else { continue }
@@ -163,7 +248,28 @@ final class MetalMappings {
 
     /// The byte ranges of their memories that the buffers made so far wrap (one per piece a
     /// part was bound from).
-    var wrappedRanges: [Range<Int>] { pieces.values.flatMap { $0.filter { $0.buffer != nil }.map { $0.start..<$0.end } } }
+    var wrappedRanges: [Range<Int>] {
+        (pieces.values.flatMap { $0 } + spans.values.flatMap { $0 }).filter { $0.buffer != nil }.map { $0.start..<$0.end }
+    }
+
+    /// The page span of every part of the experts' tensors (all in one memory).
+    private static func span(of list: [WeightData]) -> (start: Int, end: Int) {
+        let memory = list[0].memory!, page = WeightMemory.pageSize
+        let offsets = list.flatMap { $0.parts.compactMap { p in p.baseAddress.map { (memory.offset(of: $0), p.count) } } }
+        let start = offsets.map(\.0).min() ?? 0, end = offsets.map { $0.0 + $0.1 }.max() ?? 0
+        return (start / page * page, (end + page - 1) / page * page)
+    }
+
+    /// The buffer wrapping the span of a per-expert tensor (planned in init) and the span's
+    /// start in its memory.
+    func span(of list: [WeightData], context: MetalContext, what: String) throws -> (any MTLBuffer, Int) {
+        let memory = list[0].memory!
+        let (start, end) = Self.span(of: list)
+        guard let piece = spans[ObjectIdentifier(memory)]?.first(where: { $0.start == start && $0.end == end }) else {
+            throw MoEError.internalError("\(what): no planned mapping holds its experts' bytes \(start)..<\(end)")
+        }
+        return (try wrap(piece, memory, context: context, what: what), start)
+    }
 
     /// `bytes` of `memory` (planned in init) as a buffer and an offset into it.
     func part(_ bytes: UnsafeRawBufferPointer, of memory: WeightMemory, context: MetalContext,
@@ -173,23 +279,28 @@ final class MetalMappings {
         else {
             throw MoEError.internalError("\(what): no planned mapping holds bytes \(offset)..<\(offset + bytes.count)")
         }
-        if piece.buffer == nil {
-            let length = piece.end - piece.start, limit = context.device.maxBufferLength
-            guard length <= limit else {
-                throw MoEError.outOfMemory(
-                    "\(what) is one tensor of \(bytes.count) bytes, more than this \(metalDeviceKind.name) device's "
-                    + "maxBufferLength (\(limit) bytes): Metal cannot bind it as one buffer")
-            }
-            // Kernels only read weights; Metal's signature takes a mutable pointer regardless.
-            guard let buffer = context.device.makeBuffer(
-                bytesNoCopy: UnsafeMutableRawPointer(mutating: memory.base + piece.start), length: length,
-                options: .storageModeShared, deallocator: { _, _ in withExtendedLifetime(memory) {} }) else {
-                throw MoEError.outOfMemory("the \(metalDeviceKind.name) device could not wrap the \(length) mapped bytes "
-                                           + "holding \(what) without a copy")
-            }
-            buffer.label = "mapped weights, bytes \(piece.start)..<\(piece.end)"
-            piece.buffer = buffer
+        let length = piece.end - piece.start, limit = context.device.maxBufferLength
+        guard length <= limit else {
+            throw MoEError.outOfMemory(
+                "\(what) is one tensor of \(bytes.count) bytes, more than this \(metalDeviceKind.name) device's "
+                + "maxBufferLength (\(limit) bytes): Metal cannot bind it as one buffer")
         }
-        return MetalWeight.Part(buffer: piece.buffer!, offset: offset - piece.start)
+        return MetalWeight.Part(buffer: try wrap(piece, memory, context: context, what: what), offset: offset - piece.start)
+    }
+
+    /// `piece` of `memory` as a bytesNoCopy buffer, made the first time.
+    private func wrap(_ piece: Piece, _ memory: WeightMemory, context: MetalContext, what: String) throws -> any MTLBuffer {
+        if let made = piece.buffer { return made }
+        let length = piece.end - piece.start
+        // Kernels only read weights; Metal's signature takes a mutable pointer regardless.
+        guard let buffer = context.device.makeBuffer(
+            bytesNoCopy: UnsafeMutableRawPointer(mutating: memory.base + piece.start), length: length,
+            options: .storageModeShared, deallocator: { _, _ in withExtendedLifetime(memory) {} }) else {
+            throw MoEError.outOfMemory("the \(metalDeviceKind.name) device could not wrap the \(length) mapped bytes "
+                                       + "holding \(what) without a copy")
+        }
+        buffer.label = "mapped weights, bytes \(piece.start)..<\(piece.end)"
+        piece.buffer = buffer
+        return buffer
     }
 }
