@@ -93,6 +93,16 @@ class SwiftBuildHook(BuildHookInterface):
             f"Version: {self.metadata.version}\n"
             "Cflags: -I${prefix}\n"
             "Libs: -L${prefix} -lMoESwift -Wl,-rpath,${prefix}\n")
+        # On macOS, the Metal library built ahead of time beside the dylib, so that the first
+        # layer does not compile the MSL from source (the library still does if this fails,
+        # e.g. without Xcode's Metal compiler).
+        if sys.platform == "darwin" and subprocess.run(["xcrun", "-sdk", "macosx", "-f", "metal"],
+                                                       capture_output=True).returncode == 0:
+            built = subprocess.run(["bash", str(root / "scripts" / "build-metallib.sh"),
+                                    str(native / "moe_swift.metallib")], cwd=root)
+            if built.returncode != 0:
+                print("moe-swift: the Metal library was not built ahead of time; the first layer on "
+                      "\"metal\" compiles it from source instead", file=sys.stderr)
         if sys.platform.startswith("linux"):
             runtime_dir = Path(swift).resolve().parent.parent / "lib" / "swift" / "linux"
             for lib in _swift_runtime_closure(native / LIBRARY, runtime_dir):

@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L  // strdup, strndup under a strict -std
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +233,17 @@ static void write_if_changed(const char* path, const text* t) {
     if (fclose(f) != 0 || written != t->n) fail("cannot write %s", path);
 }
 
+// The source's identity: a kernel whose name is the FNV-1a hash of everything before it,
+// appended to the source. A precompiled library (a metallib built from this same text,
+// scripts/build-metallib.sh) holds the function; MetalContext loads a metallib only if it
+// does, so that one built from another version of the source is never used.
+static void append_identity(text* source) {
+    uint64_t hash = 1469598103934665603ull;
+    for (size_t i = 0; i < source->n; i++) hash = (hash ^ (unsigned char)source->p[i]) * 1099511628211ull;
+    appendf(source, "\n// The identity of this source (Sources/embed-msl): a precompiled library of it has this function.\n"
+                    "kernel void moe_source_%016llx() {}\n", (unsigned long long)hash);
+}
+
 // The Swift file that holds `source` (assembled from `list`) as MetalSources.library.
 static text swift_file(const text* source, const char* list) {
     // A raw string literal with enough #s that nothing in the source closes it or escapes.
@@ -271,6 +283,7 @@ int main(int argc, char** argv) {
     text source = {0};
     for (int i = 0; i < library.kernel_count; i++) paste(&source, library.kernels[i], 0);
     if (source.p == NULL) append(&source, "", 0);
+    append_identity(&source);
     if (msl) {
         write_if_changed(argv[3], &source);
     } else {

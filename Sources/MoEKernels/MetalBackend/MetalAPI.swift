@@ -23,6 +23,7 @@
 // neither fails here with "no such module 'SoftMetal'": there is no build without the
 // Metal backend.
 #if canImport(Metal)
+import Foundation
 import Metal
 
 /// On Apple platforms the backend runs on the GPU.
@@ -57,6 +58,17 @@ public typealias MTLFence = SoftMetal.MTLFence
 public typealias MTLEvent = SoftMetal.MTLEvent
 typealias MTLSize = SoftMetal.MTLSize
 #endif
+
+/// The Metal library at `path` (a metallib built ahead of time, scripts/build-metallib.sh),
+/// or nil where there is none or it does not load. SoftMetal has no file libraries of its
+/// own: it caches each compiled source on disk instead, so there it is always nil.
+func metalLibraryFile(_ device: any MTLDevice, path: String) -> (any MTLLibrary)? {
+    #if canImport(Metal)
+    return try? device.makeLibrary(URL: URL(fileURLWithPath: path))
+    #else
+    return nil
+    #endif
+}
 
 /// The device the backend runs on. A library loaded into a command-line process (Python,
 /// `swift test`) may get no default device where an app would; any device of the machine

@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import CMoESwift
 
 /// The one Metal device, command queue and set of pipelines of the process: the MSL is
@@ -55,10 +60,14 @@ final class MetalContext: @unchecked Sendable {
             throw MoEError.unavailable("the \(name) backend could not create a command queue")
         }
         let library: any MTLLibrary
-        do {
-            library = try device.makeLibrary(source: MetalKernels.source, options: Self.compileOptions())
-        } catch {
-            throw MoEError.unavailable("the \(name) backend's kernels did not compile: \(error)")
+        if let precompiled = Self.precompiledLibrary(device) {
+            library = precompiled
+        } else {
+            do {
+                library = try device.makeLibrary(source: MetalKernels.source, options: Self.compileOptions())
+            } catch {
+                throw MoEError.unavailable("the \(name) backend's kernels did not compile: \(error)")
+            }
         }
         self.device = device
         self.queue = queue
@@ -74,6 +83,38 @@ final class MetalContext: @unchecked Sendable {
         }
         loads = try conversions(MetalKernels.loadActivations)
         stores = try conversions(MetalKernels.storeActivations)
+    }
+
+    /// Where a metallib built ahead of time (scripts/build-metallib.sh) is looked for:
+    /// $MOE_SWIFT_METALLIB, then `moe_swift.metallib` beside the binary that holds this code
+    /// (libMoESwift in the Python package, or an app's executable).
+    static var precompiledLibraryPaths: [String] {
+        var paths: [String] = []
+        if let given = getenv("MOE_SWIFT_METALLIB") { paths.append(String(cString: given)) }
+        #if canImport(Darwin)
+        // Only Metal loads file libraries (metalLibraryFile): on Linux there is nothing to find.
+        var info = Dl_info()
+        if dladdr(unsafeBitCast(binaryAnchor, to: UnsafeRawPointer.self), &info) != 0, let file = info.dli_fname {
+            let binary = String(cString: file)
+            if let slash = binary.lastIndex(of: "/") { paths.append(binary[..<slash] + "/moe_swift.metallib") }
+        }
+        #endif
+        return paths
+    }
+
+    /// A C function of this binary, whose address dladdr maps to the binary's file.
+    private static let binaryAnchor: @convention(c) () -> Void = {}
+
+    /// The first precompiled library found that was built from this binary's own source
+    /// (it holds MetalKernels.sourceIdentity); nil sends the caller to compile the source.
+    static func precompiledLibrary(_ device: any MTLDevice) -> (any MTLLibrary)? {
+        for path in precompiledLibraryPaths where access(path, R_OK) == 0 {
+            if let library = metalLibraryFile(device, path: path),
+               library.functionNames.contains(MetalKernels.sourceIdentity) {
+                return library
+            }
+        }
+        return nil
     }
 
     /// IEEE float math and precise math functions: the router's NaN rules, the spec

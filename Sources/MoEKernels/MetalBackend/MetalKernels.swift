@@ -8,6 +8,13 @@ import CMoESwift
 enum MetalKernels {
     /// The whole library source.
     static let source: String = MetalSources.library
+    /// The function named after the source's identity (the last kernel embed-msl appends):
+    /// a precompiled library holds it only if it was built from this very source.
+    static let sourceIdentity: String = {
+        let prefix = "kernel void moe_source_"
+        guard let line = source.split(separator: "\n").last(where: { $0.hasPrefix(prefix) }) else { return "" }
+        return "moe_source_" + line.dropFirst(prefix.count).prefix { $0.isHexDigit }
+    }()
     /// The kernels' names (MSL `kernel void` functions). Those that read weights are
     /// template instances per format, `<kernel>_<suffix>` (MetalWeight.kernelSuffix).
     static let bucket = "moe_bucket"

@@ -28,6 +28,13 @@ final class MetalSourcesTests: XCTestCase {
         var file = "", line = 0
         var library = MetalSources.library.split(separator: "\n", omittingEmptySubsequences: false)
         XCTAssertEqual(library.removeLast(), "", "the source ends in a newline")
+        // The source's identity, which embed-msl appends after the files (a blank line, a
+        // comment, the kernel named after the hash of everything before it).
+        let identity = library.suffix(3)
+        library.removeLast(3)
+        XCTAssertEqual(identity.first, "")
+        XCTAssertEqual(identity.last, "kernel void \(MetalKernels.sourceIdentity)() {}")
+        XCTAssertEqual(MetalKernels.sourceIdentity.count, "moe_source_".count + 16)
         for text in library {
             if text.hasPrefix("#line ") {
                 let parts = text.split(separator: " ", maxSplits: 2)
@@ -100,6 +107,30 @@ final class MetalSourcesTests: XCTestCase {
             XCTAssertTrue(message.contains("\(header):\(headerLine + 1):"), message)
             XCTAssertTrue(message.contains("planted_kernel_error") && message.contains("planted_header_error"), message)
         }
+    }
+
+    /// A metallib built ahead of time (scripts/build-metallib.sh) is used only if it holds
+    /// the function named after this source's identity; the compiled source has it. Here
+    /// (SoftMetal, no file libraries) every path falls back to compiling the source, and
+    /// $MOE_SWIFT_METALLIB is the first path looked at.
+    func testAPrecompiledLibraryMustBeOfThisSource() throws {
+        guard MoELayer.availableBackends.contains(metalDeviceKind) else {
+            throw XCTSkip("the \(metalDeviceKind.name) backend is not available here")
+        }
+        let context = try MetalContext.shared()
+        XCTAssertTrue(context.library.functionNames.contains(MetalKernels.sourceIdentity))
+        setenv("MOE_SWIFT_METALLIB", "/nonexistent/moe_swift.metallib", 1)
+        defer { unsetenv("MOE_SWIFT_METALLIB") }
+        XCTAssertEqual(MetalContext.precompiledLibraryPaths.first, "/nonexistent/moe_swift.metallib")
+        XCTAssertNil(MetalContext.precompiledLibrary(context.device))
+        // The identity is the FNV-1a hash of the text before it: any change of the source
+        // changes it, so a metallib of another version is not taken for this one.
+        let marker = "\n// The identity of this source"
+        let before = try XCTUnwrap(MetalKernels.source.components(separatedBy: marker).first)
+        var hash: UInt64 = 1469598103934665603
+        for byte in before.utf8 { hash = (hash ^ UInt64(byte)) &* 1099511628211 }
+        let hex = String(hash, radix: 16)
+        XCTAssertEqual(MetalKernels.sourceIdentity, "moe_source_" + String(repeating: "0", count: 16 - hex.count) + hex)
     }
 
     /// On macOS 13 the library compiles as MSL 3.0, that system's default (compileOptions
