@@ -119,6 +119,31 @@ class KernelWeight:
                         scale_type=options.DTYPES[q.scale_dtype] if q.mode == "affine" else 0)
             self.suffix = specialisation(q.mode, q.bits)
         self.desc = desc
+        self.experts = None  # the moe_expert_parts table of a per-expert weight (scattered)
+
+    def scattered(self, rng, spans=2):
+        """The same experts stored one tensor per expert, as a per-expert checkpoint is read
+        where it lies: each expert's codes, scales and biases at offsets of their own (the
+        experts in a shuffled order, with gaps) in one of `spans` byte buffers (files), bound
+        as the codes, scales and biases buffers and found through a moe_expert_parts table."""
+        E = self.values.shape[0]
+        parts = [np.ascontiguousarray(p).reshape(E, -1).view(np.uint8) for p in (self.codes, self.scales, self.biases)
+                 if p is not None]
+        blobs = [bytearray() for _ in range(spans)]
+        table = np.zeros((E, 8), np.uint32)
+        for n, e in enumerate(rng.permutation(E)):
+            span = n % spans  # every buffer holds some
+            table[e, 6] = span
+            for k, part in enumerate(parts):
+                blob = blobs[span]
+                blob.extend(b"\xab" * (64 + (-len(blob)) % 64))  # a gap, then a 64-byte boundary
+                table[e, 2 * k], table[e, 2 * k + 1] = len(blob) & 0xFFFFFFFF, len(blob) >> 32
+                blob.extend(part[e].tobytes())
+        buffers = [np.frombuffer(bytes(b), np.uint8).copy() for b in blobs]
+        other = object.__new__(KernelWeight)
+        other.__dict__.update(self.__dict__, desc=dict(self.desc, per_expert=1), experts=table, codes=buffers[0],
+                              scales=buffers[min(1, spans - 1)], biases=buffers[min(2, spans - 1)])
+        return other
 
     def at(self, row_offset):
         """The same buffers read from row `row_offset` of each expert (fused gate_up)."""
@@ -136,6 +161,7 @@ def ffn_buffers(w0, w1=None, **named):
             out[CONST[f"MOE_FFN_BUF_{tag}"]] = w.codes
             out[CONST[f"MOE_FFN_BUF_{tag}_SCALES"]] = dummy() if w.scales is None else w.scales
             out[CONST[f"MOE_FFN_BUF_{tag}_BIASES"]] = dummy() if w.biases is None else w.biases
+            out[CONST[f"MOE_FFN_BUF_{tag}_EXPERTS"]] = dummy() if w.experts is None else w.experts
     for name, value in named.items():
         out[CONST["MOE_FFN_BUF_" + name.upper()]] = dummy() if value is None else value
     suffix = w0.suffix if w1 is None or w1.suffix == w0.suffix else "any"

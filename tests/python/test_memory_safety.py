@@ -6,6 +6,7 @@ checked against the memory budget before any copy is made."""
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -187,6 +188,11 @@ def _rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _header(path):
+    with open(path, "rb") as f:
+        return json.loads(f.read(int.from_bytes(f.read(8), "little")))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["gguf", "safetensors", "sharded safetensors"])
 def test_per_expert_checkpoints_are_read_where_they_lie(tmp_path, kind, backend):
@@ -194,9 +200,8 @@ def test_per_expert_checkpoints_are_read_where_they_lie(tmp_path, kind, backend)
     DeepSeek's, Mixtral's bf16 originals) are read where each tensor lies, as stacked
     ones are: memory_limit budgets only the backend's own copies (none here), a file whose
     per-expert tensors all point at the same bytes costs nothing more, and the results
-    equal the copied layer's bit for bit. Where one projection's experts straddle two
-    shard files, the Metal backends stack a copy of that projection (one buffer per table),
-    within the same budget rules."""
+    equal the copied layer's bit for bit — also where one projection's experts straddle two
+    shard files (the Metal backends' per-expert table then refers to a span of each)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
     layer, limit = 0, 4096
     if kind == "gguf":
@@ -211,7 +216,9 @@ def test_per_expert_checkpoints_are_read_where_they_lie(tmp_path, kind, backend)
             path, layer = make_checkpoints.make("qwen2_moe", tmp_path / "qwen2_moe"), 1
         else:
             path = make_checkpoints.make("mixtral", tmp_path / "mixtral")
-            limit = None if backend != "cpu" else limit
+            shards = {f.name: {k for k in _header(f) if ".layers.0." in k and ".experts." in k}
+                      for f in path.glob("*.safetensors")}
+            assert sum(1 for names in shards.values() if names) == 2, "layer 0's experts straddle the two shards"
     mapped = moe_swift.from_pretrained(path, layer, backend=backend, memory_limit=limit)
     copied = moe_swift.from_pretrained(path, layer, backend=backend, copy_weights=True)
     x = np.random.default_rng(0).standard_normal((5, mapped.hidden_size)).astype(np.float32)

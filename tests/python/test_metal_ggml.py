@@ -31,7 +31,7 @@ kernel void ggml_load8(constant moe_weight_desc& d [[buffer(0)]], device const u
                        device float* out [[buffer(2)]], constant uint& cols [[buffer(3)]],
                        uint gid [[thread_position_in_grid]]) {
     const uint r = gid / (cols / 8), k = gid % (cols / 8) * 8;
-    const moe_wrow row = moe_row(d, w, w, w, r / d.rows_per_expert, r % d.rows_per_expert, cols);
+    const moe_wrow row = moe_row(d, w, w, w, nullptr, r / d.rows_per_expert, r % d.rows_per_expert, cols);
     float v[8];
     L::load8(row, k, v);
     for (uint i = 0; i < 8; i++) out[(ulong)r * cols + k + i] = v[i];
@@ -42,7 +42,7 @@ kernel void ggml_load1(constant moe_weight_desc& d [[buffer(0)]], device const u
                        device float* out [[buffer(2)]], constant uint& cols [[buffer(3)]],
                        uint gid [[thread_position_in_grid]]) {
     const uint r = gid / cols, k = gid % cols;
-    out[gid] = L::load1(moe_row(d, w, w, w, r / d.rows_per_expert, r % d.rows_per_expert, cols), k);
+    out[gid] = L::load1(moe_row(d, w, w, w, nullptr, r / d.rows_per_expert, r % d.rows_per_expert, cols), k);
 }
 
 #define INSTANCE(suffix) \\

@@ -602,6 +602,11 @@ def test_expert_kernels_read_every_format(lib, fmt):
     gate, up, down = format_weights(fmt, H, I, E, rng)
     for T in (T_dec, T_pre):
         run_expert_kernels(lib, gate, up, down, f32(T, H, rng=rng), decode_ids(rng, T, E, k, repeat=T == T_dec), rng)
+    # The same experts one tensor per expert, scattered over two buffers (a checkpoint's
+    # shards) and reached through the per-expert table (moe_weight_desc.per_expert).
+    gate, up, down = (w.scattered(rng) for w in (gate, up, down))
+    for T in (T_dec, T_pre):
+        run_expert_kernels(lib, gate, up, down, f32(T, H, rng=rng), decode_ids(rng, T, E, k, repeat=T == T_dec), rng)
 
 
 @pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))

@@ -48,9 +48,10 @@ static inline moe_wrow moe_row(constant moe_weight_desc& d, device const uchar* 
     ulong row = (ulong)d.row_offset + r;
     if (d.per_expert != 0) {
         const moe_expert_parts e = experts[expert];
-        w += ((ulong)e.codes_hi << 32) | e.codes_lo;
-        s += ((ulong)e.scales_hi << 32) | e.scales_lo;
-        b += ((ulong)e.biases_hi << 32) | e.biases_lo;
+        device const uchar* span = e.span == 0 ? w : (e.span == 1 ? s : b);
+        w = span + (((ulong)e.codes_hi << 32) | e.codes_lo);
+        s = span + (((ulong)e.scales_hi << 32) | e.scales_lo);
+        b = span + (((ulong)e.biases_hi << 32) | e.biases_lo);
     } else {
         row += (ulong)expert * d.rows_per_expert;
     }

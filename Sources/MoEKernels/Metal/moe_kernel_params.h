@@ -96,7 +96,10 @@ typedef int32_t moe_i32;
  * expert's tensor lies on its own (a checkpoint of one tensor per expert, read where it
  * lies): row r of expert e is row row_offset + r of the tensor whose codes, scales and
  * biases start at the byte offsets of entry e of the matrix's moe_expert_parts table
- * (MOE_FFN_BUF_W0_EXPERTS / _W1_EXPERTS) from the three buffers. */
+ * (MOE_FFN_BUF_W0_EXPERTS / _W1_EXPERTS) from the start of one of the three buffers, its
+ * `span`: 0 the codes buffer, 1 the scales buffer, 2 the biases buffer. A per-expert matrix
+ * binds there the wrapped spans of up to three files (a projection whose experts straddle
+ * the shards of a checkpoint) and reads all three parts of an expert from its span. */
 typedef struct moe_weight_desc {
     moe_u32 format;               /* moe_format */
     moe_u32 bits;                 /* bits per element: 32, 16, 16, 2..8 (affine), 4 (mxfp4), 0 (ggml) */
@@ -108,13 +111,15 @@ typedef struct moe_weight_desc {
     moe_u32 per_expert;           /* 1: experts through the moe_expert_parts table */
 } moe_weight_desc;
 
-/* Where one expert's tensor lies in the three buffers of a per-expert matrix: byte offsets
- * of its codes, scales and biases, each as low and high 32 bits. */
+/* Where one expert's tensor lies in a per-expert matrix: which of the three bound buffers
+ * holds it (`span`), and the byte offsets in it of its codes, scales and biases, each as
+ * low and high 32 bits. */
 typedef struct moe_expert_parts {
     moe_u32 codes_lo, codes_hi;
     moe_u32 scales_lo, scales_hi;
     moe_u32 biases_lo, biases_hi;
-    moe_u32 _pad0, _pad1;
+    moe_u32 span;
+    moe_u32 _pad0;
 } moe_expert_parts;
 
 /* Buffer indices ([[buffer(n)]]) of moe_router_<format>. */

@@ -42,22 +42,35 @@ struct MetalWeight {
         }
     }
 
-    /// Whether the kernels read a per-expert tensor where it lies, through its table: every
-    /// expert's tensor mapped from one memory at offsets the kernels can read, within a span
-    /// one buffer can wrap. Otherwise the backend stacks a copy (WeightData.stacked).
-    static func readsExpertsInPlace(_ data: WeightData, maxBufferLength: Int) -> Bool {
-        guard case .experts(let list) = data, let memory = list.first?.memory else { return false }
-        var (low, high) = (Int.max, 0)
+    /// The experts of a per-expert tensor grouped by the memory (file) each lies in, in the
+    /// order of first appearance: the spans its table refers to.
+    static func spans(_ list: [WeightData]) -> [[WeightData]] {
+        var groups: [(memory: WeightMemory?, tensors: [WeightData])] = []
         for tensor in list {
-            guard tensor.memory === memory, inPlace(tensor).allSatisfy({ $0 }) else { return false }
-            for bytes in tensor.parts {
-                guard let base = bytes.baseAddress else { continue }
-                low = Swift.min(low, memory.offset(of: base))
-                high = Swift.max(high, memory.offset(of: base) + bytes.count)
+            if let g = groups.firstIndex(where: { $0.memory === tensor.memory }) {
+                groups[g].tensors.append(tensor)
+            } else {
+                groups.append((tensor.memory, [tensor]))
             }
         }
-        let page = WeightMemory.pageSize
-        return low <= high && (high + page - 1) / page * page - low / page * page <= maxBufferLength
+        return groups.map(\.tensors)
+    }
+
+    /// Whether the kernels read a per-expert tensor where it lies, through its table: every
+    /// expert's tensor mapped, at offsets the kernels can read, from at most three memories
+    /// (the three buffers a matrix binds: a projection may straddle a checkpoint's shards),
+    /// each memory's part within a span one buffer can wrap. Otherwise the backend stacks a
+    /// copy (WeightData.stacked).
+    static func readsExpertsInPlace(_ data: WeightData, maxBufferLength: Int) -> Bool {
+        guard case .experts(let list) = data, !list.isEmpty else { return false }
+        let groups = spans(list)
+        guard groups.count <= 3 else { return false }
+        for group in groups {
+            guard let memory = group[0].memory, group.allSatisfy({ inPlace($0).allSatisfy { $0 } }) else { return false }
+            let (start, end) = MetalMappings.span(of: group, in: memory)
+            guard end - start <= maxBufferLength else { return false }
+        }
+        return true
     }
 
     /// Bytes that making this weight allocates: the copied parts (device buffers), a
@@ -124,12 +137,14 @@ struct MetalWeight {
     /// expert's offsets in it.
     private init(experts list: [WeightData], rowsPerExpert: Int, cols: Int, context: MetalContext,
                  mappings: MetalMappings, what: String) throws {
-        let (buffer, start) = try mappings.span(of: list, context: context, what: what)
-        let memory = list[0].memory!
+        let groups = Self.spans(list)
+        let wrapped = try groups.map { try mappings.span(of: $0, context: context, what: what) }
         let table = try context.makeBuffer(bytes: list.count * MemoryLayout<moe_expert_parts>.stride,
                                            what: "\(what) (per-expert table)")
         let entries = table.contents().bindMemory(to: moe_expert_parts.self, capacity: list.count)
         for (e, tensor) in list.enumerated() {
+            let span = groups.firstIndex { $0[0].memory === tensor.memory }!
+            let (memory, start) = (tensor.memory!, wrapped[span].1)
             let offsets = tensor.parts.map { UInt64(memory.offset(of: $0.baseAddress!) - start) }
             func split(_ k: Int) -> (UInt32, UInt32) {
                 k < offsets.count ? (UInt32(truncatingIfNeeded: offsets[k]), UInt32(truncatingIfNeeded: offsets[k] >> 32)) : (0, 0)
@@ -138,12 +153,15 @@ struct MetalWeight {
             (entry.codes_lo, entry.codes_hi) = split(0)
             (entry.scales_lo, entry.scales_hi) = split(1)
             (entry.biases_lo, entry.biases_hi) = split(2)
+            entry.span = UInt32(span)
             entries[e] = entry
         }
-        let whole = Part(buffer: buffer, offset: 0), parts = list[0].parts.count
-        codes = whole
-        scales = parts > 1 ? whole : nil
-        biases = parts > 2 ? whole : nil
+        // Span k is bound as the codes (0), scales (1) or biases (2) buffer; the kernels read
+        // all three parts of an expert from its span (moe_row).
+        let bound = wrapped.map { Part(buffer: $0.0, offset: 0) }
+        codes = bound[0]
+        scales = bound.count > 1 ? bound[1] : bound[0]
+        biases = bound.count > 2 ? bound[2] : bound[0]
         experts = table
         format = list[0].format
         desc = Self.describe(format, rowsPerExpert: rowsPerExpert, cols: cols)
@@ -217,9 +235,12 @@ final class MetalMappings {
         let limit = Swift.max(page, maxBufferLength / page * page)
         var ranges: [ObjectIdentifier: [(start: Int, end: Int)]] = [:]
         for data in weights {
-            if case .experts(let list) = data, let memory = list.first?.memory {
-                let (start, end) = Self.span(of: list)
-                spans[ObjectIdentifier(memory), default: []].append(Piece(start: start, end: end))
+            if case .experts(let list) = data {
+                for group in MetalWeight.spans(list) {
+                    guard let memory = group[0].memory else { continue }
+                    let (start, end) = Self.span(of: group, in: memory)
+                    spans[ObjectIdentifier(memory), default: []].append(Piece(start: start, end: end))
+                }
                 continue
             }
             guard let memory = data.memory else { continue }
@@ -252,19 +273,19 @@ final class MetalMappings {
         (pieces.values.flatMap { $0 } + spans.values.flatMap { $0 }).filter { $0.buffer != nil }.map { $0.start..<$0.end }
     }
 
-    /// The page span of every part of the experts' tensors (all in one memory).
-    private static func span(of list: [WeightData]) -> (start: Int, end: Int) {
-        let memory = list[0].memory!, page = WeightMemory.pageSize
+    /// The page span of every part of the experts' tensors (all in `memory`).
+    static func span(of list: [WeightData], in memory: WeightMemory) -> (start: Int, end: Int) {
+        let page = WeightMemory.pageSize
         let offsets = list.flatMap { $0.parts.compactMap { p in p.baseAddress.map { (memory.offset(of: $0), p.count) } } }
         let start = offsets.map(\.0).min() ?? 0, end = offsets.map { $0.0 + $0.1 }.max() ?? 0
         return (start / page * page, (end + page - 1) / page * page)
     }
 
-    /// The buffer wrapping the span of a per-expert tensor (planned in init) and the span's
-    /// start in its memory.
+    /// The buffer wrapping the span of experts of a per-expert tensor that lie in one memory
+    /// (planned in init), and the span's start in that memory.
     func span(of list: [WeightData], context: MetalContext, what: String) throws -> (any MTLBuffer, Int) {
         let memory = list[0].memory!
-        let (start, end) = Self.span(of: list)
+        let (start, end) = Self.span(of: list, in: memory)
         guard let piece = spans[ObjectIdentifier(memory)]?.first(where: { $0.start == start && $0.end == end }) else {
             throw MoEError.internalError("\(what): no planned mapping holds its experts' bytes \(start)..<\(end)")
         }
