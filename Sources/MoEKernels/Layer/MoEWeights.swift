@@ -78,7 +78,12 @@ public struct MoEWeights: Sendable {
     /// `configuration`, or a shared expert that is present in one and absent in the other.
     public func validate(for c: MoEConfiguration) throws {
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        let perExpert: Set = ["gate_proj", "up_proj", "gate_up_proj", "down_proj"]
         func check(_ name: String, _ data: WeightData?, _ shape: [Int]) throws {
+            if case .experts? = data, !perExpert.contains(name) {
+                throw MoEError.invalidArgument("\(name): only the routed experts' projections (gate_proj, up_proj, "
+                                               + "gate_up_proj, down_proj) may be given one tensor per expert")
+            }
             try data?.validate(name, shape: shape)
         }
         try check("router_weight", router, [e, h])

@@ -133,6 +133,56 @@ final class MappedWeightsTests: XCTestCase {
         }
     }
 
+    /// `WeightData.experts`: each expert's tensor on its own — bf16 gate, 4-bit affine up
+    /// (scales and biases), float32 down — half of the experts in one memory and half in
+    /// another (a checkpoint's two shards), one expert borrowed (not mapped: the Metal
+    /// backend then stacks that projection), on every backend bit for bit as the stacked
+    /// tensors; and only the routed projections take the form.
+    func testPerExpertTensorsEqualStackedOnEveryBackend() throws {
+        let c = makeConfig(h: 128, i: 64, e: 4, k: 2)
+        let data = LayerData.random(c, seed: 21)
+        let (h, i, e) = (c.hiddenSize, c.intermediateSize, c.numExperts)
+        let files = [TensorFile(pages: 16), TensorFile(pages: 16)]
+        let memories = try files.map { try $0.memory() }
+        func expert<T>(_ values: [T], _ x: Int, _ count: Int) -> [T] { Array(values[(x * count)..<((x + 1) * count)]) }
+        let up4 = PackedAffine(data.up, bits: 4, groupSize: 32)
+        let (wordsPer, scalesPer) = (up4.words.count / e, up4.scales.count / e)
+        func perExpert(borrowLast: Bool, _ make: (TensorFile, Int) -> WeightData) -> WeightData {
+            .experts((0..<e).map { x in
+                let file = files[x % 2], tensor = make(file, x)
+                return borrowLast && x == e - 1 ? tensor : .mapped(tensor, in: memories[x % 2])
+            })
+        }
+        let gate = perExpert(borrowLast: false) { f, x in .dense(f.put(bfloat16(expert(data.gate, x, i * h)).bits), .bfloat16) }
+        let up = perExpert(borrowLast: false) { f, x in
+            .quantized(QuantizedWeightData(.affine(bits: 4, groupSize: 32), weight: f.put(expert(up4.words, x, wordsPer)),
+                                           scales: f.put(expert(up4.scales, x, scalesPer)),
+                                           biases: f.put(expert(up4.biases, x, scalesPer))))
+        }
+        let down = perExpert(borrowLast: true) { f, x in .dense(f.put(expert(data.down, x, h * i)), .float32) }
+        let perExpertWeights = MoEWeights(router: .array(data.router), gateUp: .separate(gate: gate, up: up), downProj: down)
+        let stacked = MoEWeights(router: .array(data.router),
+                                 gateUp: .separate(gate: .dense(files[0].put(bfloat16(data.gate).bits), .bfloat16),
+                                                   up: .quantized(QuantizedWeightData(.affine(bits: 4, groupSize: 32),
+                                                                                       weight: files[0].put(up4.words),
+                                                                                       scales: files[0].put(up4.scales),
+                                                                                       biases: files[0].put(up4.biases)))),
+                                 downProj: .array(data.down))
+        for backend in backends {
+            let a = try MoELayer(configuration: c, weights: perExpertWeights, backend: backend)
+            let b = try MoELayer(configuration: c, weights: stacked, backend: backend)
+            for tokens in [1, 37] {
+                let x = seededFloats(tokens * h, seed: UInt64(tokens))
+                assertBitwiseEqual(try a.forward(x), try b.forward(x), "\(backend.name), \(tokens) tokens")
+            }
+        }
+        var router = perExpertWeights
+        router.router = .experts((0..<e).map { x in .array(expert(data.router, x, h)) })
+        XCTAssertThrowsError(try MoELayer(configuration: c, weights: router, backend: .cpu)) {
+            XCTAssertTrue("\($0)".contains("router_weight: only the routed experts' projections"), "\($0)")
+        }
+    }
+
     func testWeightMemoryMustBeWholePages() throws {
         let file = TensorFile(pages: 2)
         defer { free(file.base) }
