@@ -64,7 +64,9 @@ final class MetalSession {
         self.sync = sync
         held = holding
         // Events go between encoders: before ours is made (MoEMetalSync.validate refused
-        // them with the caller's encoder).
+        // them with the caller's encoder). Should no encoder be made then (another encoder
+        // of the command buffer still open, which Metal's validation stops at the event
+        // already), the wait stays recorded: the one thing an error here leaves behind.
         if let wait = sync.waitEvent { commandBuffer.encodeWaitForEvent(wait.event, value: wait.value) }
         if let encoder {
             self.encoder = encoder
