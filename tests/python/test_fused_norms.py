@@ -264,3 +264,28 @@ def test_block_across_hidden_size_boundaries(family, backend, H):
             ref_h, ref_n = reference.moe_forward(x, **args, residual=r, next_norm=n_next, ids=ids)
             assert_close(h, ref_h, what + ("next_norm h",))
             assert_close(normed, ref_n, what + ("next_norm",))
+
+
+def test_eps_where_it_stops_being_small(backend):
+    """Rows whose mean square is near eps (tiny activations, a large eps) and rows of huge
+    RMS, through both norms, against the reference: eps inside the square root changes
+    the norm by up to a factor 1.4 here, which eps moved outside it (or squared) cannot
+    hide, whereas rows of RMS 1-3 with eps 1e-6 would hide anything (issue 46)."""
+    args = make_layer_args("qwen3_moe", H=H, I=24, E=8, k=2, seed=9)
+    rng = np.random.default_rng(4)
+    with moe_swift.MoELayer(**args, backend=backend) as layer:
+        for scale, eps in ((1e-3, 1e-6), (3e-3, 1e-5), (1e-2, 1e-4), (1e3, 1e-6)):
+            w = (rng.standard_normal(H) * 0.3 + 1).astype(np.float32)
+            what = (backend, scale, eps)
+            x = (rng.standard_normal((5, H)) * scale).astype(np.float32)
+            # The input norm sees rows of RMS `scale`.
+            ids = layer_ids(layer, x, (w, eps), 0.0)
+            y = layer(x, input_norm=(w, eps))
+            assert_close(y, reference.moe_forward(x, **args, input_norm=(w, eps), ids=ids), what + ("input_norm",))
+            # The next norm sees h = residual + moe(x) of RMS `scale` (a tiny moe(x): x is tiny).
+            small = (rng.standard_normal((5, H)) * 1e-4).astype(np.float32)
+            ids = layer_ids(layer, small, None, 0.0)
+            h, normed = layer(small, residual=x, next_norm=(w, eps))
+            ref_h, ref_n = reference.moe_forward(small, **args, residual=x, next_norm=(w, eps), ids=ids)
+            assert_close(h, ref_h, what + ("next_norm h",))
+            assert_close(normed, ref_n, what + ("next_norm",))

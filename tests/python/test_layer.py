@@ -162,3 +162,28 @@ def test_available_backends_and_auto():
         assert layer.backend == "cpu"
     with moe_swift.MoELayer(**args, backend="auto") as layer:
         assert layer.backend == backends[0]
+
+
+@pytest.mark.parametrize("backend", [b for b in ("cpu", "softmetal") if b in moe_swift.available_backends()])
+def test_bfloat16_results_round_half_to_even(backend):
+    """Results exactly halfway between two bfloat16 values come back rounded to the even one,
+    as ml_dtypes, torch and MLX round; the other tests' results are never exact ties, so a
+    conversion that rounded halves up would pass them all (issue 46). Zero down weights make
+    moe(x) exactly 0, so y is the float32 residual, chosen at ties of both parities and signs."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    E, H, I = 4, 64, 32
+    rng = np.random.default_rng(3)
+    router, gate, up = (rng.standard_normal(s).astype(np.float32) for s in ((E, H), (E, I, H), (E, I, H)))
+    down = np.zeros((E, H, I), np.float32)
+    bits = rng.integers(0x3C00, 0x4400, (3, H)).astype(np.uint32) | (rng.integers(0, 2, (3, H)).astype(np.uint32) << 15)
+    ties = ((bits << 16) | 0x8000).view(np.float32)  # halfway above each bfloat16 value
+    assert {int(b) & 1 for b in bits.ravel()} == {0, 1}
+    x = rng.standard_normal((3, H)).astype(ml_dtypes.bfloat16)
+    with moe_swift.MoELayer(router, gate, up, down, top_k=2, backend=backend) as layer:
+        y = layer(x, residual=ties)
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(y.view(np.uint16), ties.astype(ml_dtypes.bfloat16).view(np.uint16))
+    # And the conversion itself on ties, specials and random values, against ml_dtypes.
+    values = np.concatenate([ties.ravel(), np.array([0.0, -0.0, np.inf, -np.inf, 3.3895314e38, 1e-40, -1e-45],
+                                                   np.float32), rng.standard_normal(1000).astype(np.float32)])
+    np.testing.assert_array_equal(moe_swift.formats.float32_to_bf16(values), values.astype(ml_dtypes.bfloat16).view(np.uint16))
