@@ -94,6 +94,10 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
             return append(.failing(.invalidUsage("\(call): the event was not made by SoftMetal")))
         }
         guard status == .notEnqueued else { return }
+        if let busy = encoding() {
+            return append(.failing(.invalidUsage("\(call) while \(busy) is still encoding: events go between "
+                                                 + "encoders; end it first")))
+        }
         append(DispatchCommand.event(signal ? .signal(e, value) : .wait(e, value)))
         record(signal ? .signal(ObjectIdentifier(e), value) : .wait(ObjectIdentifier(e), value))
     }
@@ -130,7 +134,24 @@ public final class SoftMetalCommandBuffer: MTLCommandBuffer, @unchecked Sendable
 
     public func makeComputeCommandEncoder(dispatchType: MTLDispatchType) -> (any MTLComputeCommandEncoder)? {
         guard lock.withLock({ _status == .notEnqueued }) else { return nil }
-        return SoftMetalComputeCommandEncoder(commandBuffer: self, dispatchType: dispatchType)
+        if let busy = encoding() {
+            // Metal's validation layer stops the program here; SoftMetal fails the command buffer.
+            append(.failing(.invalidUsage("makeComputeCommandEncoder: \(busy) is still encoding; end it (endEncoding()) "
+                                          + "before making another: a command buffer has one encoder at a time (Metal's "
+                                          + "validation: \"A command encoder is already encoding to this command buffer\")")))
+        }
+        let made = SoftMetalComputeCommandEncoder(commandBuffer: self, dispatchType: dispatchType)
+        lock.withLock { open = WeakObject(made) }
+        return made
+    }
+
+    /// The encoder still encoding (made, not ended), by its pass's name.
+    private var open: WeakObject?
+    private func encoding() -> String? {
+        guard let encoder = lock.withLock({ open?.object }) as? SoftMetalComputeCommandEncoder, !encoder.isEnded else {
+            return nil
+        }
+        return encoder.passName
     }
 
     func append(_ command: DispatchCommand) { lock.withLock { commands.append(command) } }
@@ -369,6 +390,8 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
         if encodingError == nil { encodingError = .invalidUsage(message) }
     }
     private var failedAfterEnd = false
+    var isEnded: Bool { ended }
+    var passName: String { pass.name }
     /// The app's indirect buffer during the dispatch that reads it.
     private var indirectObject: WeakObject?
     /// What this pass uses, waits for and updates (the hazard check at commit).

@@ -120,6 +120,33 @@ final class SoftMetalSynchronizationTests: XCTestCase {
         XCTAssertEqual(try XCTUnwrap(device.makeBuffer(length: 16, options: [])).hazardTrackingMode, .tracked)
     }
 
+    /// One encoder at a time, events between encoders: a second encoder made while one is
+    /// still encoding (a host that kept its encoder open, as PyTorch MPS did before
+    /// PR #164093) and an event encoded then each fail the command buffer, as Metal's
+    /// validation stops the program; ended in turn, the same calls run.
+    func testOneEncoderAtATimeAndEventsBetweenThem() throws {
+        let one = buffer(1, [], "one"), two = buffer(2, [], "two"), out = buffer(0, [], "out")
+        let event = try XCTUnwrap(device.makeEvent())
+        for misuse in ["encoder", "event"] {
+            let commandBuffer = try XCTUnwrap(queue.makeCommandBuffer())
+            let first = try XCTUnwrap(commandBuffer.makeComputeCommandEncoder())
+            if misuse == "encoder" {
+                try pass(commandBuffer, one, two, out)
+            } else {
+                commandBuffer.encodeSignalEvent(event, value: 1)
+            }
+            first.endEncoding()
+            guard case .invalidUsage(let m)? = run(commandBuffer) else { return XCTFail("\(misuse): no error") }
+            XCTAssertTrue(m.contains("encoder 1 of command buffer #") && m.contains("is still encoding"), m)
+        }
+        let commandBuffer = try XCTUnwrap(queue.makeCommandBuffer())
+        try XCTUnwrap(commandBuffer.makeComputeCommandEncoder()).endEncoding()
+        commandBuffer.encodeSignalEvent(event, value: 1)
+        try pass(commandBuffer, one, two, out)
+        XCTAssertNil(run(commandBuffer))
+        XCTAssertEqual(value(out), 3)
+    }
+
     /// A command buffer still in flight (held by an event the host signals later) and the
     /// next one: unordered they race; a fence across them orders them.
     func testCommandBuffersInFlightTogetherNeedOrderToo() throws {
