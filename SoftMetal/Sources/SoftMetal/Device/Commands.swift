@@ -508,16 +508,14 @@ public final class SoftMetalComputeCommandEncoder: MTLComputeCommandEncoder, @un
 
 extension DispatchCommand {
     /// A command that fails with `error` when it runs (errors found while encoding).
-    static func failing(_ error: SoftMetalError) -> DispatchCommand {
-        DispatchCommand(kernel: nil, failure: error, maxThreads: 0, buffers: [], threadgroupLengths: [],
-                        size: .threadgroups(MTLSize()), threadsPerThreadgroup: MTLSize(), checkOrder: false, poison: false)
-    }
+    static func failing(_ error: SoftMetalError) -> DispatchCommand { noKernel(failure: error) }
 
-    static func event(_ op: EventOp) -> DispatchCommand {
-        var command = failing(.runtime(""))
-        command.failure = nil
-        command.event = op
-        return command
+    /// encodeWaitForEvent / encodeSignalEvent's command.
+    static func event(_ op: EventOp) -> DispatchCommand { noKernel(event: op) }
+
+    private static func noKernel(failure: SoftMetalError? = nil, event: EventOp? = nil) -> DispatchCommand {
+        DispatchCommand(kernel: nil, failure: failure, event: event, maxThreads: 0, buffers: [], threadgroupLengths: [],
+                        size: .threadgroups(MTLSize()), threadsPerThreadgroup: MTLSize(), checkOrder: false, poison: false)
     }
 }
 #endif

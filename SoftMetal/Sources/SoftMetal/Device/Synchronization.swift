@@ -124,6 +124,13 @@ struct PassRecord {
 /// committed command buffer's first item. Returns the first unordered pair as an error.
 enum HazardCheck {
     static func check(_ items: [(item: HazardItem, buffer: Int)], firstNew: Int) -> SoftMetalError? {
+        // Only a new pass that uses an untracked buffer can race: without one (buffers are
+        // tracked unless made otherwise, so almost every commit), no graph is built.
+        let untracked = items[firstNew...].contains {
+            if case .pass(let p) = $0.item { return p.accesses.contains { !$0.tracked } }
+            return false
+        }
+        guard untracked else { return nil }
         // Nodes: the passes, and every signal and wait (an event's edges go through them).
         var edges = [[Int]](repeating: [], count: items.count)
         var passes: [(node: Int, record: PassRecord)] = []
