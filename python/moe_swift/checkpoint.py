@@ -219,7 +219,7 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     with `revision` and `cache_dir` as in huggingface_hub): its config, index and
     safetensors files are fetched into the Hub cache (or found there, HF_HUB_OFFLINE=1
     included), which needs huggingface_hub installed. model_types: mixtral, qwen2_moe, qwen3_moe, olmoe,
-    deepseek_v2, deepseek_v3, glm4_moe, gpt_oss; transformers' layouts (per-expert, fused
+    deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe; transformers' layouts (per-expert, fused
     3-D, gpt-oss's bf16 and MXFP4) and mlx-lm's (quantized too). Weights keep their stored
     format. `overrides` replace config.json options: top_k, norm_topk_prob,
     routed_scaling_factor, scoring ("softmax"/"sigmoid"), n_group, topk_group, activation,

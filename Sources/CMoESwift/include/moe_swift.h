@@ -412,7 +412,7 @@ moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
 /* --- Checkpoints -------------------------------------------------------------------------
  * A Hugging Face / mlx-lm checkpoint folder: config.json and *.safetensors (sharded through
  * model.safetensors.index.json, or one model.safetensors). model_types: mixtral, qwen2_moe,
- * qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss; layouts: per-expert 2-D,
+ * qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe; layouts: per-expert 2-D,
  * transformers 5 fused 3-D, gpt-oss's (bf16 or MXFP4 blocks) and mlx-lm's (quantized or not).
  * The files stay memory-mapped while the handle is open, and afterwards for as long as a
  * layer reads them: a layer reads its tensors in place from the mapping, in their stored

@@ -7,7 +7,8 @@ import CMoECPU
 ///   mlx-lm      `switch_mlp.{gate,up,down}_proj.{weight,scales,biases}` (gpt-oss: `experts.` and `.bias`)
 ///   gpt-oss     `experts.gate_up_proj` (E, H, 2I) gate/up interleaved, `down_proj` (E, I, H),
 ///               or `..._blocks` / `..._scales` (MXFP4, rows already out-by-in), `*_bias`
-///   fused 3-D   `experts.gate_up_proj` (E, 2I, H), `experts.down_proj` (E, H, I) (transformers 5)
+///   fused 3-D   `experts.gate_up_proj` (E, 2I, H), `experts.down_proj` (E, H, I) (transformers 5),
+///               Granite's `input_linear` (E, 2I, H), `output_linear` (E, H, I)
 ///   per expert  `experts.{e}.{gate,up,down}_proj.weight` or Mixtral's `w1`/`w3`/`w2`
 final class LayerReader {
     let checkpoint: SafeTensorsCheckpoint
@@ -152,8 +153,10 @@ final class LayerReader {
             w.downBias = try optionalDense(stacked + ".down_proj.bias", [e, h])
         } else if family.gptOSS {
             w = try gptOSSExperts(router: router())
-        } else if let gateUp = tensor("experts.gate_up_proj") {
-            let down = try require("experts.down_proj")
+        } else if let names = [("experts.gate_up_proj", "experts.down_proj"),
+                               ("input_linear.weight", "output_linear.weight")].first(where: { tensor($0.0) != nil }),
+                  let gateUp = tensor(names.0) {
+            let down = try require(names.1)
             try check(gateUp, [e, 2 * i, h])
             try check(down, [e, h, i])
             w = MoEWeights(router: try router(), gateUp: .fused(try dense(gateUp)), downProj: try dense(down))
@@ -163,7 +166,7 @@ final class LayerReader {
                            gateUp: .separate(gate: try experts(names.0, [i, h]), up: try experts(names.1, [i, h])),
                            downProj: try experts(names.2, [h, i]))
         } else {
-            throw checkpoint.missing(["switch_mlp.gate_proj.weight", "experts.gate_up_proj",
+            throw checkpoint.missing(["switch_mlp.gate_proj.weight", "experts.gate_up_proj", "input_linear.weight",
                                       "experts.0.gate_proj.weight", "experts.0.w1.weight"].map { prefix + "." + $0 },
                                      "expert weights")
         }

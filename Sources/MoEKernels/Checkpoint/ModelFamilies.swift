@@ -18,7 +18,7 @@ struct ModelFamily {
     /// why layer `i` is a dense MLP layer, or nil if it is an MoE layer.
     let denseLayers: (ConfigReader) throws -> (Int) -> String?
 
-    static let supportedTypes = ["deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss", "mixtral",
+    static let supportedTypes = ["deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss", "granitemoe", "mixtral",
                                  "olmoe", "qwen2_moe", "qwen3_moe"]
 
     static func named(_ modelType: String) throws -> ModelFamily {
@@ -104,6 +104,20 @@ struct ModelFamily {
                     }
                 })
             f.sharedExpert = "shared_experts"
+            return f
+        case "granitemoe":
+            // Granite's router takes the softmax of the k best logits: the softmax over all,
+            // renormalised. Its decoder scales the block's output by residual_multiplier
+            // before the residual add; the block itself, which this layer is, does not.
+            var f = ModelFamily(
+                configure: { c in
+                    var m = try c.base(experts: "num_local_experts", intermediate: "intermediate_size")
+                    m.normTopKProb = true
+                    return m
+                },
+                denseLayers: { _ in { _ in nil } })
+            f.blockNames = ["block_sparse_moe"]
+            f.router = "router.layer"
             return f
         case "gpt_oss":
             var f = ModelFamily(
