@@ -70,15 +70,35 @@ LLAMA_CPP_IMPLEMENTATIONS = ("llama-bench (native build)", "NumPy decoder + moe_
 FRAMEWORKS = ("transformers", "mlx-lm", "numpy", "llama.cpp")
 BATCHED_MM_BUDGET = 4e9  # bytes of gathered weight copies transformers' batched_mm may make
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "q4_k_m": "q4_k_m"}
+# The small models the README names for a first run: (layers, vocabulary, config.json's
+# widths); not in the default set (python bench_model.py --models granite-3.1-1b-a400m,...).
+SMALL_MODELS = {
+    "granite-3.1-1b-a400m": (24, 49155, dict(
+        model_type="granitemoe", hidden_size=1024, intermediate_size=512, num_local_experts=32,
+        num_experts_per_tok=8, num_attention_heads=16, num_key_value_heads=8, rms_norm_eps=1e-6,
+        rope_theta=10000.0, embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+        logits_scaling=6.0, tie_word_embeddings=True)),
+    "olmoe-1b-7b": (16, 50304, dict(
+        model_type="olmoe", hidden_size=2048, intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
+        norm_topk_prob=False, num_attention_heads=16, num_key_value_heads=16, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False)),
+    "qwen1.5-moe-a2.7b": (24, 151936, dict(
+        model_type="qwen2_moe", hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+        shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
+        decoder_sparse_step=1, mlp_only_layers=[], num_attention_heads=16, num_key_value_heads=16,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)),
+}
+
+
 # What a framework runs: (model names, dtypes); others get no row.
-SUPPORTED = {"transformers": (MODELS, ("f32", "bf16")), "mlx-lm": (MODELS, ("f32", "bf16")),
+SUPPORTED = {"transformers": (MODELS + tuple(SMALL_MODELS), ("f32", "bf16")), "mlx-lm": (MODELS, ("f32", "bf16")),
              "numpy": (("qwen3-30b-a3b",), ("f32",)), "llama.cpp": (("qwen3-30b-a3b",), ("q4_k_m",))}
 
 
 def model_config(name: str, layers: int) -> tuple[dict, str]:
     """The transformers config (as a dict) of model `name` cut to `layers` MoE layers, and a
     sentence saying what was cut. The MoE widths come from moe_bench.shapes."""
-    shape = SHAPES[name]
+    shape = SHAPES.get(name)
     if name == "qwen3-30b-a3b":
         real_layers, real_vocab = 48, 151936
         config = dict(model_type="qwen3_moe", hidden_size=shape.hidden, moe_intermediate_size=shape.inter,
@@ -105,8 +125,12 @@ def model_config(name: str, layers: int) -> tuple[dict, str]:
                       rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096,
                                         beta_fast=32, beta_slow=1, mscale=0.707, mscale_all_dim=0.707),
                       num_hidden_layers=layers + 1, tie_word_embeddings=False)
+    elif name in SMALL_MODELS:
+        real_layers, real_vocab, config = SMALL_MODELS[name]
+        config = dict(config, num_hidden_layers=layers)
     else:
-        raise SystemExit(f"bench_model: no whole-model config for {name!r}; known: {', '.join(MODELS)}")
+        raise SystemExit(f"bench_model: no whole-model config for {name!r}; known: "
+                         f"{', '.join(MODELS + tuple(SMALL_MODELS))}")
     vocab = max(1024, round(real_vocab * layers / real_layers))
     config.update(vocab_size=vocab, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     what = f"{layers} of {real_layers} MoE layers, vocabulary {vocab} of {real_vocab}"

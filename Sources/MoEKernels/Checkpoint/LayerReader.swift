@@ -97,8 +97,15 @@ final class LayerReader {
         guard let q = (config.raw["quantization"] ?? config.raw["quantization_config"])?.object else {
             throw MoEError.invalidArgument("\(module).scales exists but \(config.path) has no \"quantization\"")
         }
+        // A module's own entry replaces the file-wide settings whole, as mlx-lm hands it to
+        // MLX's to_quantized: keys it leaves out take that function's defaults (mode "affine",
+        // 4 bits in groups of 64), not the file-wide ones (a router at 8 bits in a file of
+        // MXFP4 experts is affine).
         var settings = q
-        if let specific = q[module]?.object { settings.merge(specific) { $1 } }
+        if let specific = q[module]?.object {
+            settings = ["mode": .string("affine"), "bits": .number(4), "group_size": .number(64)]
+            settings.merge(specific) { $1 }
+        }
         let mode = settings["mode"]?.string ?? "affine"
         switch mode {
         case "mxfp4": return .mxfp4
