@@ -14,7 +14,8 @@ import re
 import numpy as np
 
 from . import _native
-from .layer import ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _memory_limit, _real
+from .layer import (ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _memory_limit,
+                    _real, creating)
 from .progress import Progress
 
 __all__ = ["from_pretrained", "OVERRIDES"]
@@ -283,8 +284,9 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
             with Progress(f"moe_swift: loading the MoE layers of {label}", len(wanted), progress=progress) as bar:
                 for index in wanted:
                     made = ffi.new("moe_layer **")
-                    _native.check(lib.moe_layer_create_from_checkpoint_ex(
-                        checkpoint, index, backend_code, len(names), name_array, values, options, made))
+                    with creating(backend_code, progress):
+                        _native.check(lib.moe_layer_create_from_checkpoint_ex(
+                            checkpoint, index, backend_code, len(names), name_array, values, options, made))
                     layers[index] = MoELayer._from_handle(made[0])
                     bar.update()
         except BaseException:

@@ -17,9 +17,23 @@ from .arrays import as_float32 as _array
 from .arrays import as_numpy, check_shape as _check_shape, conversion_bytes, output_like as _output_like
 from .formats import GGMLQuantized, Quantized
 from .options import ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, DEFAULTS, DTYPES, FORMATS, MAPPED_ALIGNMENT, SCORINGS
+from .progress import Waiting
 
 _BACKEND_NAMES = {v: k for k, v in BACKENDS.items()}
 _SHARED_KEYS = {"gate_proj", "up_proj", "down_proj", "sigmoid_gate"}
+
+# SoftMetal compiles the layer's kernels (clang) the first time they are used on a machine
+# (cached on disk afterwards); the line appears only when creating a layer takes long.
+SOFTMETAL_COMPILE = ("moe_swift: creating a softmetal layer compiles its Metal kernels the first time "
+                     "(cached on disk afterwards; 5-10 s on 2 cores, more under SOFTMETAL_CHECK_MEMORY)")
+
+
+def creating(backend_code, progress=None):
+    """What to say while a layer is created on backend `backend_code` (BACKENDS' code):
+    SoftMetal's first compile, else nothing."""
+    if backend_code == BACKENDS["softmetal"]:
+        return Waiting(SOFTMETAL_COMPILE, progress=progress)
+    return Waiting("", progress=False)
 
 
 def available_backends() -> list[str]:
@@ -537,7 +551,8 @@ class MoELayer:
             desc.mapped_release, desc.mapped_context = _release_callback(ffi), ffi.cast("void *", key)
 
         out = ffi.new("moe_layer **")
-        _native.check(lib.moe_layer_create(desc, out))
+        with creating(desc.backend):
+            _native.check(lib.moe_layer_create(desc, out))
         del keep
         self._ffi, self._lib, self._handle = ffi, lib, out[0]
         self._closed = False

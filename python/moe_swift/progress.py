@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 
-__all__ = ["Progress", "ENVIRONMENT", "DELAY"]
+__all__ = ["Progress", "Waiting", "ENVIRONMENT", "DELAY"]
 
 logger = logging.getLogger("moe_swift")
 ENVIRONMENT = "MOE_SWIFT_PROGRESS"
@@ -129,3 +130,50 @@ class Progress:
     def _log(self, now):
         self._logged_at = now
         logger.info("%s: %s after %.1f s", self.description, self._counted(), now - self._start)
+
+
+class Waiting:
+    """One native call that may be long (e.g. SoftMetal compiling its kernels): after DELAY
+    seconds still inside it (from the start with progress=True), a line saying `what` —
+    written on stderr when it is a terminal, else an INFO record — and, at the end, one
+    saying how long it took. A timer thread writes the first line: the call releases the GIL."""
+
+    def __init__(self, what, *, progress=None, stream=None):
+        self.what, self.mode = what, setting(progress)
+        self.stream = sys.stderr if stream is None else stream
+        self._timer = None
+        self._said = False
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        self._start = time.monotonic()
+        delay = 0.0 if self.mode else DELAY
+        if self.mode is not False and delay < float("inf"):
+            self._timer = threading.Timer(delay, self._say)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            said, self._said = self._said, True  # a timer firing now stays quiet
+        if said:
+            self._write(f"{self.what}: done in {time.monotonic() - self._start:.1f} s")
+        return False
+
+    def _say(self):
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+        self._write(f"{self.what}...")
+
+    def _write(self, line):
+        isatty = getattr(self.stream, "isatty", None)
+        if isatty and isatty():
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        else:
+            logger.info("%s", line)

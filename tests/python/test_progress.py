@@ -145,3 +145,53 @@ def test_mlx_lm_patch(caplog):
     assert [m.split(" after")[0].split(" in ")[0] for m in messages(caplog)] == [
         "moe_swift: patching the SwitchGLU layers: 1/2 layers",
         "moe_swift: patching the SwitchGLU layers: done, 2 layers"]
+
+
+def test_a_long_native_call_is_announced_while_it_runs(monkeypatch, caplog):
+    """Waiting: the first line is written while the call is still running (a timer thread:
+    the call releases the GIL), the second when it ends; a short call or progress=False
+    says nothing; without a terminal, log records."""
+    import threading
+
+    from moe_swift.progress import Waiting
+
+    monkeypatch.setattr(progress_module, "DELAY", 0.05)
+    stream, inside = Terminal(), threading.Event()
+    with Waiting("moe_swift: compiling", stream=stream):
+        inside.wait(2.0)  # released by nothing: the timer writes meanwhile
+        written_during = stream.getvalue()
+    assert written_during == "moe_swift: compiling...\n"
+    assert stream.getvalue().splitlines()[1].startswith("moe_swift: compiling: done in ")
+    for progress in (False, None):
+        monkeypatch.setattr(progress_module, "DELAY", float("inf") if progress is None else 0.0)
+        quiet = Terminal()
+        with Waiting("x", stream=quiet, progress=progress):
+            inside.wait(0.1)
+        assert quiet.getvalue() == ""
+    monkeypatch.setattr(progress_module, "DELAY", 0.0)
+    with Waiting("moe_swift: logged", stream=io.StringIO()):
+        inside.wait(0.2)
+    assert messages(caplog)[0] == "moe_swift: logged..." and "done in" in messages(caplog)[1]
+
+
+def test_softmetal_layers_say_they_compile(monkeypatch):
+    """Creating a softmetal layer (MoELayer and from_pretrained) goes through that
+    announcement, and a cpu layer does not."""
+    from moe_swift import layer as layer_module
+
+    seen = []
+    original = layer_module.creating
+    monkeypatch.setattr(layer_module, "creating", lambda code, progress=None: seen.append(code) or original(code))
+    import numpy as np
+    rng = np.random.default_rng(0)
+    w = lambda *s: rng.standard_normal(s, dtype=np.float32) * 0.02  # noqa: E731
+    from moe_swift import checkpoint as checkpoint_module
+    monkeypatch.setattr(checkpoint_module, "creating", layer_module.creating)
+    backends = [b for b in ("cpu", "softmetal") if b in moe_swift.available_backends()]
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "olmoe"
+    for backend in backends:
+        moe_swift.MoELayer(w(4, 64), w(4, 32, 64), w(4, 32, 64), w(4, 64, 32), top_k=2, backend=backend).close()
+        moe_swift.from_pretrained(folder, layer=0, backend=backend).close()
+    assert seen == [layer_module.BACKENDS[b] for b in backends for _ in range(2)]
+    assert layer_module.creating(layer_module.BACKENDS["softmetal"]).what == layer_module.SOFTMETAL_COMPILE
+    assert layer_module.creating(layer_module.BACKENDS["cpu"]).mode is False
