@@ -486,7 +486,7 @@ def main(argv=None) -> int:
     models = [m for m in args.models.split(",") if m]
     frameworks = [f for f in args.frameworks.split(",") if f]
     dtypes = [d for d in args.dtypes.split(",") if d]
-    for value, known, what in ((models, MODELS, "model"), (frameworks, FRAMEWORKS, "framework"),
+    for value, known, what in ((models, MODELS + tuple(SMALL_MODELS), "model"), (frameworks, FRAMEWORKS, "framework"),
                                (dtypes, DTYPES, "dtype")):
         unknown = [v for v in value if v not in known]
         if unknown:

@@ -10,13 +10,18 @@ weights scaled like a real initialisation (normal, std 0.02), then
 
 checks both against the float64 NumPy reference (`moe_swift.reference`, the spec line
 by line) with the spec tolerance |y - ref| <= 1e-4 * max|ref| + 1e-5, and prints
-timings (median of several runs after a warm-up).
+timings: the median of several calls after a warm-up, with the middle half of the calls
+(the slowest call, often far above, is the machine's other work). Each time is one
+layer's; the demo says what it implies for the whole model (48 such layers) and what share
+of the machine's read bandwidth (moe_swift.read_bandwidth) a decode call uses.
 
 Then the format people run: the same weights quantized as mlx-lm's 4-bit checkpoints
 are (affine 4-bit in groups of 64, bfloat16 scales, the router 8-bit), written as a
 checkpoint folder (0.34 GB, in a temporary folder deleted at the end) and loaded with
 from_pretrained, which maps the file instead of copying it; checked against the
-reference on the dequantized values, timed, and compared with float32.
+reference on the dequantized values, timed, and compared with float32: how much of the
+difference is routing (the 8-bit router sends some tokens to other experts) and how much
+the 4-bit experts, beside what rounding the same experts to bfloat16 changes.
 Exits 1 if a check fails.
 
     python examples/demo.py               # the full layer: 2.4 GB of float32 experts, peak 5.3 GB
@@ -40,6 +45,7 @@ from moe_swift import Quantized, formats, reference, synthetic
 
 # Qwen3-30B-A3B (config.json): hidden_size, moe_intermediate_size, num_experts, num_experts_per_tok.
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
+MODEL_LAYERS = 48  # num_hidden_layers: every one an MoE layer
 INIT_STD = 0.02  # the models' initializer_range
 
 
@@ -114,9 +120,11 @@ class DequantizedExperts:
 
 
 def median_ms(fn, runs, warmup=1, settle=0.5):
-    """Median wall time of fn(i) over `runs` back-to-back calls (i = 0..runs-1), after a
-    pause of `settle` s (NumPy's OpenBLAS threads, busy after the reference check, go
-    idle; on a small machine they would steal a core) and `warmup` untimed calls."""
+    """(median, first quartile, third quartile, max) wall time in ms of fn(i) over `runs`
+    back-to-back calls (i = 0..runs-1), after a pause of `settle` s (NumPy's OpenBLAS
+    threads, busy after the reference check, go idle; on a small machine they would steal
+    a core) and `warmup` untimed calls. The quartiles bound the middle half of the calls:
+    a max far above them is a call the machine's other work delayed, not the layer."""
     time.sleep(settle)
     for i in range(warmup):
         fn(i)
@@ -125,7 +133,28 @@ def median_ms(fn, runs, warmup=1, settle=0.5):
         t0 = time.perf_counter()
         fn(i)
         times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times)), 1e3 * min(times), 1e3 * max(times)
+    q1, med, q3 = np.percentile(times, [25, 50, 75])
+    return 1e3 * float(med), 1e3 * float(q1), 1e3 * float(q3), 1e3 * max(times)
+
+
+def spread(q1, q3, hi, unit="ms", digits=2):
+    """'middle half 3.1-3.4 ms, slowest 5.0': the run-to-run spread of median_ms."""
+    return f"middle half {q1:.{digits}f}-{q3:.{digits}f} {unit}, slowest {hi:.{digits}f}"
+
+
+def model_line(layer_ms, read_bytes, bandwidth):
+    """What one layer's decode time implies for the whole model (MODEL_LAYERS MoE layers)
+    and how much of the machine's read bandwidth it uses."""
+    total = MODEL_LAYERS * layer_ms
+    used = read_bytes / (layer_ms * 1e-3) / 1e9
+    return (f"  model   Qwen3-30B-A3B has {MODEL_LAYERS} such layers: {total:.0f} ms per token for its experts alone, "
+            f"at most {1e3 / total:.1f} tokens/s before attention, norms and the LM head\n"
+            f"  reads   {read_bytes / 1e6:.0f} MB of weights per token and layer (router + {TOP_K} experts x 3 "
+            f"matrices) -> {used:.1f} GB/s, {used / bandwidth:.0%} of this machine's read bandwidth "
+            f"({bandwidth:.1f} GB/s, moe_swift.read_bandwidth()): "
+            + ("decode is bound by reading the weights" if used >= 0.5 * bandwidth else
+               "the products' arithmetic, not the reading, bounds this decode (for 4-bit codes, "
+               "activation_quantization=\"q8\" multiplies them by 8-bit activations in integers, faster)"))
 
 
 class Checker:
@@ -183,7 +212,28 @@ class Checker:
                 f"max|ref| = {np.max(np.abs(ref)):.3f}); {routed}")
 
 
-def run_4bit(router, gate, up, down, checker32, pool, prompt, sub, y32, decode32_ms, decode_runs, prefill_runs):
+def bf16_rounded(a):
+    """float32 array `a` rounded to bfloat16's values (to nearest, ties to even), as float32."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+
+
+def expert_error(x, ids, weights, experts, rounded):
+    """Relative RMS change of the experts' output on tokens x (n, H) with routing (ids,
+    weights) when their float32 weights `experts` = (gate, up, down) become rounded(w, i),
+    i the matrix's index in `experts`; float64 reference arithmetic."""
+    exact, moved = [], []
+    for t in range(len(x)):
+        chosen = [w[ids[t]] for w in experts]
+        args = (x[t:t + 1], np.arange(len(ids[t]))[None], weights[t:t + 1])
+        exact.append(reference.experts_forward(*args, *chosen))
+        moved.append(reference.experts_forward(*args, *(rounded(w, i) for i, w in enumerate(chosen))))
+    exact, moved = np.concatenate(exact), np.concatenate(moved)
+    return float(np.linalg.norm(moved - exact) / np.linalg.norm(exact))
+
+
+def run_4bit(router, gate, up, down, checker32, pool, prompt, sub, y32, routing32, ms32, bandwidth,
+             decode_runs, prefill_runs):
     """The 4-bit part: quantize, write the checkpoint, load it mapped, check, time, compare."""
     import shutil
     import tempfile
@@ -213,17 +263,39 @@ def run_4bit(router, gate, up, down, checker32, pool, prompt, sub, y32, decode32
         checker = Checker(layer, formats.dequantize(q_router), *(DequantizedExperts(w) for w in q), k)
         y1 = layer(pool[:1])
         print(f"  decode  {checker.check('4-bit decode', pool[:1], y1)}")
-        med, lo, hi = median_ms(lambda i: layer(pool[(i + 1) % len(pool)][None]), decode_runs)
-        print(f"          {med:.2f} ms per token (min {lo:.2f}, max {hi:.2f}), float32 {decode32_ms:.2f} ms")
+        med, q1, q3, hi = median_ms(lambda i: layer(pool[(i + 1) % len(pool)][None]), decode_runs)
+        # Per expert and matrix: 4-bit codes + a bf16 scale and bias per 64 weights.
+        read = E * H + k * 3 * I * H * (0.5 + 4 / 64)  # the router in 8 bits (+ its scales, ignored)
+        print(f"  layer   {med:.2f} ms per token ({spread(q1, q3, hi)}), {ms32['decode'] / med:.1f}x float32's "
+              f"{ms32['decode']:.2f} ms: 7x fewer bytes to read")
+        print(model_line(med, read, bandwidth))
         yT = layer(prompt)
         print(f"  prefill {checker.check('4-bit prefill', prompt[sub], yT[sub])}")
-        med, lo, hi = median_ms(lambda i: layer(prompt), prefill_runs)
-        print(f"          {med:.1f} ms per call of {len(prompt)} tokens (min {lo:.1f}, max {hi:.1f})")
-        # Relative RMS over the prefill: a token routed to other experts moves a lot, so a
-        # max would say little.
+        med, q1, q3, hi = median_ms(lambda i: layer(prompt), prefill_runs)
+        ratio = ms32["prefill"] / med
+        print(f"  layer   {med:.1f} ms per call of {len(prompt)} tokens ({spread(q1, q3, hi, digits=1)}), "
+              f"{ratio:.2f}x float32's {ms32['prefill']:.1f} ms")
+        if ratio < 0.95:
+            print("          slower than float32: prefill is bound by arithmetic, not by reading weights, and the "
+                  "4-bit experts are first unpacked into float32 tiles for the BLAS product, work that float32's "
+                  "weights, handed to BLAS as they are, do not need")
+
+        # What the 4-bit error is made of, and its size against bfloat16's own rounding.
+        ids32, w32 = routing32
+        ids4, _ = layer.route(prompt)
+        rerouted = int(np.sum(np.any(np.sort(ids4, axis=1) != np.sort(ids32, axis=1), axis=1)))
         dev = float(np.linalg.norm(yT - y32) / np.linalg.norm(y32))
-        print(f"  vs f32  the 4-bit layer's output differs from float32's by {dev:.1%} (relative RMS over the "
-              f"prefill): the quantization's error, the price of 7x less memory")
+        same_routing = layer.experts(prompt, ids32, w32)
+        dev_experts = float(np.linalg.norm(same_routing - y32) / np.linalg.norm(y32))
+        x = prompt[sub]
+        bf16 = expert_error(x, ids32[sub], w32[sub], (gate, up, down), lambda w, i: bf16_rounded(w))
+        print(f"  vs f32  output {dev:.1%} from float32's (relative RMS over the prefill): {rerouted} of {len(prompt)} "
+              f"tokens chose other experts under the 8-bit router (a changed expert moves a token's output "
+              f"a lot); with float32's routing, the 4-bit experts alone: {dev_experts:.1%}")
+        print(f"          for scale: rounding the float32 experts to bfloat16, the format the model ships in, moves "
+              f"the same experts' output by {bf16:.2%} (on {len(sub)} of the tokens); a 4-bit weight keeps 16 levels "
+              f"per group of 64 where bfloat16 keeps 8 significant bits. These are random weights: what 4-bit costs "
+              f"a real checkpoint shows in the model's answers, not in this figure")
         checker32.failures += checker.failures
         layer.close()
     finally:
@@ -274,8 +346,9 @@ def main(argv=None):
                                scoring="softmax", norm_topk_prob=True)
     t_create = time.perf_counter() - t0
     print(f"  setup   weights {t_gen:.1f} s, MoELayer (copies them) {t_create:.1f} s")
+    bandwidth = moe_swift.read_bandwidth()
     print(f"  backend {layer.backend!r} (available: {', '.join(moe_swift.available_backends())}), "
-          f"{os.cpu_count()} CPU cores")
+          f"{os.cpu_count()} CPU cores, memory read at {bandwidth:.1f} GB/s")
 
     checker = Checker(layer, router, gate, up, down, k)
     rng = np.random.default_rng([args.seed, 2])
@@ -287,12 +360,11 @@ def main(argv=None):
     print(f"\ndecode (T = 1), median of {decode_runs} calls after a warm-up, a new token each call")
     y1 = layer(pool[:1])
     print(f"  check   {checker.check('decode', pool[:1], y1)}")
-    med, lo, hi = median_ms(lambda i: layer(pool[(i + 1) % len(pool)][None]), decode_runs)
+    med, q1, q3, hi = median_ms(lambda i: layer(pool[(i + 1) % len(pool)][None]), decode_runs)
     decode_ms = med
     read = (E * H + k * 3 * I * H) * 4  # router + the k chosen experts, float32
-    print(f"  time    {med:.2f} ms per token (min {lo:.2f}, max {hi:.2f})  ->  {1e3 / med:.0f} tokens/s")
-    print(f"  reads   {read / 1e6:.0f} MB of weights per token (router + {k} experts x 3 matrices)"
-          f"  ->  {read / (med * 1e-3) / 1e9:.1f} GB/s effective")
+    print(f"  layer   {med:.2f} ms per token for this one layer ({spread(q1, q3, hi)})")
+    print(model_line(med, read, bandwidth))
 
     # --- prefill: T tokens in one call -------------------------------------------------
     print(f"\nprefill (T = {T}), median of {prefill_runs} calls after a warm-up")
@@ -303,21 +375,25 @@ def main(argv=None):
     if len(sub) < T:
         print(f"          (reference run on {len(sub)} of the {T} tokens, evenly spaced; "
               f"the float64 reference loops over tokens in Python)")
-    med, lo, hi = median_ms(lambda i: layer(prompt), prefill_runs)
-    ids, _ = layer.route(prompt)
-    touched = len(np.unique(ids))
+    med, q1, q3, hi = median_ms(lambda i: layer(prompt), prefill_runs)
+    prefill_ms = med
+    routing = layer.route(prompt)
+    touched = len(np.unique(routing[0]))
     flops = 2 * T * (E * H + k * 3 * I * H)
-    print(f"  time    {med:.1f} ms per call (min {lo:.1f}, max {hi:.1f})  ->  "
-          f"{med * 1e3 / T:.0f} us per token, {T / (med * 1e-3):.0f} tokens/s")
+    print(f"  layer   {med:.1f} ms per call of {T} tokens ({spread(q1, q3, hi, digits=1)}): "
+          f"{med * 1e3 / T:.0f} us per token and layer; all {MODEL_LAYERS} layers: {T / (MODEL_LAYERS * med * 1e-3):.0f} "
+          f"tokens/s of prompt for the experts alone")
     print(f"  work    {T * k} (token, expert) pairs on {touched}/{E} experts, "
-          f"{flops / 1e9:.1f} GFLOP  ->  {flops / (med * 1e-3) / 1e9:.1f} GFLOP/s")
+          f"{flops / 1e9:.1f} GFLOP  ->  {flops / (med * 1e-3) / 1e9:.1f} GFLOP/s: bound by arithmetic, each "
+          f"expert's weights read once for all its tokens")
     print(f"  batching: a prefill token costs 1/{decode_ms / (med / T):.0f} of a decode token")
 
     if not args.no_4bit:
         # The float32 layer's results for the same tokens, then its memory back before the
         # 4-bit part (the peak stays the float32 part's).
         layer.close()
-        run_4bit(router, gate, up, down, checker, pool, prompt, sub, yT, decode_ms, decode_runs, prefill_runs)
+        run_4bit(router, gate, up, down, checker, pool, prompt, sub, yT, routing,
+                 dict(decode=decode_ms, prefill=prefill_ms), bandwidth, decode_runs, prefill_runs)
     else:
         layer.close()
     total = time.perf_counter() - t_start

@@ -18,7 +18,8 @@ Metal device (Linux): it is SoftMetal's own harness, the package `softmetal`.
 from . import formats, reference
 from .formats import GGMLQuantized, Quantized
 from ._native import BackendUnavailableError, LibraryNotFoundError, MoEError
-from .layer import MoELayer, aligned_buffer, available_backends, cpu_instruction_set, last_stats, run_layers
+from .layer import (MoELayer, aligned_buffer, available_backends, cpu_instruction_set, last_stats, read_bandwidth,
+                    run_layers)
 from .checkpoint import from_pretrained
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "formats",
     "available_backends",
     "cpu_instruction_set",
+    "read_bandwidth",
     "run_layers",
     "last_stats",
     "reference",

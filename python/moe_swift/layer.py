@@ -49,6 +49,21 @@ def cpu_instruction_set() -> str:
     return ffi.string(lib.moe_cpu_instruction_set()).decode()
 
 
+def read_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """This machine's memory read bandwidth in GB/s as the cpu backend's kernels see it: its
+    worker threads reading a buffer of `nbytes` (at least 64 MiB; larger than the caches),
+    `repeats` times, the best time counting (moe_measure_read_bandwidth). A decode call,
+    which reads each chosen expert's weights once, cannot beat bytes read / this."""
+    if not isinstance(nbytes, numbers.Integral) or isinstance(nbytes, bool) or nbytes < 64 << 20:
+        raise ValueError(f"nbytes must be an integer of at least 64 MiB ({64 << 20}), got {nbytes!r}")
+    if not isinstance(repeats, numbers.Integral) or isinstance(repeats, bool) or not 1 <= repeats <= 1000:
+        raise ValueError(f"repeats must be an integer from 1 to 1000, got {repeats!r}")
+    ffi, lib, _ = _native.load()
+    out = ffi.new("double *")
+    _native.check(lib.moe_measure_read_bandwidth(int(nbytes), int(repeats), out))
+    return float(out[0])
+
+
 _STATS_FIELDS = ("tokens", "layers", "dispatches", "command_buffers", "cpu_waits", "allocations", "allocated_bytes",
                 "host_copies")
 
