@@ -305,3 +305,12 @@ def test_more_threads_than_a_gpu_has_are_refused_before_anything_is_mapped():
         lib.launch("k", [a], threadgroups=1, threads_per_threadgroup=(40000, 1, 1))
     lib.launch("k", [a], threadgroups=1, threads_per_threadgroup=(1024, 1, 1))
     assert a[0] == 1
+
+
+def test_read_bandwidth_arguments():
+    import moe_swift
+    assert moe_swift.read_bandwidth(64 << 20, 1) > 0.1  # GB/s: any machine reads faster
+    for nbytes, repeats in [((64 << 20) - 1, 1), (True, 1), (64.0 * 2**20, 1), (64 << 20, 0), (64 << 20, 1001),
+                            (64 << 20, 2.0)]:
+        with pytest.raises(ValueError, match="nbytes must be|repeats must be"):
+            moe_swift.read_bandwidth(nbytes, repeats)
