@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""A whole Qwen3-MoE language model in NumPy float32, each MoE feed-forward one moe_swift call.
+"""A whole Qwen3-MoE or OLMoE language model in NumPy float32, each MoE feed-forward one moe_swift call.
 
 Everything else is written out here, as a user of the library would: token embeddings,
-RMSNorm, Qwen3's attention (an RMSNorm of each head's q and k, RoPE, grouped-query
-attention, a KV cache for decoding), the final norm, the LM head and sampling. Each
+RMSNorm, the attention (an RMSNorm of q and k — of each head's for Qwen3, of the whole
+projection for OLMoE, which may also clip q, k and v — RoPE, grouped-query attention, a KV
+cache for decoding), the final norm, the LM head and sampling. Each
 layer's MoE block is one `moe_swift.MoELayer` call that also fuses the post-attention
 norm, the residual add and the next norm (the next layer's input norm, or the final one).
 
     python examples/numpy_decoder.py --random qwen3-30b-a3b --layers 2          # random weights, real widths
     python examples/numpy_decoder.py Qwen3-30B-A3B/ --prompt "The capital of France is"   # a Hugging Face folder
     python examples/numpy_decoder.py Qwen3-30B-A3B-Q4_K_M.gguf --prompt-ids 785,6722,315   # llama.cpp's file
+    python examples/numpy_decoder.py OLMoE-1B-7B-0125-Instruct-Q4_K_M.gguf --tokenizer OLMoE-1B-7B-0125-Instruct/ \
+        --prompt "The capital of France is"                                  # the model's tokenizer.json beside
 
 A checkpoint's MoE layers load with `moe_swift.from_pretrained` (mapped, kept in their
 stored format); the other tensors are read here from the same files and turned into
@@ -62,6 +65,7 @@ class Config:
     rope_theta: float
     eps: float
     stop_ids: tuple = ()
+    clip_qkv: float | None = None  # OLMoE's clamp of q, k and v (None: none)
 
     @classmethod
     def from_hf(cls, c):
@@ -74,7 +78,8 @@ class Config:
                    kv_heads=c["num_key_value_heads"], head_dim=c.get("head_dim") or c["hidden_size"] // heads,
                    vocab=c["vocab_size"], rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
                    eps=float(c.get("rms_norm_eps", 1e-6)),
-                   stop_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)))
+                   stop_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+                   clip_qkv=None if c.get("clip_qkv") is None else float(c["clip_qkv"]))
 
 
 # --- the model's pieces --------------------------------------------------------------------
@@ -132,9 +137,16 @@ class Qwen3MoeDecoder:
     def _attention(self, index, w, h, cos, sin):
         c = self.config
         T, D, group = len(h), c.head_dim, c.heads // c.kv_heads
-        q = rms_norm((h @ w["q"].T).reshape(T, c.heads, D), w["q_norm"], c.eps)   # Qwen3 norms each head's
-        k = rms_norm((h @ w["k"].T).reshape(T, c.kv_heads, D), w["k_norm"], c.eps)  # q and k before RoPE
-        v = (h @ w["v"].T).reshape(T, c.kv_heads, D)
+        q, k, v = h @ w["q"].T, h @ w["k"].T, h @ w["v"].T
+        if c.clip_qkv is not None:
+            q, k, v = (np.clip(a, -c.clip_qkv, c.clip_qkv) for a in (q, k, v))
+        # Before RoPE, an RMSNorm of q and k: Qwen3's norms each head's (a weight of D), OLMoE's
+        # the whole projection (a weight of heads x D).
+        if len(w["q_norm"]) == D:
+            q, k = q.reshape(T, c.heads, D), k.reshape(T, c.kv_heads, D)
+        q = rms_norm(q, w["q_norm"], c.eps).reshape(T, c.heads, D)
+        k = rms_norm(k, w["k_norm"], c.eps).reshape(T, c.kv_heads, D)
+        v = v.reshape(T, c.kv_heads, D)
         keys, values = self.cache.append(index, rope(k, cos, sin), v)
         S = keys.shape[1]
         # Grouped-query attention: query head j reads kv head j // group, so the query heads
@@ -282,6 +294,8 @@ LAYER_NAMES = {
     "moe_norm": ("model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight"),
 }
 SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# The models written here: GGUF's general.architecture -> config.json's model_type.
+ARCHITECTURES = {"qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
 
 
 class TensorFiles:
@@ -318,8 +332,9 @@ class SafetensorsFolder(TensorFiles):
         super().__init__()
         folder = Path(folder)
         self.config = json.loads((folder / "config.json").read_text())
-        if self.config.get("model_type") != "qwen3_moe":
-            raise ValueError(f"{folder} holds a {self.config.get('model_type')!r} model, not qwen3_moe")
+        if self.config.get("model_type") not in ARCHITECTURES.values():
+            raise ValueError(f"{folder} holds a {self.config.get('model_type')!r} model, not "
+                             f"{' or '.join(ARCHITECTURES.values())}")
         index = folder / "model.safetensors.index.json"
         files = ["model.safetensors"]
         if index.exists():  # shards
@@ -351,15 +366,16 @@ class GGUFFile(TensorFiles):
         for part in parts:
             self._read(part)
         a = self.meta.get("general.architecture")
-        if a != "qwen3moe":
-            raise ValueError(f"{path} holds a {a!r} model, not qwen3moe")
+        if a not in ARCHITECTURES:
+            raise ValueError(f"{path} holds a {a!r} model, not {' or '.join(ARCHITECTURES)}")
         m = lambda key, default=None: self.meta.get(f"{a}.{key}", default)  # noqa: E731
         self.config = dict(hidden_size=m("embedding_length"), num_hidden_layers=m("block_count"),
                            num_attention_heads=m("attention.head_count"),
                            num_key_value_heads=m("attention.head_count_kv"), head_dim=m("attention.key_length"),
                            rope_theta=m("rope.freq_base", 1e6), rms_norm_eps=m("attention.layer_norm_rms_epsilon"),
                            vocab_size=self.tensors[NAMES["embed"][1]][2][0],
-                           eos_token_id=self.meta.get("tokenizer.ggml.eos_token_id"))
+                           eos_token_id=self.meta.get("tokenizer.ggml.eos_token_id"),
+                           clip_qkv=m("attention.clamp_kqv"))
 
     def _read(self, path):
         data = np.memmap(path, np.uint8, "r")
@@ -404,7 +420,7 @@ def load(path, backend="auto"):
         for layer in moe.values():
             layer.close()
         raise ValueError(f"{path}: layers {sorted(set(range(config.layers)) - set(moe))} are dense; this decoder "
-                         "has an MoE block in every layer, as Qwen3-MoE's models do")
+                         "has an MoE block in every layer, as Qwen3-MoE's and OLMoE's models do")
     name = lambda key: NAMES[key][files.column]  # noqa: E731
     layers = [{key: files.get(names[files.column].format(i=i)) for key, names in LAYER_NAMES.items()}
               for i in range(config.layers)]
@@ -417,6 +433,10 @@ def load(path, backend="auto"):
 def load_tokenizer(path):
     """(encode, decode) of the checkpoint's tokenizer, or None when there is none to use."""
     path = Path(path)
+    if path.name == "tokenizer.json":  # given on its own (--tokenizer): its errors are the user's to see
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(path))
+        return (lambda text: tokenizer.encode(text).ids), tokenizer.decode
     try:
         if path.is_dir() and (path / "tokenizer.json").exists():
             from tokenizers import Tokenizer
@@ -449,6 +469,9 @@ def _parser():
     p.add_argument("--vocab", type=_positive, help="vocabulary of the random model (default: the model's)")
     p.add_argument("--prompt-len", type=_positive, default=16, help="random prompt tokens (random mode)")
     p.add_argument("--prompt", help="text, with a tokenizer")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer.json, or a folder holding it, when the checkpoint's is not usable (e.g. a GGUF "
+                        "file of a model whose tokenizer transformers does not read from GGUF, such as OLMoE)")
     p.add_argument("--prompt-ids", help="token ids: 1,2,3")
     p.add_argument("--tokens", type=_positive, default=16, help="new tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
@@ -470,7 +493,8 @@ def _prompt_ids(args, vocab, encode):
     if args.prompt is not None:
         if encode is None:
             raise UsageError("--prompt needs the checkpoint's tokenizer (tokenizer.json and the tokenizers package, or "
-                             "transformers for a GGUF file); give --prompt-ids instead")
+                             "transformers for a GGUF file of a model it reads); give --tokenizer tokenizer.json or "
+                             "--prompt-ids instead")
         ids = encode(args.prompt)
         if not ids:
             raise UsageError("--prompt gives no tokens")
@@ -499,8 +523,13 @@ def _main(args):
         is_gguf = path.lower().endswith(".gguf")
         if not (os.path.isfile(path) if is_gguf else os.path.isfile(os.path.join(path, "config.json"))):
             raise UsageError(f"{path}: no such .gguf file or folder with config.json")
+        if args.tokenizer is not None:
+            tokenizer_file = Path(args.tokenizer)
+            tokenizer_file = tokenizer_file / "tokenizer.json" if tokenizer_file.is_dir() else tokenizer_file
+            if not tokenizer_file.is_file():
+                raise UsageError(f"--tokenizer {args.tokenizer}: no such tokenizer.json (or folder holding one)")
         model = load(path, args.backend)
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(tokenizer_file if args.tokenizer is not None else path)
     ids = _prompt_ids(args, model.config.vocab, tokenizer and tokenizer[0])
     new = model.generate(ids, args.tokens, args.temperature, args.top_p, args.seed)
     print(tokenizer[1](new) if tokenizer else ",".join(map(str, new)))

@@ -110,16 +110,19 @@ def reference_logits(w, c, ids, mistake=None):
         a1, a2 = a[:, :D // 2], a[:, D // 2:]
         return np.concatenate([a1 * cos - a2 * sin, a2 * cos + a1 * sin], axis=1)
 
+    olmoe = c["model_type"] == "olmoe"  # its q/k norms take the whole projection, not each head
     x = w["model.embed_tokens.weight"][ids]
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = norm(x, w[p + "input_layernorm.weight"])
         q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+        if olmoe and mistake != "no_qk_norm":
+            q, k = norm(q, w[p + "self_attn.q_norm.weight"]), norm(k, w[p + "self_attn.k_norm.weight"])
         heads = []
         for j in range(nH):
             kv = j % nKV if mistake == "gqa_modulo" else j // (nH // nKV)
             qj, kj, vj = q[:, j * D:(j + 1) * D], k[:, kv * D:(kv + 1) * D], v[:, kv * D:(kv + 1) * D]
-            if mistake != "no_qk_norm":
+            if mistake != "no_qk_norm" and not olmoe:
                 qj, kj = norm(qj, w[p + "self_attn.q_norm.weight"]), norm(kj, w[p + "self_attn.k_norm.weight"])
             scores = rotate(qj) @ rotate(kj).T / np.sqrt(D)
             scores[np.triu_indices(T, 1)] = -np.inf
@@ -130,7 +133,7 @@ def reference_logits(w, c, ids, mistake=None):
         experts = [np.stack([w[p + f"mlp.experts.{e}.{n}_proj.weight"] for e in range(c["num_experts"])])
                    for n in ("gate", "up", "down")]
         moe = reference.moe_forward(normed, w[p + "mlp.gate.weight"], *experts, top_k=c["num_experts_per_tok"],
-                                    norm_topk_prob=True)
+                                    norm_topk_prob=c["norm_topk_prob"])
         x = (normed if mistake == "residual_after_norm" else x) + moe
     return norm(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
 
@@ -204,21 +207,26 @@ def test_gguf_of_the_same_model_gives_the_folders_logits(folder, weights, tmp_pa
     folder_model.close()
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
-def test_file_of_llama_cpps_converter_matches_the_reference(kind):
+def test_file_of_llama_cpps_converter_matches_the_reference(kind, family):
     """A GGUF written by convert_hf_to_gguf.py (tests/fixtures/gguf_converted: names, metadata,
-    unpermuted q/k as the converter leaves them for Qwen3), its Q8_0 attention and embedding
-    included; the reference runs on the gguf package's dequantization of the same tensors."""
+    unpermuted q/k as the converter leaves them for Qwen3 and OLMoE), its Q8_0 attention and
+    embedding included; the reference runs on the gguf package's dequantization of the same
+    tensors. OLMoE: q/k norms over the whole projection, routing weights not renormalised."""
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize
 
-    path = FIXTURES / f"qwen3_moe-{kind}.gguf"
+    path = FIXTURES / f"{family}-{kind}.gguf"
     reader = gguf.GGUFReader(path)
     tensors = {t.name: np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(
         tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors}
     model = decoder.load(path, backend="cpu")
-    c = dict(CONFIG, vocab_size=64, num_hidden_layers=1, num_experts=4, rope_theta=model.config.rope_theta,
-             rms_norm_eps=model.config.eps)
+    m = model.config
+    c = dict(CONFIG, model_type=family, vocab_size=64, num_hidden_layers=1, num_experts=4, rope_theta=m.rope_theta,
+             rms_norm_eps=m.eps, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+             norm_topk_prob=family == "qwen3_moe")
+    assert (family, m.clip_qkv) != ("olmoe", 0) and len(m.stop_ids) <= 1
     w = {hf: tensors[gg] for hf, gg in decoder.NAMES.values()}
     w.update({hf.format(i=0): tensors[gg.format(i=0)] for hf, gg in decoder.LAYER_NAMES.values()})
     w["model.layers.0.mlp.gate.weight"] = tensors["blk.0.ffn_gate_inp.weight"]
@@ -300,7 +308,26 @@ def test_command_on_a_converted_gguf_file(capsys):
     assert capsys.readouterr().out.strip()
 
 
+def test_command_on_an_olmoe_gguf_file_with_a_tokenizer_given(tmp_path, capsys):
+    """OLMoE's GGUF tokenizer is not one transformers reads: --tokenizer gives the model's
+    tokenizer.json, and the command takes and prints text (a word-level tokenizer over the
+    fixture's 64 ids here)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {f"w{i}": i for i in range(64)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="w0"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    path = FIXTURES / "olmoe-q8_0.gguf"
+    assert decoder.main([str(path), "--tokenizer", str(tmp_path), "--prompt", "w1 w7 w33", "--tokens", "3",
+                         "--backend", "cpu"]) == 0
+    model = decoder.load(path, backend="cpu")
+    assert capsys.readouterr().out.strip() == " ".join(f"w{i}" for i in model.generate([1, 7, 33], 3, stop_ids=()))
+    model.close()
+
+
 @pytest.mark.parametrize("argv, message", [
+    ([str(FIXTURES / "olmoe-q8_0.gguf"), "--tokenizer", "/no/such", "--prompt", "hi"], "--tokenizer /no/such: no such"),
     (["/no/such/folder", "--prompt-ids", "1"], "no such .gguf file or folder"),
     (["/no/such/model.gguf", "--prompt-ids", "1"], "no such .gguf file or folder"),
     (["--random", "qwen9", "--layers", "1"], "no Qwen3-MoE shape 'qwen9'"),
