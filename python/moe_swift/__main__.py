@@ -14,8 +14,8 @@ from . import _native
 # (command, what it does, the package it needs)
 COMMANDS = (
     ("python -m moe_swift.mlx_lm generate|chat|server ...", "mlx-lm's commands with every SwitchGLU on moe_swift", "mlx_lm"),
-    ("python -m moe_swift.transformers generate --model M --prompt P", "text from a transformers model, experts on moe_swift",
-     "transformers"),
+    ("python -m moe_swift.transformers generate|chat --model M [--prompt P]",
+     "text from a transformers model, experts on moe_swift", "transformers"),
 )
 
 
