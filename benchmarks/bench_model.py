@@ -552,9 +552,9 @@ def report(header: str, results: list[dict], save: str | None, started) -> None:
     if plot(rows, RESULTS / "bench_model.png"):
         print(f"plot: {RESULTS / 'bench_model.png'}", file=sys.stderr)
     if save:
-        stem = MEASUREMENTS / f"{started:%Y-%m-%d}-bench_model-{save}"
-        stem.with_suffix(".txt").write_text(text + "\n")
-        stem.with_suffix(".json").write_text(json.dumps(dict(header=header, rows=rows, results=results), indent=1))
+        stem = f"{started:%Y-%m-%d}-bench_model-{save}"  # a name may hold dots: no with_suffix
+        (MEASUREMENTS / f"{stem}.txt").write_text(text + "\n")
+        (MEASUREMENTS / f"{stem}.json").write_text(json.dumps(dict(header=header, rows=rows, results=results), indent=1))
 
 
 if __name__ == "__main__":
