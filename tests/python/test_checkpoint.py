@@ -16,6 +16,7 @@ import pytest
 
 import moe_swift
 from moe_swift import Quantized, reference
+from moe_swift.options import HIDDEN_ACT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import make_checkpoints as fixtures  # noqa: E402
@@ -49,9 +50,10 @@ def reference_layer(folder, layer, **overrides):
     t = read_tensors(folder)
     mt = config["model_type"]
     E = config.get("num_local_experts") or config.get("n_routed_experts") or config["num_experts"]
-    I = config["intermediate_size"] if mt in ("mixtral", "gpt_oss", "olmoe") else config["moe_intermediate_size"]
+    I = config["intermediate_size"] if mt in ("mixtral", "gpt_oss", "olmoe", "granitemoe") \
+        else config["moe_intermediate_size"]
     P = f"model.layers.{layer}.block_sparse_moe"
-    if f"{P}.gate.weight" not in t:
+    if f"{P}.gate.weight" not in t and mt != "granitemoe":
         P = f"model.layers.{layer}.mlp"
     quant = config.get("quantization", {})
 
@@ -63,7 +65,9 @@ def reference_layer(folder, layer, **overrides):
                          bits=q["bits"], group_size=q["group_size"])
 
     opts = dict(top_k=config["num_experts_per_tok"])
-    router = linear(f"{P}.router" if mt == "gpt_oss" else f"{P}.gate")
+    router = linear({"gpt_oss": f"{P}.router", "granitemoe": f"{P}.router.layer"}.get(mt, f"{P}.gate"))
+    if mt == "granitemoe":  # softmax over the k best logits: renormalised
+        opts["norm_topk_prob"] = True
     if f"{P}.switch_mlp.gate_proj.weight" in t:
         gate, up, down = (linear(f"{P}.switch_mlp.{n}") for n in ("gate_proj", "up_proj", "down_proj"))
     elif f"{P}.experts.gate_proj.weight" in t:  # mlx-lm's gpt-oss
@@ -87,22 +91,29 @@ def reference_layer(folder, layer, **overrides):
         opts.update(gate_bias=bias[:, ::2], up_bias=bias[:, 1::2], down_bias=t[f"{P}.experts.down_proj_bias"],
                     router_bias=t[f"{P}.router.bias"], activation="swiglu_oai",
                     swiglu_limit=config.get("swiglu_limit", 7.0))
-    elif f"{P}.experts.gate_up_proj" in t:
-        gu = t[f"{P}.experts.gate_up_proj"]
-        gate, up, down = gu[:, :I], gu[:, I:], t[f"{P}.experts.down_proj"]
+    elif f"{P}.experts.gate_up_proj" in t or f"{P}.input_linear.weight" in t:
+        fused = "experts.gate_up_proj" if f"{P}.experts.gate_up_proj" in t else "input_linear.weight"
+        gu = t[f"{P}.{fused}"]
+        down_name = "experts.down_proj" if fused == "experts.gate_up_proj" else "output_linear.weight"
+        gate, up, down = gu[:, :I], gu[:, I:], t[f"{P}.{down_name}"]
     else:
         names = ("w1", "w3", "w2") if mt == "mixtral" else ("gate_proj", "up_proj", "down_proj")
         gate, up, down = (np.stack([t[f"{P}.experts.{e}.{n}.weight"] for e in range(E)]) for n in names)
 
     if mt in ("qwen2_moe", "qwen3_moe", "olmoe"):
         opts["norm_topk_prob"] = config.get("norm_topk_prob", False)
+    if mt != "gpt_oss":
+        opts["activation"] = HIDDEN_ACT[config.get("hidden_act", "silu")]
     if mt in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         v2 = mt == "deepseek_v2"
-        opts.update(scoring="softmax" if v2 else "sigmoid", norm_topk_prob=config.get("norm_topk_prob", not v2),
+        opts.update(scoring=config.get("scoring_func", "softmax" if v2 else "sigmoid"),
+                    norm_topk_prob=config.get("norm_topk_prob", not v2),
                     routed_scaling_factor=config.get("routed_scaling_factor", 1.0))
         if not v2:
-            opts.update(selection_bias=t[f"{P}.gate.e_score_correction_bias"],
-                        n_group=config.get("n_group", 1), topk_group=config.get("topk_group", 1))
+            opts.update(selection_bias=t[f"{P}.gate.e_score_correction_bias"])
+            # "greedy" picks the k best of all experts: no groups (DeepSeek-V2's method).
+            if config.get("topk_method", "noaux_tc") != "greedy":
+                opts.update(n_group=config.get("n_group", 1), topk_group=config.get("topk_group", 1))
         if config.get("n_shared_experts"):
             opts["shared_expert"] = {n: linear(f"{P}.shared_experts.{n}") for n in ("gate_proj", "up_proj", "down_proj")}
     if mt == "qwen2_moe":

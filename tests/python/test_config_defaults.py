@@ -35,6 +35,7 @@ DEFAULTS = {
     "glm4_moe": {"hidden_act": "silu", "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_group": 1,
                  "topk_group": 1, "n_shared_experts": 1, "first_k_dense_replace": 1},
     "gpt_oss": {"hidden_act": "silu", "swiglu_limit": 7.0},
+    "granitemoe": {"hidden_act": "silu"},
 }
 # Keys the loader reads that transformers' configuration classes lack (the original
 # DeepSeek configs write them): absent, they mean what transformers' modeling code does
@@ -52,7 +53,8 @@ MODELING_DEFAULTS = {
 REQUIRED = ["hidden_size", "num_experts_per_tok"]
 # One fixture of each model_type (tests/fixtures/make_checkpoints.py).
 CASES = {"mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "olmoe": "olmoe",
-         "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss"}
+         "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss",
+         "granitemoe": "granitemoe"}
 
 
 def test_defaults_are_transformers_defaults():
