@@ -1,5 +1,6 @@
 """The CPU kernels' lower instruction sets, run on this machine through MOE_CPU_ISA: every
-weight format (ggml's blocks too, and float32) against the reference on the code paths that users without
+weight format (ggml's blocks too, and float32), with float-exact and with 8-bit activations,
+against the reference on the code paths that users without
 GFNI, AVX512-VNNI, AVX-512 (or x86) get. The level is fixed per process, so each runs in a
 child process."""
 
@@ -47,6 +48,9 @@ def test_every_format_on_a_lower_instruction_set(isa):
     if LEVELS.index(isa) < LEVELS.index(best):
         pytest.skip(f"this CPU's best is {best}")
     selection = ("(test_format_matches_reference and cpu) or odd_dense or test_family_matches_reference"
-                 " or test_random_shapes or edge_sizes or test_every_type_on_the_cpu_backend")
-    out = run_with_isa(isa, "test_formats.py", "test_layer.py", "test_ggml_formats.py", "-k", selection)
+                 " or test_random_shapes or edge_sizes or test_every_type_on_the_cpu_backend"
+                 # 8-bit activations: each format's integer products, at model widths too
+                 " or test_every_quantized_format or test_real_hidden_size or test_block_products_at_real_sizes")
+    out = run_with_isa(isa, "test_formats.py", "test_layer.py", "test_ggml_formats.py", "test_q8_activations.py",
+                       "-k", selection)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
