@@ -178,3 +178,26 @@ def test_defaults_are_the_headers_in_every_signature():
         for name, value in options.DEFAULTS.items():
             if name in params:
                 assert params[name].default == value, (fn, name)
+
+
+# Every combination of the routing options that scale or choose experts: a per-expert
+# scale, the routed scaling factor, the scoring, group-limited choice and renormalisation
+# (DeepSeek's, Gemma's and the rest's rules compose; one applied twice, or in the wrong
+# order with another, shows only in some combination).
+ROUTING = dict(per_expert_scale=(False, True), routed_scaling_factor=(1.0, 2.5), scoring=tuple(options.SCORINGS),
+               groups=((1, 1), (4, 2)), norm_topk_prob=(False, True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_routing_options_in_every_combination(backend):
+    import itertools
+
+    combos = list(itertools.product(*ROUTING.values()))
+    for per_expert, scaling, scoring, (n_group, topk_group), renormalise in combos:
+        args, x = _args(seed=3, routed_scaling_factor=scaling, scoring=scoring, n_group=n_group,
+                        topk_group=topk_group, norm_topk_prob=renormalise,
+                        selection_bias=np.linspace(-0.3, 0.3, E, dtype=np.float32))
+        if per_expert:
+            args["per_expert_scale"] = np.linspace(0.5, 1.7, E, dtype=np.float32)
+        _check(args, x, backend)
+    assert len(combos) == 2 ** 4 * len(options.SCORINGS)
