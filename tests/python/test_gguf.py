@@ -6,6 +6,7 @@ files and folders; and hostile files, each a clear ValueError."""
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 import sys
@@ -383,3 +384,107 @@ def test_activation_quantization_reaches_every_layer(tmp_path):
         assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
     with pytest.raises(ValueError, match="activation_quantization must be one of"):
         moe_swift.from_pretrained(path, backend="cpu", activation_quantization="int8")
+
+
+# --- metadata forms llama.cpp accepts ---------------------------------------------------------
+
+
+def _per_layer_file(path, arch, widths, keys):
+    """A file of len(widths) blocks, block i an MoE layer of expert width widths[i] (0: a
+    dense block), with each of `keys` written as llama.cpp's get_key_or_arr reads it: an
+    array of one value per block (keys maps a key to its array)."""
+    w = fixtures._Writer(path, arch, None, seed=7)
+    w.key("embedding_length", fixtures.H)
+    w.key("expert_count", fixtures.E)
+    w.key("expert_used_count", fixtures.K)
+    w.key("block_count", len(widths))
+    for key, values in keys.items():
+        w.w.add_array(f"{arch}.{key}", values)
+    for i, width in enumerate(widths):
+        if width:
+            w.I = width
+            w.moe(i, shared=keys.get("expert_shared_feed_forward_length", [0] * len(widths))[i],
+                  gated_shared=arch == "qwen2moe")
+        else:
+            w.dense_mlp(i)
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch, keys", [
+    ("qwen3moe", lambda widths: {"expert_feed_forward_length": widths}),
+    # No expert width key: each layer's I is its feed_forward_length / expert_used_count.
+    ("qwen3moe", lambda widths: {"feed_forward_length": [max(w, 1) * fixtures.K for w in widths]}),
+    ("olmoe", lambda widths: {"feed_forward_length": [max(w, 1) for w in widths]}),
+    ("qwen2moe", lambda widths: {"feed_forward_length": [max(w, 1) * fixtures.K for w in widths],
+                                 "expert_shared_feed_forward_length": [0, 96, 160]}),
+])
+def test_per_layer_array_keys(tmp_path, arch, keys):
+    """Keys given as an array of one value per block, the blocks of different widths and
+    the first one dense: each layer must read its own entry (an index off by one, or the
+    first entry for all, gives another shape and a clear error, or another layer)."""
+    widths = [0, 32, 64] if arch != "olmoe" else [64, 32, 96]
+    path = _per_layer_file(tmp_path / "m.gguf", arch, widths, keys(widths))
+    tensors = read_tensors(path)
+    layers = moe_swift.from_pretrained(path, backend="cpu")
+    assert sorted(layers) == [i for i, w in enumerate(widths) if w]
+    for index, layer in layers.items():
+        assert layer.intermediate_size == widths[index]
+        opts = dict(top_k=fixtures.K, norm_topk_prob=arch in ("qwen3moe",))
+        if arch == "qwen2moe":
+            opts["shared"] = "gated"
+            assert layer.shared_intermediate_size == [0, 96, 160][index]
+        if arch == "qwen2moe":
+            fixtures_I = fixtures.I
+            fixtures.I = widths[index]  # reference_layer splits fused tensors by it (not used here)
+            try:
+                check_close(layer, tensors, index, opts, 3)
+            finally:
+                fixtures.I = fixtures_I
+        else:
+            check_close(layer, tensors, index, opts, 3)
+        layer.close()
+
+
+def test_a_per_layer_array_too_short_is_an_error(tmp_path):
+    path = _per_layer_file(tmp_path / "m.gguf", "qwen3moe", [0, 32, 32], {"expert_feed_forward_length": [0, 32]})
+    with pytest.raises(ValueError, match=r"expert_feed_forward_length must be an integer or an array of integers "
+                                         r"with one per layer"):
+        moe_swift.from_pretrained(path, 2, backend="cpu")
+
+
+# What llama.cpp requires of each architecture's MoE block beyond the router and the three
+# expert tensors (llama-model.cpp's create_tensor without TENSOR_NOT_REQUIRED), per case.
+REQUIRED = {
+    "qwen2moe": ["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
+                 "ffn_gate_inp_shexp.weight"],
+    "deepseek2": ["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"],
+    "glm4moe": ["exp_probs_b.bias", "ffn_gate_shexp.weight"],
+    "gpt-oss": ["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"],
+}
+EXPERTS = ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
+
+
+@pytest.mark.parametrize("case, tensor", [(c, t) for c in ("qwen3moe", "olmoe", "mixtral") for t in EXPERTS]
+                         + [(c, t) for c, ts in REQUIRED.items() for t in ts])
+def test_a_required_tensor_missing_is_an_error_naming_it(tmp_path, case, tensor):
+    """Both sides: the file without it is an error naming it, the file with it loads."""
+    _, layers = fixtures.make(case, tmp_path / "whole")
+    index = sorted(layers)[-1]
+    path, _ = fixtures.make(case, tmp_path / "drop", drop={f"blk.{index}.{tensor}"})
+    with pytest.raises(ValueError, match=re.escape(f"blk.{index}.{tensor.rsplit('.', 1)[0]}")):
+        moe_swift.from_pretrained(path, index, backend="cpu")
+    moe_swift.from_pretrained(tmp_path / "whole" / f"{case}.gguf", index, backend="cpu").close()
+
+
+def test_deepseek2_selection_bias_is_optional(tmp_path):
+    """DeepSeek-V2's files have no exp_probs_b (llama.cpp: TENSOR_NOT_REQUIRED): without it
+    the layer is the one with no selection bias; with it, another."""
+    path, layers = fixtures.make("deepseek2", tmp_path / "drop", drop={"blk.1.exp_probs_b.bias"})
+    tensors = read_tensors(path)
+    layer = moe_swift.from_pretrained(path, 1, backend="cpu")
+    check_close(layer, tensors, 1, {k: v for k, v in layers[1].items() if k != "selection_bias"}, 5)
+    whole, _ = fixtures.make("deepseek2", tmp_path / "whole")
+    x = np.random.default_rng(0).standard_normal((200, fixtures.H)).astype(np.float32)
+    with_bias = moe_swift.from_pretrained(whole, 1, backend="cpu")
+    assert np.any(layer.route(x)[0] != with_bias.route(x)[0])  # the bias moves some choices
