@@ -498,6 +498,56 @@ final class EncodeTests: XCTestCase {
         encoder.endEncoding()
     }
 
+    /// Both sides of the overlap rule, by its effect: the normed output right after the
+    /// output in one buffer is taken and both hold the pointer API's results; one element
+    /// of overlap is refused before anything is recorded, and both ranges keep their bytes.
+    func testNormedOutputAdjacentIsTakenOverlappingIsRefused() throws {
+        let app = try EncodeApp()
+        let data = Self.data(seed: 31)
+        let layer = try MoELayer(configuration: data.config, weights: data.weights(), backend: Self.kind)
+        let (h, tokens) = (data.config.hiddenSize, 3)
+        let count = h * tokens
+        let x = Self.input(count, seed: 32)
+        let normWeight = seededFloats(h, seed: 33, scale: 0.5).map { $0 + 1 }
+        try normWeight.withUnsafeBufferPointer { w in
+            let nextNorm = RMSNorm(weight: w.baseAddress!, eps: 1e-6)
+            var y = [Float](repeating: 0, count: count), normed = y
+            try x.withUnsafeBufferPointer { xs in
+                try normed.withUnsafeMutableBufferPointer { n in
+                    try layer.forward(xs.baseAddress!, tokens: tokens,
+                                      options: MoEForwardOptions(nextNorm: nextNorm, normedOutput: n.baseAddress!), into: &y)
+                }
+            }
+            let xs = MoEMetalArray(try app.buffer(x))
+            let sentinel = [Float](repeating: -7, count: 2 * count)
+            let both = try app.buffer(sentinel)
+            let cb = try XCTUnwrap(app.queue.makeCommandBuffer())
+            XCTAssertThrowsError(try layer.encodeForward(
+                xs, tokens: tokens, options: MoEEncodeOptions(nextNorm: nextNorm, normedOutput: MoEMetalArray(both, offset: 4 * count - 4)),
+                into: MoEMetalArray(both), commandBuffer: cb)) {
+                XCTAssertTrue("\($0)".contains("must not overlap"), "\($0)")
+            }
+            try layer.encodeForward(xs, tokens: tokens,
+                                    options: MoEEncodeOptions(nextNorm: nextNorm, normedOutput: MoEMetalArray(both, offset: 4 * count)),
+                                    into: MoEMetalArray(both), commandBuffer: cb)
+            cb.commit()
+            cb.waitUntilCompleted()
+            XCTAssertNil(cb.error)
+            assertBitwiseEqual(app.floats(both, count: count), y, "y")
+            assertBitwiseEqual(app.floats(both, count: count, offset: 4 * count), normed, "normed")
+
+            // Refused: nothing recorded, both ranges as they were.
+            let untouched = try app.buffer(sentinel)
+            let refused = try XCTUnwrap(app.queue.makeCommandBuffer())
+            XCTAssertThrowsError(try layer.encodeForward(
+                xs, tokens: tokens, options: MoEEncodeOptions(nextNorm: nextNorm, normedOutput: MoEMetalArray(untouched, offset: 4)),
+                into: MoEMetalArray(untouched), commandBuffer: refused))
+            refused.commit()
+            refused.waitUntilCompleted()
+            XCTAssertEqual(app.floats(untouched, count: 2 * count), sentinel)
+        }
+    }
+
     func testBadArgumentsAreClearErrorsAndRecordNothing() throws {
         let app = try EncodeApp()
         let data = LayerData.random(makeConfig(h: 64, i: 32, e: 4, k: 2), seed: 21)
