@@ -15,7 +15,7 @@ the scratch copy's release library, or `swift test ARGS`), which run instead of 
 suites: minutes instead of half an hour. A mutant they miss is run with --full before it
 counts as a survivor.
 
-Results go to scripts/mutation_results.json (one entry per mutant, the latest run).
+Results go to tests/mutation_results.json (one entry per mutant, the latest run).
 The scratch copy is $MOE_MUTATE_DIR (default /tmp/moe-mutate), a clone of this
 checkout's HEAD, kept between runs so that builds are incremental.
 """
@@ -33,7 +33,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "scripts" / "mutation_results.json"
+RESULTS = ROOT / "tests" / "mutation_results.json"
 SCRATCH = pathlib.Path(os.environ.get("MOE_MUTATE_DIR", "/tmp/moe-mutate"))
 
 # (id, area, file, code, mutated code[, tests]): `code` must occur exactly once in `file`;

@@ -24,7 +24,7 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     let sharedGate: (any MTLBuffer)?          // (H)
     let pipelines: Pipelines
     let q8: Q8Inputs
-    let pool = MetalBufferPool()
+    let pool = MetalScratchPool()
     /// The byte ranges of mapped memory that the layer's bytesNoCopy buffers wrap (MetalMappings).
     let mappedRanges: [Range<Int>]
 

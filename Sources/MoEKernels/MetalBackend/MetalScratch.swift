@@ -78,7 +78,7 @@ final class MetalScratch {
 /// nothing. A forward takes the smallest idle set that holds its tokens, else makes one
 /// for max(4, the next power of two) tokens; concurrent forwards get distinct sets. At
 /// most `maxIdle` sets are kept (the smallest go first).
-final class MetalBufferPool: @unchecked Sendable {
+final class MetalScratchPool: @unchecked Sendable {
     static let maxIdle = 4
     private let lock = Lock()
     private var idle: [MetalScratch] = []
