@@ -82,6 +82,7 @@ def _load(args):
         prepare_hub_model(PROG, args.model)  # before transformers imports huggingface_hub
     else:
         _check_model(args.model)
+        args.model = os.path.expanduser(args.model)  # transformers would take "~" as a folder's name
     try:
         import torch
         import transformers
