@@ -212,22 +212,16 @@ class Checker:
                 f"max|ref| = {np.max(np.abs(ref)):.3f}); {routed}")
 
 
-def bf16_rounded(a):
-    """float32 array `a` rounded to bfloat16's values (to nearest, ties to even), as float32."""
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
-
-
 def expert_error(x, ids, weights, experts, rounded):
     """Relative RMS change of the experts' output on tokens x (n, H) with routing (ids,
-    weights) when their float32 weights `experts` = (gate, up, down) become rounded(w, i),
-    i the matrix's index in `experts`; float64 reference arithmetic."""
+    weights) when their float32 weights `experts` = (gate, up, down) become rounded(w);
+    float64 reference arithmetic."""
     exact, moved = [], []
     for t in range(len(x)):
         chosen = [w[ids[t]] for w in experts]
         args = (x[t:t + 1], np.arange(len(ids[t]))[None], weights[t:t + 1])
         exact.append(reference.experts_forward(*args, *chosen))
-        moved.append(reference.experts_forward(*args, *(rounded(w, i) for i, w in enumerate(chosen))))
+        moved.append(reference.experts_forward(*args, *(rounded(w) for w in chosen)))
     exact, moved = np.concatenate(exact), np.concatenate(moved)
     return float(np.linalg.norm(moved - exact) / np.linalg.norm(exact))
 
@@ -288,7 +282,8 @@ def run_4bit(router, gate, up, down, checker32, pool, prompt, sub, y32, routing3
         same_routing = layer.experts(prompt, ids32, w32)
         dev_experts = float(np.linalg.norm(same_routing - y32) / np.linalg.norm(y32))
         x = prompt[sub]
-        bf16 = expert_error(x, ids32[sub], w32[sub], (gate, up, down), lambda w, i: bf16_rounded(w))
+        bf16 = expert_error(x, ids32[sub], w32[sub], (gate, up, down),
+                            lambda w: formats.bf16_to_float32(formats.float32_to_bf16(w)))
         print(f"  vs f32  output {dev:.1%} from float32's (relative RMS over the prefill): {rerouted} of {len(prompt)} "
               f"tokens chose other experts under the 8-bit router (a changed expert moves a token's output "
               f"a lot); with float32's routing, the 4-bit experts alone: {dev_experts:.1%}")

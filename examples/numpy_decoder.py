@@ -430,18 +430,21 @@ def load(path, backend="auto"):
                            [moe[i] for i in range(config.layers)], files.get(name("final_norm")), lm_head)
 
 
+def _tokenizer_file(path):
+    """(encode, decode) of a tokenizer.json (the tokenizers package)."""
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(path))
+    return (lambda text: tokenizer.encode(text).ids), tokenizer.decode
+
+
 def load_tokenizer(path):
     """(encode, decode) of the checkpoint's tokenizer, or None when there is none to use."""
     path = Path(path)
     if path.name == "tokenizer.json":  # given on its own (--tokenizer): its errors are the user's to see
-        from tokenizers import Tokenizer
-        tokenizer = Tokenizer.from_file(str(path))
-        return (lambda text: tokenizer.encode(text).ids), tokenizer.decode
+        return _tokenizer_file(path)
     try:
         if path.is_dir() and (path / "tokenizer.json").exists():
-            from tokenizers import Tokenizer
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-            return (lambda text: tokenizer.encode(text).ids), tokenizer.decode
+            return _tokenizer_file(path / "tokenizer.json")
         if path.suffix.lower() == ".gguf":
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -61,9 +61,9 @@ def _hub_reachable():
 
 
 def looks_like_hub_id(model):
-    """True for "org/name" that is not a path here (as transformers and mlx-lm decide)."""
-    return (isinstance(model, str) and model.count("/") == 1 and not os.path.exists(model)
-            and not model.startswith((".", "~", "/")) and all(model.split("/")))
+    """True for "org/name" that is not a path here (from_pretrained's rule for a Hub id)."""
+    from .checkpoint import _REPO_ID
+    return isinstance(model, str) and "/" in model and bool(_REPO_ID.match(model)) and not os.path.exists(model)
 
 
 def prepare_hub_model(prog, model, required="config.json"):

@@ -46,6 +46,11 @@ def setting(progress=None):
     return progress
 
 
+def _is_terminal(stream):
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 class Progress:
     """Counts the steps of one piece of work (`total` of them, or an unknown number) and
     shows them as the module docstring says; `close()` (or leaving a `with`) ends it."""
@@ -102,8 +107,7 @@ class Progress:
 
     def _show(self, done_before):
         self._shown = True
-        isatty = getattr(self.stream, "isatty", None)
-        self._terminal = bool(isatty and isatty())
+        self._terminal = _is_terminal(self.stream)
         if not self._terminal:
             self._log(time.monotonic())
             return
@@ -171,8 +175,7 @@ class Waiting:
         self._write(f"{self.what}...")
 
     def _write(self, line):
-        isatty = getattr(self.stream, "isatty", None)
-        if isatty and isatty():
+        if _is_terminal(self.stream):
             self.stream.write(line + "\n")
             self.stream.flush()
         else:

@@ -110,10 +110,11 @@ def transformers_checkpoint(folder, model_type):
 
     folder = pathlib.Path(folder)
     save_tokenizer(folder, model_type)
+    known = transformers.AutoConfig.for_model(model_type).to_dict()  # the family's fields
     config = transformers.AutoConfig.for_model(model_type, **{
         k: v for k, v in dict(CONFIG, **FAMILY_CONFIG.get(model_type, {}), eos_token_id=eos_id(folder),
                               pad_token_id=eos_id(folder)).items()
-        if k in transformers.AutoConfig.for_model(model_type).to_dict() or k in ("eos_token_id", "pad_token_id")})
+        if k in known or k in ("eos_token_id", "pad_token_id")})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
