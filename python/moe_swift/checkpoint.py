@@ -14,8 +14,8 @@ import re
 import numpy as np
 
 from . import _native
-from .layer import (ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _memory_limit,
-                    _real, creating)
+from .layer import (ACTIVATION_QUANTIZATIONS, ACTIVATIONS, BACKENDS, SCORINGS, MoELayer, _choice, _flag, _integer,
+                    _local_experts, _memory_limit, _real, creating, expert_share)
 from .progress import Progress
 
 __all__ = ["from_pretrained", "OVERRIDES"]
@@ -200,8 +200,39 @@ def resolve(path, revision=None, cache_dir=None, gguf=None):
         raise _hub_failure(hub, _where(path, revision), cache_dir, error) from None
 
 
+def _share_request(experts, shared_expert):
+    """(share, with_shared) of from_pretrained's arguments: share None (all experts), a
+    range, or (rank, world_size); whether to load the shared expert."""
+    if experts is None:
+        share, default_shared = None, True
+    elif isinstance(experts, range):
+        share, default_shared = experts, True
+    elif isinstance(experts, tuple) and len(experts) == 2:
+        rank, world = (_integer(name, v, 32) for name, v in zip(("rank", "world_size"), experts))
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"experts=(rank, world_size) needs 0 <= rank < world_size, got {experts}")
+        share, default_shared = (rank, world), rank == 0
+    else:
+        raise TypeError(f"experts must be None, a range of expert ids or (rank, world_size), got {type(experts).__name__}")
+    if shared_expert is None:
+        return share, default_shared
+    return share, _flag("shared_expert", shared_expert)
+
+
+def _layer_share(ffi, lib, checkpoint, index, share):
+    """The range of expert ids layer `index` loads for `share` (a range or (rank, world_size))."""
+    info = ffi.new("moe_layer_info *")
+    info.struct_size = ffi.sizeof("moe_layer_info")
+    _native.check(lib.moe_checkpoint_layer_info(checkpoint, index, info))
+    E = int(info.num_experts)
+    if isinstance(share, tuple):
+        return expert_share(*share, E)
+    return _local_experts(share, E)
+
+
 def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,
-                    copy_weights=False, memory_limit=None, gguf=None, **overrides):
+                    copy_weights=False, memory_limit=None, gguf=None, experts=None, shared_expert=None,
+                    **overrides):
     """The MoE layer `layer` (index into model.layers, or GGUF's blk.N) of the checkpoint
     `path`, or a dict {index: MoELayer} of all its MoE layers when `layer` is None.
 
@@ -237,6 +268,13 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     it, or what the system has available then, raises MemoryError naming the bytes needed,
     before anything of it is allocated.
 
+    Expert parallelism (docs/distributed.md): `experts` loads a share of each layer's routed
+    experts, as MoELayer's local_experts: a range of expert ids, or (rank, world_size) for
+    rank's contiguous share of world_size (experts rank*E//world_size up to
+    (rank+1)*E//world_size). Only that share's tensors are mapped and read; the router is
+    read whole. `shared_expert` (default: True, or rank == 0 with (rank, world_size))
+    includes the shared expert, which one rank of a group holds.
+
     Loading that lasts over two seconds shows a bar of the layers loaded on a terminal, or
     logs to the "moe_swift" logger (moe_swift.progress): `progress=False` or
     MOE_SWIFT_PROGRESS=0 silences it, `progress=True` shows it from the first layer."""
@@ -258,6 +296,7 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     if not isinstance(copy_weights, (bool, np.bool_)):
         raise TypeError(f"copy_weights must be a bool, got {type(copy_weights).__name__}")
     limit = _memory_limit(memory_limit)
+    share, with_shared = _share_request(experts, shared_expert)
     ffi, lib, _ = _native.load()
     options = ffi.new("moe_load_options *")
     lib.moe_load_options_init(options)
@@ -283,6 +322,10 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
         try:
             with Progress(f"moe_swift: loading the MoE layers of {label}", len(wanted), progress=progress) as bar:
                 for index in wanted:
+                    if share is not None:
+                        local = _layer_share(ffi, lib, checkpoint, index, share)
+                        options.first_local_expert, options.num_local_experts = local.start, len(local)
+                    options.without_shared_expert = 0 if with_shared else 1
                     made = ffi.new("moe_layer **")
                     with creating(backend_code, progress):
                         _native.check(lib.moe_layer_create_from_checkpoint_ex(

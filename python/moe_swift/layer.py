@@ -279,6 +279,31 @@ def _memory_limit(value):
     return int(value)
 
 
+def _local_experts(value, num_experts):
+    """The range of expert ids a layer holds: `value` (a range of step 1 within
+    range(num_experts)), or all of them for None."""
+    if value is None:
+        return range(num_experts)
+    if not isinstance(value, range):
+        raise TypeError(f"local_experts must be a range of expert ids (e.g. range(0, 64)), got {type(value).__name__}")
+    if value.step != 1 or len(value) == 0 or value.start < 0 or value.stop > num_experts:
+        raise ValueError(f"local_experts must be a non-empty range of step 1 within range({num_experts}) "
+                         f"(the router's experts), got {value}")
+    return value
+
+
+def expert_share(rank, world_size, num_experts):
+    """The contiguous range of expert ids that rank `rank` of `world_size` holds, as even as
+    possible: experts rank*E//world_size up to (rank+1)*E//world_size."""
+    rank, world_size = _integer("rank", rank, 32), _integer("world_size", world_size, 32)
+    num_experts = _integer("num_experts", num_experts, 64)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..world_size-1 ({world_size - 1}), got {rank}")
+    if world_size > num_experts:
+        raise ValueError(f"a group of {world_size} ranks cannot share {num_experts} experts: each rank needs at least one")
+    return range(rank * num_experts // world_size, (rank + 1) * num_experts // world_size)
+
+
 def aligned_buffer(nbytes):
     """A zeroed uint8 NumPy array of `nbytes` bytes (rounded up to whole pages) whose
     address and length are multiples of MAPPED_ALIGNMENT (16 KiB): memory that weights can
@@ -415,6 +440,15 @@ class MoELayer:
     expert product (not the router's, not dense weights') become 8-bit per block of 32
     elements of a row, as ggml's dot products take them (docs/formats.md, "8-bit
     activations"; reference.quantize_activations_q8 gives the values).
+
+    local_experts: expert parallelism (docs/distributed.md). A range of expert ids: the
+    layer holds those routed experts only, and gate_proj, up_proj, gate_up_proj, down_proj
+    and their biases hold len(local_experts) experts in place of E (the router's arrays keep
+    all E). It routes every token over all E experts and returns the partial sum of the
+    slots whose experts it holds, plus its shared expert and residual when given them: a
+    group of layers holding disjoint shares, one of them with the shared expert and the
+    residual, sums to the whole layer. moe_swift.distributed adds the sum over a torch or
+    MLX group. next_norm and run_layers need the whole sum and are refused.
     """
 
     def __init__(
@@ -446,6 +480,7 @@ class MoELayer:
         memory_limit=None,
         weight_memory=None,
         activation_quantization=DEFAULTS["activation_quantization"],
+        local_experts=None,
     ):
         self._handle = None
         self._closed = True
@@ -468,10 +503,13 @@ class MoELayer:
 
         router = _Matrix("router_weight", router_weight, (None, None))
         E, H = router.shape
+        share = _local_experts(local_experts, E)
+        # The experts' own arrays hold the experts the layer holds.
+        L = len(share)
         if gate_up_proj is not None:
             if gate_proj is not None or up_proj is not None:
                 raise ValueError("give either gate_proj and up_proj, or gate_up_proj, not both")
-            gate_up = _Matrix("gate_up_proj", gate_up_proj, (E, None, H))
+            gate_up = _Matrix("gate_up_proj", gate_up_proj, (L, None, H))
             if gate_up.shape[1] % 2:
                 raise ValueError(f"gate_up_proj must have shape (E, 2*I, H) with an even middle size, got {gate_up.shape}")
             I = gate_up.shape[1] // 2
@@ -479,13 +517,13 @@ class MoELayer:
         else:
             if gate_proj is None or up_proj is None:
                 raise ValueError("gate_proj and up_proj (E, I, H) are required unless gate_up_proj is given")
-            gate = _Matrix("gate_proj", gate_proj, (E, None, H))
+            gate = _Matrix("gate_proj", gate_proj, (L, None, H))
             I = gate.shape[1]
-            up = _Matrix("up_proj", up_proj, (E, I, H))
+            up = _Matrix("up_proj", up_proj, (L, I, H))
             gate_up = None
         if down_proj is None:
-            raise ValueError(f"down_proj ({E}, {H}, {I}) is required")
-        down = _Matrix("down_proj", down_proj, (E, H, I))
+            raise ValueError(f"down_proj ({L}, {H}, {I}) is required")
+        down = _Matrix("down_proj", down_proj, (L, H, I))
         # What the options mean (ranges, sizes that must agree) is checked by the library,
         # whose message names the option; here only what C cannot see: types and shapes.
         top_k = _integer("top_k", top_k, 64)
@@ -496,7 +534,7 @@ class MoELayer:
             if gate_up_bias is not None or gate_bias is None or up_bias is None:
                 raise ValueError("give either gate_bias and up_bias (E, I), or gate_up_bias (E, 2I)")
             gate_up_bias = np.concatenate(
-                [_array("gate_bias", gate_bias, (E, I)), _array("up_bias", up_bias, (E, I))], axis=1)
+                [_array("gate_bias", gate_bias, (L, I)), _array("up_bias", up_bias, (L, I))], axis=1)
 
         # Keep every array alive until moe_layer_create has copied it.
         keep = []
@@ -530,8 +568,10 @@ class MoELayer:
         for field, matrix in (("gate_proj", gate), ("up_proj", up), ("gate_up_proj", gate_up), ("down_proj", down)):
             if matrix is not None:
                 matrix.set(ffi, desc, field, keep)
-        desc.gate_up_bias = opt("gate_up_bias", gate_up_bias, (E, 2 * I))
-        desc.down_bias = opt("down_bias", down_bias, (E, H))
+        desc.gate_up_bias = opt("gate_up_bias", gate_up_bias, (L, 2 * I))
+        desc.down_bias = opt("down_bias", down_bias, (L, H))
+        if L != E:
+            desc.first_local_expert, desc.num_local_experts = share.start, L
 
         shared_size = 0
         if shared_expert is not None:
@@ -574,6 +614,7 @@ class MoELayer:
         _LIVE.add(self)
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
         self.shared_intermediate_size = shared_size
+        self.local_experts = share
         self.backend = _BACKEND_NAMES[lib.moe_layer_backend(self._handle)]
 
     @classmethod
@@ -593,6 +634,8 @@ class MoELayer:
         self.hidden_size, self.intermediate_size = int(info.hidden_size), int(info.intermediate_size)
         self.num_experts, self.top_k = int(info.num_experts), int(info.top_k)
         self.shared_intermediate_size = int(info.shared_intermediate_size)
+        first = int(info.first_local_expert)
+        self.local_experts = range(first, first + int(info.num_local_experts))
         self.backend = _BACKEND_NAMES[info.backend]
         return self
 
@@ -763,4 +806,6 @@ class MoELayer:
     def __repr__(self):
         state = "closed" if self._closed else self.backend
         return (f"MoELayer(H={self.hidden_size}, I={self.intermediate_size}, E={self.num_experts}, "
-                f"top_k={self.top_k}, shared={self.shared_intermediate_size}, {state})")
+                f"top_k={self.top_k}, shared={self.shared_intermediate_size}, "
+                + (f"local_experts={self.local_experts}, " if len(self.local_experts) != self.num_experts else "")
+                + f"{state})")

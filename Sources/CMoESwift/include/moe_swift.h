@@ -148,6 +148,18 @@ typedef struct moe_layer_desc {
      * (moe_activation_quantization; moe_options.h gives the exact meaning of Q8). Dense
      * weights and the router always take float32 activations. */
     int32_t activation_quantization;
+    /* Appended later: expert parallelism. The layer holds the num_local_experts routed
+     * experts from id first_local_expert on (num_local_experts 0: all E, first_local_expert
+     * then 0): gate_proj, up_proj, gate_up_proj, down_proj, gate_up_bias and down_bias have
+     * num_local_experts in place of E; the router's arrays (router_weight, router_bias,
+     * selection_bias, per_expert_scale) keep all E. Such a layer routes every token over all
+     * E experts and returns the partial sum of the slots whose experts it holds, plus its
+     * shared expert and residual when it is given them: layers holding disjoint shares of
+     * which one has the shared expert and the residual sum to the whole layer, which the
+     * host's own collective adds up (docs/distributed.md). next_norm and the stacks need the
+     * whole sum and are refused. */
+    int64_t first_local_expert;
+    int64_t num_local_experts;
 } moe_layer_desc;
 
 typedef struct moe_layer moe_layer;   /* opaque */
@@ -405,6 +417,9 @@ typedef struct moe_layer_info {
     int64_t num_experts;              /* E */
     int64_t top_k;                    /* k */
     int64_t shared_intermediate_size; /* Is, 0 without a shared expert */
+    /* Appended later: the experts held (all: 0 and E). */
+    int64_t first_local_expert;
+    int64_t num_local_experts;
 } moe_layer_info;
 
 moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
@@ -442,6 +457,11 @@ moe_status moe_checkpoint_open(const char* path, moe_checkpoint** out);
 moe_status moe_checkpoint_moe_layers(const moe_checkpoint* checkpoint, int32_t* indices, int32_t capacity,
                                      int32_t* count);
 
+/* What MoE layer `layer` is (config.json's sizes, without overrides), before creating it:
+ * e.g. its num_experts, to divide them among the ranks of a group. backend is
+ * MOE_BACKEND_AUTO, first_local_expert 0 and num_local_experts E. */
+moe_status moe_checkpoint_layer_info(const moe_checkpoint* checkpoint, int32_t layer, moe_layer_info* out);
+
 /* Creates MoE layer `layer` (0-based, as in model.layers.{layer}) on backend. Options of
  * config.json may be overridden by name: override_names[i] = override_values[i] for
  * i < num_overrides (both NULL when 0). Names: top_k, norm_topk_prob (0/1),
@@ -458,6 +478,12 @@ typedef struct moe_load_options {
     uint32_t struct_size;             /* sizeof(moe_load_options) of the caller's header */
     int32_t copy_weights;             /* 1: copy every tensor instead of reading the mapping in place */
     int64_t memory_limit;             /* as moe_layer_desc.memory_limit; 0: the system's */
+    /* Appended later: expert parallelism (moe_layer_desc's fields of the same names). Only
+     * the tensors of experts [first_local_expert, first_local_expert + num_local_experts)
+     * are read (num_local_experts 0: all); the router's are read whole. */
+    int64_t first_local_expert;
+    int64_t num_local_experts;
+    int32_t without_shared_expert;    /* 1: leave the shared expert out (every rank but one) */
 } moe_load_options;
 /* Sets struct_size; everything else 0. */
 void moe_load_options_init(moe_load_options* options);

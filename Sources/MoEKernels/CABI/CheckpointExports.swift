@@ -50,6 +50,15 @@ public func moe_checkpoint_moe_layers(_ handle: OpaquePointer?, _ indices: Unsaf
     }
 }
 
+@_cdecl("moe_checkpoint_layer_info")
+public func moe_checkpoint_layer_info(_ handle: OpaquePointer?, _ layer: Int32,
+                                      _ out: UnsafeMutablePointer<moe_layer_info>?) -> moe_status {
+    status {
+        let c = try checkpoint(handle).configuration(layer: Int(layer), overrides: [:])
+        try writeInfo(c, backend: .auto, to: out)
+    }
+}
+
 @_cdecl("moe_layer_create_from_checkpoint")
 public func moe_layer_create_from_checkpoint(_ handle: OpaquePointer?, _ layer: Int32, _ backend: Int32,
                                              _ numOverrides: Int32, _ names: UnsafePointer<UnsafePointer<CChar>?>?,
@@ -102,9 +111,19 @@ public func moe_layer_create_from_checkpoint_ex(_ handle: OpaquePointer?, _ laye
         guard load.memory_limit >= 0 else {
             throw MoEError.invalidArgument("memory_limit must be >= 0 bytes (0: no limit), got \(load.memory_limit)")
         }
+        var share: Range<Int>?
+        if load.first_local_expert != 0 || load.num_local_experts != 0 {
+            let (first, count) = (load.first_local_expert, load.num_local_experts)
+            guard first >= 0 && count > 0 && first <= Int64(Int32.max) - count else {
+                throw MoEError.invalidArgument("first_local_expert (\(first)) and num_local_experts (\(count)) must name "
+                                               + "a non-empty range of experts")
+            }
+            share = Int(first)..<Int(first + count)
+        }
         let made = try MoELayer(checkpoint: checkpoint, layer: Int(layer), backend: kind, overrides: overrides,
                                 copyWeights: load.copy_weights != 0,
-                                memoryLimit: load.memory_limit == 0 ? nil : Int(load.memory_limit))
+                                memoryLimit: load.memory_limit == 0 ? nil : Int(load.memory_limit),
+                                localExperts: share, sharedExpert: load.without_shared_expert == 0)
         out.pointee = register(made)
     }
 }

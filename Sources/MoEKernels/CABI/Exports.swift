@@ -260,18 +260,24 @@ public func moe_layer_backend(_ handle: OpaquePointer?) -> Int32 {
 public func moe_layer_get_info(_ handle: OpaquePointer?, _ out: UnsafeMutablePointer<moe_layer_info>?) -> moe_status {
     status {
         let layer = try layer(handle)
-        guard let out else { throw MoEError.invalidArgument("out is NULL") }
-        let size = Int(out.pointee.struct_size)
-        guard size >= 8 else { throw MoEError.invalidArgument("out->struct_size is \(size); set it to sizeof(moe_layer_info)") }
-        let c = layer.configuration
-        var info = moe_layer_info(struct_size: out.pointee.struct_size, backend: layer.backendKind.rawValue,
-                                  hidden_size: Int64(c.hiddenSize), intermediate_size: Int64(c.intermediateSize),
-                                  num_experts: Int64(c.numExperts), top_k: Int64(c.topK),
-                                  shared_intermediate_size: Int64(c.sharedIntermediateSize))
-        // An older caller's shorter struct gets only the fields it knows.
-        withUnsafeBytes(of: &info) { src in
-            UnsafeMutableRawPointer(out).copyMemory(from: src.baseAddress!, byteCount: Swift.min(size, src.count))
-        }
+        try writeInfo(layer.configuration, backend: layer.backendKind, to: out)
+    }
+}
+
+/// moe_layer_info of a configuration into the caller's struct (its first struct_size bytes).
+func writeInfo(_ c: MoEConfiguration, backend: MoEBackendKind, to out: UnsafeMutablePointer<moe_layer_info>?) throws {
+    guard let out else { throw MoEError.invalidArgument("out is NULL") }
+    let size = Int(out.pointee.struct_size)
+    guard size >= 8 else { throw MoEError.invalidArgument("out->struct_size is \(size); set it to sizeof(moe_layer_info)") }
+    var info = moe_layer_info(struct_size: out.pointee.struct_size, backend: backend.rawValue,
+                              hidden_size: Int64(c.hiddenSize), intermediate_size: Int64(c.intermediateSize),
+                              num_experts: Int64(c.numExperts), top_k: Int64(c.topK),
+                              shared_intermediate_size: Int64(c.sharedIntermediateSize),
+                              first_local_expert: Int64(c.heldExperts.lowerBound),
+                              num_local_experts: Int64(c.heldExperts.count))
+    // An older caller's shorter struct gets only the fields it knows.
+    withUnsafeBytes(of: &info) { src in
+        UnsafeMutableRawPointer(out).copyMemory(from: src.baseAddress!, byteCount: Swift.min(size, src.count))
     }
 }
 

@@ -80,6 +80,16 @@ struct LayerDescriptor {
         c.swigluAlpha = d.swiglu_alpha
         c.swigluLimit = d.swiglu_limit
         c.sharedIntermediateSize = try size(d.shared_intermediate_size, "shared_intermediate_size")
+        if d.num_local_experts != 0 || d.first_local_expert != 0 {
+            let first = try size(d.first_local_expert, "first_local_expert")
+            let count = try size(d.num_local_experts, "num_local_experts")
+            guard first >= 0 && count > 0 && first <= c.numExperts - count else {
+                throw MoEError.invalidArgument(
+                    "first_local_expert (\(first)) and num_local_experts (\(count)) must name a non-empty range "
+                    + "of the num_experts (\(c.numExperts)) experts")
+            }
+            c.localExperts = first..<first + count
+        }
         try c.validate()
         configuration = c
     }
@@ -130,7 +140,9 @@ struct LayerDescriptor {
     /// which are mapped (read in place by the layer, which then holds `memory`).
     func weights(memory: WeightMemory? = nil) throws -> MoEWeights {
         let d = raw, c = configuration
+        // The router's arrays cover all E experts; the experts' own, the `held` ones.
         let (e, h, i, si) = (c.numExperts, c.hiddenSize, c.intermediateSize, c.sharedIntermediateSize)
+        let held = c.heldExperts.count
         func optional(_ p: UnsafePointer<Float>?, _ count: Int) -> WeightData? {
             p.map { .borrowed(UnsafeBufferPointer(start: $0, count: count)) }
         }
@@ -147,9 +159,9 @@ struct LayerDescriptor {
             return .mapped(data, in: memory)
         }
         let gateUp: GateUpWeights
-        switch (try matrix(d.gate_proj, d.gate_proj_tensor, [e, i, h], "gate_proj"),
-                try matrix(d.up_proj, d.up_proj_tensor, [e, i, h], "up_proj"),
-                try matrix(d.gate_up_proj, d.gate_up_proj_tensor, [e, 2 * i, h], "gate_up_proj")) {
+        switch (try matrix(d.gate_proj, d.gate_proj_tensor, [held, i, h], "gate_proj"),
+                try matrix(d.up_proj, d.up_proj_tensor, [held, i, h], "up_proj"),
+                try matrix(d.gate_up_proj, d.gate_up_proj_tensor, [held, 2 * i, h], "gate_up_proj")) {
         case (let g?, let u?, nil):
             gateUp = .separate(gate: g, up: u)
         case (nil, nil, let gu?):
@@ -172,7 +184,7 @@ struct LayerDescriptor {
         guard let router = try matrix(d.router_weight, d.router_weight_tensor, [e, h], "router_weight") else {
             throw MoEError.invalidArgument("router_weight is NULL")
         }
-        guard let down = try matrix(d.down_proj, d.down_proj_tensor, [e, h, i], "down_proj") else {
+        guard let down = try matrix(d.down_proj, d.down_proj_tensor, [held, h, i], "down_proj") else {
             throw MoEError.invalidArgument("down_proj is NULL")
         }
         return MoEWeights(router: router,
@@ -181,8 +193,8 @@ struct LayerDescriptor {
                           routerBias: optional(d.router_bias, e),
                           selectionBias: optional(d.selection_bias, e),
                           perExpertScale: optional(d.per_expert_scale, e),
-                          gateUpBias: optional(d.gate_up_bias, e * 2 * i),
-                          downBias: optional(d.down_bias, e * h),
+                          gateUpBias: optional(d.gate_up_bias, held * 2 * i),
+                          downBias: optional(d.down_bias, held * h),
                           shared: shared)
     }
 

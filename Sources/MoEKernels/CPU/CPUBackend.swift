@@ -9,7 +9,7 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
     let routerBias: AlignedBuffer<Float>?
     let selectionBias: AlignedBuffer<Float>?
     let perExpertScale: AlignedBuffer<Float>?
-    let experts: PackedFFN                          // E routed experts
+    let experts: PackedFFN                          // the routed experts held (all E, or a share)
     let shared: PackedFFN?                          // one FFN of width Is
     let sharedGate: AlignedBuffer<Float>?           // (H)
     let scratch = ScratchPool()
@@ -38,7 +38,7 @@ final class CPUBackend: MoEBackend, @unchecked Sendable {
         routerBias = try w.routerBias.map { try AlignedBuffer(copying: $0, what: "router_bias") }
         selectionBias = try w.selectionBias.map { try AlignedBuffer(copying: $0, what: "selection_bias") }
         perExpertScale = try w.perExpertScale.map { try AlignedBuffer(copying: $0, what: "per_expert_scale") }
-        experts = try PackedFFN(count: e, hidden: h, inner: i, gateUp: w.gateUp, down: w.downProj,
+        experts = try PackedFFN(count: c.heldExperts.count, hidden: h, inner: i, gateUp: w.gateUp, down: w.downProj,
                                 gateUpBias: w.gateUpBias, downBias: w.downBias, repack: repack, what: "expert")
         if let s = w.shared {
             shared = try PackedFFN(count: 1, hidden: h, inner: c.sharedIntermediateSize,

@@ -25,6 +25,8 @@ final class CPUPass: MoEPass {
     private let inputNorm: (norm: RMSNorm, source: UnsafePointer<Float>, normed: UnsafeMutablePointer<Float>)?
     private let tokens: Int
     private let (h, e, k, inner): (Int, Int, Int, Int)
+    /// The experts held (`MoEConfiguration.heldExperts`): pair ids outside them are absent.
+    private let (firstHeld, held): (Int, Int)
 
     // Routing: (tokens, E) logits turned into scores in place; (tokens, k) ids and weights.
     private let logits: UnsafeMutablePointer<Float>
@@ -33,10 +35,11 @@ final class CPUPass: MoEPass {
     private let weights: UnsafeMutablePointer<Float>
     private let sharedFactor: UnsafeMutablePointer<Float>   // (tokens)
 
-    // Grouping: pair p = t * k + j; rows are the pairs sorted by expert (stable in p).
-    private let expertStart: UnsafeMutablePointer<Int>     // (E + 1) row offsets
+    // Grouping: pair p = t * k + j; rows are the pairs sorted by held expert (stable in p),
+    // indexed by the held expert's place (id - firstHeld).
+    private let expertStart: UnsafeMutablePointer<Int>     // (held + 1) row offsets
     private let rowPair: UnsafeMutablePointer<Int32>       // row -> pair
-    private let pairRow: UnsafeMutablePointer<Int32>       // pair -> row
+    private let pairRow: UnsafeMutablePointer<Int32>       // pair -> row; -1: an expert not held
     /// (rows, H) input row of each pair whose expert has more than one (an expert with one
     /// reads its token's row in place); empty when both gate and up take 8-bit activations.
     private let gathered: UnsafeMutablePointer<Float>
@@ -77,6 +80,7 @@ final class CPUPass: MoEPass {
         self.tokens = tokens
         withShared = backend.shared != nil
         (h, e, k, inner) = (c.hiddenSize, c.numExperts, c.topK, c.intermediateSize)
+        (firstHeld, held) = (c.heldExperts.lowerBound, c.heldExperts.count)
         let rows = tokens * k
         let si = c.sharedIntermediateSize
         let chunks = (tokens + Self.routerChunk - 1) / Self.routerChunk
@@ -93,7 +97,7 @@ final class CPUPass: MoEPass {
             + (q8Shared.down ? Q8Rows.arrays(rows: tokens, cols: si, grid: false) : [])
         let bytes = ScratchArena.bytes(for: q8Arrays + [
             (tokens * e, f), (chunks * router.scratchCount, f), (rows, 4), (rows, f), (tokens, f),
-            (e + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4), (e + 1, 4),
+            (held + 1, MemoryLayout<Int>.stride), (rows, 4), (rows, 4), (held + 1, 4),
             (gathersFloats ? rows * h : 0, f), (rows * 2 * inner, f), (rows * inner, f), (rows * h, f),
             (tokens * 2 * si, f), (tokens * si, f), (tokens * h, f), (inputNorm == nil ? 0 : tokens * h, f),
         ])
@@ -104,10 +108,10 @@ final class CPUPass: MoEPass {
         ids = arena.take(Int32.self, rows)
         weights = arena.take(Float.self, rows)
         sharedFactor = arena.take(Float.self, tokens)
-        expertStart = arena.take(Int.self, e + 1)
+        expertStart = arena.take(Int.self, held + 1)
         rowPair = arena.take(Int32.self, rows)
         pairRow = arena.take(Int32.self, rows)
-        busyExperts = arena.take(Int32.self, e + 1)
+        busyExperts = arena.take(Int32.self, held + 1)
         gathered = arena.take(Float.self, gathersFloats ? rows * h : 0)
         gateUpOut = arena.take(Float.self, rows * 2 * inner)
         activated = arena.take(Float.self, rows * inner)
@@ -205,21 +209,32 @@ final class CPUPass: MoEPass {
         withShared = false
     }
 
+    /// The place of pair p's expert among those held, or nil when the layer does not hold it.
+    @inline(__always)
+    private func heldPlace(_ p: Int) -> Int? {
+        let place = Int(ids[p]) - firstHeld
+        return place >= 0 && place < held ? place : nil
+    }
+
     func groupPairsByExpert() {
-        let rows = tokens * k
-        for i in 0...e { expertStart[i] = 0 }
-        for p in 0..<rows { expertStart[Int(ids[p]) + 1] += 1 }
-        for i in 0..<e { expertStart[i + 1] += expertStart[i] }
+        let pairs = tokens * k
+        for i in 0...held { expertStart[i] = 0 }
+        for p in 0..<pairs { if let place = heldPlace(p) { expertStart[place + 1] += 1 } }
+        for i in 0..<held { expertStart[i + 1] += expertStart[i] }
+        let rows = expertStart[held]
         // Counting sort, stable in the pair index; expertStart[i] is advanced past
         // expert i's rows here and restored afterwards.
-        for p in 0..<rows {
-            let expert = Int(ids[p])
+        for p in 0..<pairs {
+            guard let expert = heldPlace(p) else {
+                pairRow[p] = -1
+                continue
+            }
             let row = expertStart[expert]
             expertStart[expert] += 1
             rowPair[row] = Int32(p)
             pairRow[p] = Int32(row)
         }
-        for i in stride(from: e, to: 0, by: -1) { expertStart[i] = expertStart[i - 1] }
+        for i in stride(from: held, to: 0, by: -1) { expertStart[i] = expertStart[i - 1] }
         expertStart[0] = 0
 
         let (x, h, k, gathered, rowPair, ids) = (self.x, self.h, self.k, self.gathered, self.rowPair, self.ids)
@@ -232,7 +247,7 @@ final class CPUPass: MoEPass {
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
                 let pair = Int(rowPair[row])
-                if readsInPlace(Int(ids[pair])) { continue }
+                if readsInPlace(Int(ids[pair]) - firstHeld) { continue }
                 let token = pair / k
                 if gathersFloats { (gathered + row * h).update(from: x + token * h, count: h) }
                 if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }
@@ -240,7 +255,7 @@ final class CPUPass: MoEPass {
         }
 
         busyCount = 0
-        for expert in 0..<e where expertStart[expert + 1] > expertStart[expert] {
+        for expert in 0..<held where expertStart[expert + 1] > expertStart[expert] {
             busyExperts[busyCount] = Int32(expert)
             busyCount += 1
         }
@@ -407,10 +422,18 @@ final class CPUPass: MoEPass {
                     for h0 in stride(from: 0, to: h, by: Self.downBlock) {
                         let n = Swift.min(Self.downBlock, h - h0)
                         // Fixed order: slots 0..k-1, shared expert, residual. The residual is
-                        // read before the output block is written, so they may alias.
-                        acc.update(from: downOut + Int(pairRow[t * k]) * h + h0, count: n)
+                        // read before the output block is written, so they may alias. A slot
+                        // whose expert the layer does not hold adds nothing.
+                        let first = pairRow[t * k]
+                        if first >= 0 {
+                            acc.update(from: downOut + Int(first) * h + h0, count: n)
+                        } else {
+                            acc.update(repeating: 0, count: n)
+                        }
                         for j in 1..<k {
-                            let y = downOut + Int(pairRow[t * k + j]) * h + h0
+                            let row = pairRow[t * k + j]
+                            if row < 0 { continue }
+                            let y = downOut + Int(row) * h + h0
                             for i in 0..<n { acc[i] += y[i] }
                         }
                         if let sharedOut {

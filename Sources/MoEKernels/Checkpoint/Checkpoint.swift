@@ -254,11 +254,20 @@ extension MoELayer {
     /// Layer `layer` of an open checkpoint; `overrides` replace options of config.json
     /// (`Checkpoint.overridableOptions`). `copyWeights` copies every tensor instead of
     /// reading the mapping in place; `memoryLimit` bounds the copies' bytes (see
-    /// `init(configuration:weights:backend:memoryLimit:)`).
+    /// `init(configuration:weights:backend:memoryLimit:)`). Expert parallelism
+    /// (`MoEConfiguration.localExperts`): `localExperts` reads only those experts' tensors
+    /// (the router's whole), and `sharedExpert: false` leaves the shared expert out (for
+    /// every rank of a group but one).
     public convenience init(checkpoint: Checkpoint, layer: Int, backend: MoEBackendKind = .auto,
                             overrides: [String: Double] = [:], copyWeights: Bool = false,
-                            memoryLimit: Int? = nil) throws {
-        let configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
+                            memoryLimit: Int? = nil, localExperts: Range<Int>? = nil,
+                            sharedExpert: Bool = true) throws {
+        var configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
+        if let localExperts {
+            configuration.localExperts = localExperts
+            try configuration.validate()
+        }
+        if !sharedExpert { configuration.sharedIntermediateSize = 0 }
         let (weights, reader) = try checkpoint.weights(layer: layer, configuration: configuration, map: !copyWeights)
         try self.init(configuration: configuration, weights: weights, backend: backend, memoryLimit: memoryLimit)
         withExtendedLifetime(reader) {}  // its temporaries until the backend has copied them

@@ -181,6 +181,7 @@ final class GGUFLayerReader {
             }
             w.shared = s
         }
-        return w
+        // A share of the experts: views of their bytes (the rest is never read).
+        return c.holdsShare ? w.experts(c.heldExperts, of: e) : w
     }
 }

@@ -188,7 +188,8 @@ final class LayerReader {
             s.sigmoidGate = try family.sharedGate.map { .array(try matrix($0, [1, h]).floats()) }
             w.shared = s
         }
-        return w
+        // A share of the experts: views of their bytes (the rest is never read).
+        return c.holdsShare ? w.experts(c.heldExperts, of: e) : w
     }
 
     /// The E per-expert tensors of `projection`, each read where it lies (the backends reach
@@ -271,11 +272,13 @@ final class LayerReader {
         return w
     }
 
-    /// Rows (E, 2I) of `rowBytes` each, interleaved gate/up, as gate rows then up rows per expert.
+    /// Rows (E, 2I) of `rowBytes` each, interleaved gate/up, as gate rows then up rows per
+    /// expert: those of the experts held (the rest of the copy is never written, so its pages
+    /// never become resident).
     private func deinterleaveRows(_ src: UnsafeRawBufferPointer, rowBytes: Int) -> UnsafeRawBufferPointer {
         let i = c.intermediateSize
         let out = temporary(src.count)
-        for expert in 0..<c.numExperts {
+        for expert in c.heldExperts {
             let base = expert * 2 * i * rowBytes
             for r in 0..<2 * i {
                 let from = base + r * rowBytes
@@ -288,17 +291,18 @@ final class LayerReader {
 
     /// (E, rows, cols) stored in-by-out -> (E, cols, rows) out-by-in, in the stored dtype;
     /// with `deinterleave`, output row r takes input column 2r (r < cols/2) or 2(r - cols/2) + 1.
+    /// Only the experts held are written (as in `deinterleaveRows`).
     private func transposeExperts(_ t: StoredTensor, deinterleave: Bool) throws -> WeightData {
         guard let type = t.scalarType else {
             throw MoEError.invalidArgument("\(t.name): a dense weight must be F32, F16 or BF16, got \(t.dtype)")
         }
-        let (experts, rows, cols) = (t.shape[0], t.shape[1], t.shape[2])
+        let (rows, cols) = (t.shape[1], t.shape[2])
         let out = temporary(t.bytes.count)
         func run<T>(_: T.Type) {
             let src = t.bytes.bindMemory(to: T.self), dst = out.bindMemory(to: T.self)
             let half = cols / 2
             let tile = 64  // tiles keep both sides' cache lines in use (gpt-oss-120b's gate_up_proj: 2.1 G elements)
-            for e in 0..<experts {
+            for e in c.heldExperts {
                 let base = e * rows * cols
                 for r0 in stride(from: 0, to: cols, by: tile) {
                     for k0 in stride(from: 0, to: rows, by: tile) {

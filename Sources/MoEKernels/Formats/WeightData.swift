@@ -119,6 +119,32 @@ public enum WeightData: @unchecked Sendable {
         }
     }
 
+    /// The experts `range` of a tensor that stacks `total` experts along its first dimension
+    /// (every part's bytes are `total` equal pieces, one per expert): views of the same
+    /// bytes, nothing copied, nothing read.
+    func experts(_ range: Range<Int>, of total: Int) -> WeightData {
+        func slice(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer {
+            let per = raw.count / total
+            return UnsafeRawBufferPointer(rebasing: raw[range.lowerBound * per..<range.upperBound * per])
+        }
+        switch self {
+        case .array(let a):
+            let per = a.count / total
+            return .array(Array(a[range.lowerBound * per..<range.upperBound * per]))
+        case .borrowed(let b):
+            let per = b.count / total
+            return .borrowed(UnsafeBufferPointer(rebasing: b[range.lowerBound * per..<range.upperBound * per]))
+        case .dense(let raw, let type): return .dense(slice(raw), type)
+        case .quantized(var q):
+            q.weight = slice(q.weight)
+            if q.quantization.hasSeparateScales { q.scales = slice(q.scales) }
+            q.biases = q.biases.map(slice)
+            return .quantized(q)
+        case .mapped(let inner, let memory): return .mapped(inner.experts(range, of: total), in: memory)
+        case .experts(let list): return .experts(Array(list[range]))
+        }
+    }
+
     /// Its bytes: codes (or dense values), then scales and biases where the format has them.
     var parts: [UnsafeRawBufferPointer] {
         switch self {

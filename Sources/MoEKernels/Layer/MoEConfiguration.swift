@@ -135,6 +135,14 @@ public struct MoEConfiguration: Sendable, Equatable {
     /// Width of the shared expert; 0 when the layer has none.
     public var sharedIntermediateSize: Int = 0
 
+    /// Expert parallelism: the routed experts this layer holds, ids `localExperts` of the
+    /// `numExperts` the router chooses among; nil: all of them. The per-expert weights hold
+    /// `localExperts.count` experts. A layer holding a share routes every token as the whole
+    /// layer does and returns the partial sum of the slots whose experts it holds (plus its
+    /// shared expert and residual, when it has them): a group of layers holding disjoint
+    /// shares, of which one has the shared expert and the residual, sums to the whole layer.
+    public var localExperts: Range<Int>? = nil
+
     public init(hiddenSize: Int, intermediateSize: Int, numExperts: Int, topK: Int) {
         self.hiddenSize = hiddenSize
         self.intermediateSize = intermediateSize
@@ -143,6 +151,10 @@ public struct MoEConfiguration: Sendable, Equatable {
     }
 
     public var hasSharedExpert: Bool { sharedIntermediateSize > 0 }
+    /// The ids of the experts whose weights the layer holds (all unless `localExperts`).
+    public var heldExperts: Range<Int> { localExperts ?? 0..<numExperts }
+    /// Whether the layer holds only a share of the experts (its output is a partial sum).
+    public var holdsShare: Bool { heldExperts != 0..<numExperts }
     var groupSize: Int { numExperts / nGroup }
 
     /// Throws `MoEError.invalidArgument` naming the first option that is wrong.
@@ -159,6 +171,11 @@ public struct MoEConfiguration: Sendable, Equatable {
         }
         try require(topK >= 1 && topK <= numExperts,
                     "top_k must be in 1...num_experts (\(numExperts)), got \(topK)")
+        if let share = localExperts {
+            try require(share.lowerBound >= 0 && share.upperBound <= numExperts && !share.isEmpty,
+                        "the local experts (\(share.lowerBound)..<\(share.upperBound)) must be a non-empty "
+                        + "range within 0..<num_experts (\(numExperts))")
+        }
         try require(sharedIntermediateSize >= 0 && sharedIntermediateSize <= limit,
                     "shared_intermediate_size must be in 0...\(limit), got \(sharedIntermediateSize)")
         try require(nGroup >= 1, "n_group must be at least 1, got \(nGroup)")

@@ -76,6 +76,7 @@ public final class MoELayer: @unchecked Sendable {
         CallStats.begin(backend.kind, tokens: tokens)
         try checkCall(tokens: tokens)
         try options.validate()
+        if options.nextNorm != nil { try requireWholeLayer(for: "the next norm") }
         if tokens == 0 { return }
         try runForward(input, tokens: tokens, options: options, into: output)
     }
@@ -127,7 +128,8 @@ public final class MoELayer: @unchecked Sendable {
 
     /// The routed experts with the routing given (no router, no shared expert):
     /// `output[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(input[t])` over the topK slots
-    /// in order. Every id must be in `0..<numExperts` (checked before anything runs).
+    /// in order. Every id must be in `0..<numExperts` (checked before anything runs); on a
+    /// layer holding a share of the experts, slots whose experts it does not hold add nothing.
     public func experts(_ input: UnsafePointer<Float>, tokens: Int, ids: UnsafePointer<Int32>,
                         weights: UnsafePointer<Float>, into output: UnsafeMutablePointer<Float>) throws {
         CallStats.begin(backend.kind, tokens: tokens)
@@ -229,6 +231,16 @@ public final class MoELayer: @unchecked Sendable {
             throw MoEError.invalidArgument("\(name) must hold whole rows of hidden_size = \(h) floats, got \(input.count)")
         }
         return input.count / h
+    }
+
+    /// Refuses `what` (a next norm, a stack) on a layer holding a share of the experts: its
+    /// output is a partial sum, which only the group's sum makes a layer's output.
+    func requireWholeLayer(for what: String) throws {
+        guard configuration.holdsShare else { return }
+        let (share, e) = (configuration.heldExperts, configuration.numExperts)
+        throw MoEError.invalidArgument(
+            "this layer holds experts \(share.lowerBound)..<\(share.upperBound) of \(e): its output is a partial sum, "
+            + "so \(what) must be applied to the group's sum, not here")
     }
 
     /// What every call checks first: its token count, and that the files the layer reads

@@ -179,6 +179,7 @@ extension MoELayer {
         if options.nextNorm == nil && options.normedOutput != nil {
             throw MoEError.invalidArgument("normedOutput is given but nextNorm is nil")
         }
+        if options.nextNorm != nil { try requireWholeLayer(for: "the next norm") }
         let count = tokens * configuration.hiddenSize
         try input.validate("x", elements: count, device: metal)
         try output.validate("the output", elements: count, device: metal)
@@ -246,6 +247,7 @@ extension MoELayer {
                     "all layers must have the same hidden_size: layers[0] has \(h), layers[\(i)] has \(layer.configuration.hiddenSize)")
             }
             try layer.checkCall(tokens: tokens)
+            try layer.requireWholeLayer(for: "a stack (each layer's output feeds the next)")
             backends.append(backend)
         }
         if let inputNorms {

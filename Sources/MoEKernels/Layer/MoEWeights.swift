@@ -31,6 +31,7 @@ public struct MoEWeights: Sendable {
     public var routerBias: WeightData?            // (E)
     public var selectionBias: WeightData?         // (E)
     public var perExpertScale: WeightData?        // (E)
+    // The experts' own arrays hold the experts the layer holds (E, or a share's count).
     public var gateUp: GateUpWeights
     public var downProj: WeightData               // (E, H, I)
     public var gateUpBias: WeightData?            // (E, 2I)
@@ -50,6 +51,23 @@ public struct MoEWeights: Sendable {
         self.gateUpBias = gateUpBias
         self.downBias = downBias
         self.shared = shared
+    }
+
+    /// The weights of a layer holding experts `range` of the `total` these hold (expert
+    /// parallelism, `MoEConfiguration.localExperts`): the experts' own arrays become views
+    /// of that range; the router's stay whole.
+    func experts(_ range: Range<Int>, of total: Int) -> MoEWeights {
+        var w = self
+        switch gateUp {
+        case .separate(let gate, let up):
+            w.gateUp = .separate(gate: gate.experts(range, of: total), up: up.experts(range, of: total))
+        case .fused(let gateUp):
+            w.gateUp = .fused(gateUp.experts(range, of: total))
+        }
+        w.downProj = downProj.experts(range, of: total)
+        w.gateUpBias = gateUpBias?.experts(range, of: total)
+        w.downBias = downBias?.experts(range, of: total)
+        return w
     }
 
     /// Every weight matrix (router, expert and shared-expert projections).
@@ -77,7 +95,9 @@ public struct MoEWeights: Sendable {
     /// Throws `MoEError.invalidArgument` naming the first array whose size does not fit
     /// `configuration`, or a shared expert that is present in one and absent in the other.
     public func validate(for c: MoEConfiguration) throws {
+        // The router's arrays cover every expert; the experts' own, those the layer holds.
         let (e, h, i) = (c.numExperts, c.hiddenSize, c.intermediateSize)
+        let held = c.heldExperts.count
         let perExpert: Set = ["gate_proj", "up_proj", "gate_up_proj", "down_proj"]
         func check(_ name: String, _ data: WeightData?, _ shape: [Int]) throws {
             if case .experts? = data, !perExpert.contains(name) {
@@ -92,14 +112,14 @@ public struct MoEWeights: Sendable {
         try check("per_expert_scale", perExpertScale, [e])
         switch gateUp {
         case .separate(let gate, let up):
-            try check("gate_proj", gate, [e, i, h])
-            try check("up_proj", up, [e, i, h])
+            try check("gate_proj", gate, [held, i, h])
+            try check("up_proj", up, [held, i, h])
         case .fused(let gateUp):
-            try check("gate_up_proj", gateUp, [e, 2 * i, h])
+            try check("gate_up_proj", gateUp, [held, 2 * i, h])
         }
-        try check("down_proj", downProj, [e, h, i])
-        try check("gate_up_bias", gateUpBias, [e, 2 * i])
-        try check("down_bias", downBias, [e, h])
+        try check("down_proj", downProj, [held, h, i])
+        try check("gate_up_bias", gateUpBias, [held, 2 * i])
+        try check("down_bias", downBias, [held, h])
         switch (shared, c.hasSharedExpert) {
         case (nil, false):
             break

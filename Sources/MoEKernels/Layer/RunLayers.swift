@@ -24,6 +24,7 @@ extension MoELayer {
                     "all layers must have the same hidden_size: layers[0] has \(h), layers[\(i)] has \(layer.configuration.hiddenSize)")
             }
             try layer.checkCall(tokens: tokens)
+            try layer.requireWholeLayer(for: "a stack (each layer's output feeds the next)")
         }
         if let inputNorms {
             guard inputNorms.count == layers.count else {

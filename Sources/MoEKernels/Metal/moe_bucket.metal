@@ -1,6 +1,7 @@
 // moe_bucket.metal - the (token, slot) pairs grouped by expert, once per layer, for both
 // expert GEMMs (llama.cpp rebuilds its map for each matmul). Outputs:
-//   expert_offsets[E + 1]  bucket e is rows [expert_offsets[e], expert_offsets[e + 1])
+//   expert_offsets[E + 1]  bucket e is rows [expert_offsets[e], expert_offsets[e + 1]): the
+//                          pairs of expert expert_base + e (E: the experts held)
 //   rows[P]                the pair (t * k + j) of each bucket row; stable: pairs of one
 //                          expert keep their order, so the result never depends on timing
 //   tiles[]                (expert, first row) of every MOE_GEMM_BM-row tile of every bucket
@@ -38,7 +39,7 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
 
     // 1. Counts per expert (a sum: the same in any order).
     for (uint q = tid; q < P; q += MOE_BUCKET_THREADS) {
-        const uint e = uint(ids[q]);
+        const uint e = uint(ids[q]) - p.expert_base;
         if (e < E) atomic_fetch_add_explicit(&counts[e], 1u, memory_order_relaxed);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -78,7 +79,7 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
         row += c;
     }
     if (tid == 0) {
-        // The rows placed: P less the pairs whose id is outside [0, E) (skipped), so
+        // The rows placed: P less the pairs of experts not held (skipped), so
         // that the last expert's tiles end at its own rows.
         expert_offsets[E] = all_rows;
         dispatch_args[0] = all_tiles;
@@ -97,7 +98,7 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
     //    + those in earlier lanes of its own simdgroup.
     for (uint base = 0; base < P; base += MOE_BUCKET_THREADS) {
         const uint q = base + tid;
-        const uint e = q < P ? uint(ids[q]) : MOE_NONE;
+        const uint e = q < P ? uint(ids[q]) - p.expert_base : MOE_NONE;
         const bool valid = e < E;
         uint before_lane = 0, in_sg = 0;
         for (ushort l = 0; l < MOE_SIMD_WIDTH; l++) {

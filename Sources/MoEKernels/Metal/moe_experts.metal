@@ -70,10 +70,12 @@ static inline moe_job moe_decode_job(constant moe_ffn_params& p, device const in
             bool seen = false;
             for (uint q = lane; q < pair; q += MOE_SIMD_WIDTH) seen = seen || ids[q] == e;
             uint n = 0;
-            // An id outside [0, E) (only the caller's routing can hold one: encode_routed)
-            // selects nothing: its pairs are skipped here and in the combine, never read
-            // as an expert past the weights.
-            if (!simd_any(seen) && uint(e) < p.experts) {
+            // An expert not held (an expert-parallel share's others, or an id outside
+            // [0, E) that only the caller's routing can hold: encode_routed) selects
+            // nothing: its pairs are skipped here and in the combine, never read as an
+            // expert past the weights.
+            const uint place = uint(e) - p.expert_base;
+            if (!simd_any(seen) && place < p.experts) {
                 for (uint base = pair; base < pairs && n < MOE_DECODE_MAX_TOKENS; base += MOE_SIMD_WIDTH) {
                     const uint q = base + lane;
                     const uint match = q < pairs && ids[q] == e ? 1u : 0u;
@@ -85,7 +87,7 @@ static inline moe_job moe_decode_job(constant moe_ffn_params& p, device const in
             }
             if (lane == 0) {
                 job[0] = n;
-                job[1] = uint(e);
+                job[1] = place;
             }
         }
     }

@@ -121,7 +121,8 @@ struct MetalLayerEncoder {
         let c = configuration
         var p = moe_bucket_params()
         p.pairs = UInt32(tokens * c.topK)
-        p.experts = UInt32(c.numExperts)
+        p.experts = UInt32(c.heldExperts.count)
+        p.expert_base = UInt32(c.heldExperts.lowerBound)
         p.gate_up_column_tiles = UInt32(columnTiles(c.intermediateSize, MOE_GEMM_GATE_UP_BN))
         p.down_column_tiles = UInt32(columnTiles(c.hiddenSize, MOE_GEMM_DOWN_BN))
         encoder.setComputePipelineState(context.bucket)
@@ -131,7 +132,7 @@ struct MetalLayerEncoder {
         set(MOE_BUCKET_BUF_ROWS, scratch.rows)
         set(MOE_BUCKET_BUF_TILES, scratch.tiles)
         set(MOE_BUCKET_BUF_DISPATCH_ARGS, scratch.dispatchArgs)
-        dispatch(groups: (1, 1), threads: MOE_BUCKET_THREADS, threadgroupMemory: roundUp16(24 * c.numExperts))
+        dispatch(groups: (1, 1), threads: MOE_BUCKET_THREADS, threadgroupMemory: roundUp16(24 * c.heldExperts.count))
     }
 
     func gateUp() {
@@ -257,7 +258,8 @@ struct MetalLayerEncoder {
         p.top_k = UInt32(c.topK)
         p.has_shared = withShared && scratch.sharedOut != nil ? 1 : 0
         p.has_residual = residual == nil ? 0 : 1
-        p.experts = UInt32(c.numExperts)
+        p.experts = UInt32(c.heldExperts.count)
+        p.expert_base = UInt32(c.heldExperts.lowerBound)
         if let nextNorm {
             p.has_next_norm = 1
             p.next_norm_eps = nextNorm.eps
@@ -313,7 +315,8 @@ struct MetalLayerEncoder {
         p.inner = UInt32(inner)
         p.top_k = shared ? 1 : UInt32(c.topK)
         p.mode = UInt32(shared ? MOE_FFN_SHARED : MOE_FFN_ROUTED)
-        p.experts = UInt32(c.numExperts)
+        p.experts = UInt32(c.heldExperts.count)
+        p.expert_base = UInt32(c.heldExperts.lowerBound)
         p.activation = UInt32(c.activation.rawValue)
         p.swiglu_alpha = c.swigluAlpha
         p.swiglu_limit = c.swigluLimit

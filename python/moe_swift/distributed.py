@@ -1,0 +1,181 @@
+"""Expert parallelism over the caller's own group: a layer's routed experts split across
+processes (and hosts), each holding a share, the partial outputs summed by the group's
+collective (docs/distributed.md).
+
+    import torch.distributed as dist
+    from moe_swift.distributed import ExpertParallelLayer
+    dist.init_process_group("gloo")                      # the caller's group, as ever
+    layers = moe_swift.from_pretrained(path, experts=(dist.get_rank(), dist.get_world_size()))
+    moe = ExpertParallelLayer(layers[3])                 # torch's default group
+    h = moe(x, residual)                                 # the whole layer's output, on every rank
+
+or with MLX: `group = mx.distributed.init(backend="ring")`, then
+`ExpertParallelLayer(layer, group)`.
+
+Every rank routes every token over all E experts (the router is replicated), runs only the
+experts it holds, and adds its partial sum into the group's all-reduce. The rank that holds
+the shared expert (from_pretrained gives it to rank 0) also adds the residual. Summation
+order: each rank's partial sums its held slots in slot order, then the shared expert and the
+residual (as one process does); the group then adds the ranks' partials in its collective's
+order, identical on every rank. So a result differs from one process's by the rounding of
+those few additions (relative 1e-7 in float32), and not at all between ranks.
+
+This module never creates a transport: the group is the caller's (torch.distributed's,
+mx.distributed's), or any object with `rank`, `size` and `all_sum(array) -> array` for
+a host's own collective.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import reference
+from .arrays import as_float32, output_like
+from .layer import MoELayer, expert_share
+
+__all__ = ["ExpertParallelLayer", "expert_share", "group_of"]
+
+
+class _TorchGroup:
+    """A torch.distributed process group (None: the default group) as rank, size, all_sum."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group() "
+                               "first (moe_swift never creates a group of its own)")
+        self._dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def all_sum(self, array):
+        import torch
+
+        tensor = torch.from_numpy(array)  # the same memory: all_reduce sums in place
+        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self.group)
+        return array
+
+
+class _MLXGroup:
+    """An mx.distributed.Group as rank, size, all_sum."""
+
+    def __init__(self, group):
+        import mlx.core as mx
+
+        self._mx, self.group = mx, group
+        self.rank, self.size = group.rank(), group.size()
+
+    def all_sum(self, array):
+        mx = self._mx
+        out = mx.distributed.all_sum(mx.array(array), group=self.group)
+        return np.array(out, dtype=np.float32)
+
+
+def group_of(group=None):
+    """The collective `group` names: a torch.distributed ProcessGroup (None: torch's default
+    group, which must be initialized), an mx.distributed.Group, or an object that already
+    has `rank`, `size` and `all_sum(float32 array) -> array` (returned as it is)."""
+    if group is None:
+        return _TorchGroup(None)
+    if all(hasattr(group, name) for name in ("rank", "size", "all_sum")) and not callable(group.rank):
+        return group
+    module = type(group).__module__.split(".")[0]
+    if module == "mlx":
+        return _MLXGroup(group)
+    if module == "torch":
+        return _TorchGroup(group)
+    raise TypeError("group must be a torch.distributed ProcessGroup, an mx.distributed.Group, None (torch's default "
+                    f"group) or an object with rank, size and all_sum, got {type(group).__name__}")
+
+
+class ExpertParallelLayer:
+    """A MoELayer holding a share of the experts (`local_experts`, from_pretrained's
+    `experts=(rank, world_size)`), called like the whole layer: the partial outputs of the
+    group's ranks are summed by the group's all-reduce, so every rank gets the whole layer's
+    output. Every rank must make the same calls in the same order with the same x (the
+    inputs of a replicated model), as with any collective.
+
+    Creating it checks the group once, with one all-reduce: the ranks' shares must cover
+    every expert exactly once, at most one rank may hold the shared expert, and all ranks
+    must agree on the layer's sizes; otherwise every rank raises the same ValueError (none
+    waits forever for a partner that will not come).
+
+    The rank holding the shared expert adds the residual (rank 0 when none holds one). The
+    next norm (`next_norm`) needs the whole sum, so it is applied here after the all-reduce
+    (reference.rms_norm, rounded to float32)."""
+
+    def __init__(self, layer, group=None):
+        if not isinstance(layer, MoELayer):
+            raise TypeError(f"layer must be a MoELayer, got {type(layer).__name__}")
+        self.layer, self.group = layer, group_of(group)
+        E, share = layer.num_experts, layer.local_experts
+        # One vector, summed over the group: which experts each rank holds, how many ranks
+        # hold a shared expert, and each size once per rank (compared with size * value).
+        sizes = [layer.hidden_size, layer.intermediate_size, E, layer.top_k]
+        check = np.zeros(E + 2 + len(sizes), dtype=np.float32)
+        check[share.start:share.stop] = 1
+        check[E] = 1 if layer.shared_intermediate_size else 0
+        check[E + 1] = 1
+        check[E + 2:] = sizes
+        total = np.asarray(self.group.all_sum(check.copy()), dtype=np.float64)
+        n = self.group.size
+        problems = []
+        if total[E + 1] != n:
+            problems.append(f"the group has {n} ranks but {int(total[E + 1])} took part")
+        if not np.array_equal(total[E + 2:], np.asarray(sizes, dtype=np.float64) * n):
+            problems.append("the ranks' layers differ in hidden_size, intermediate_size, num_experts or top_k")
+        counts = total[:E]
+        if total[E + 1] == n and np.array_equal(total[E + 2:], np.asarray(sizes, dtype=np.float64) * n):
+            missing = np.flatnonzero(counts == 0)
+            doubled = np.flatnonzero(counts > 1)
+            if len(missing):
+                problems.append(f"no rank holds experts {_ids(missing)}")
+            if len(doubled):
+                problems.append(f"experts {_ids(doubled)} are held by more than one rank")
+        if total[E] > 1:
+            problems.append(f"{int(total[E])} ranks hold the shared expert (one must: it would be added that often)")
+        if problems:
+            raise ValueError(f"expert-parallel group of {n} ranks (this is rank {self.group.rank}, holding experts "
+                             f"{share.start}..{share.stop - 1}): " + "; ".join(problems)
+                             + ". Load rank r's share with from_pretrained(..., experts=(r, world_size)).")
+        # Who adds the residual: the shared expert's holder, else rank 0. The first rank
+        # whose check said it holds one is unknown here, so it is found by the same rule on
+        # every rank: a rank holding one adds it; without any, rank 0 does.
+        self.adds_residual = bool(layer.shared_intermediate_size) if total[E] == 1 else self.group.rank == 0
+        self.rank, self.size = self.group.rank, n
+
+    def __call__(self, x, residual=None, *, input_norm=None, next_norm=None, input_norm_offset=0.0,
+                 next_norm_offset=0.0):
+        """MoELayer.__call__ over the group: h = residual + moe(input_norm(x)), and with
+        next_norm, (h, next_norm(h)). The same x (and residual) on every rank."""
+        restore = output_like(x)
+        x = as_float32("x", x)
+        partial = self.layer(x, residual if self.adds_residual else None, input_norm=input_norm,
+                             input_norm_offset=input_norm_offset)
+        h = np.ascontiguousarray(self.group.all_sum(np.ascontiguousarray(partial, dtype=np.float32)),
+                                 dtype=np.float32)
+        if next_norm is None:
+            return restore(h)
+        weight, eps = next_norm
+        weight = as_float32("next_norm weight", weight, (h.shape[-1],))
+        normed = reference.rms_norm(h, weight, eps, next_norm_offset).astype(np.float32)
+        return restore(h), restore(normed)
+
+    def experts(self, x, ids, weights):
+        """MoELayer.experts over the group (the routed experts with the routing given)."""
+        restore = output_like(x)
+        partial = np.ascontiguousarray(self.layer.experts(as_float32("x", x), ids, weights), dtype=np.float32)
+        return restore(np.asarray(self.group.all_sum(partial), dtype=np.float32))
+
+    def route(self, x):
+        """The router alone (the same on every rank): ids and weights (T, top_k)."""
+        return self.layer.route(x)
+
+    def __repr__(self):
+        return f"ExpertParallelLayer(rank {self.rank} of {self.size}, {self.layer!r})"
+
+
+def _ids(ids):
+    ids = [int(i) for i in ids]
+    return ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
