@@ -33,7 +33,43 @@ from . import reference
 from .arrays import as_float32, output_like
 from .layer import MoELayer, expert_share
 
-__all__ = ["ExpertParallelLayer", "expert_share", "group_of"]
+__all__ = ["ExpertParallelLayer", "expert_share", "group_of", "share_arguments"]
+
+# MoELayer's arguments that hold one row per expert (the experts' own), and those of the
+# router, which every rank keeps whole.
+_PER_EXPERT = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "gate_up_bias", "gate_bias", "up_bias", "down_bias")
+
+
+def take_experts(value, share):
+    """Experts `share` (a range) of a per-expert weight: a NumPy array, torch tensor or mx
+    array (rows along the first axis, a view where the type makes one), Quantized or
+    GGMLQuantized (their arrays' rows)."""
+    from .formats import GGMLQuantized, Quantized
+
+    if isinstance(value, Quantized):
+        pick = lambda a: None if a is None else a[share.start:share.stop]  # noqa: E731
+        return Quantized(pick(value.weight), pick(value.scales), pick(value.biases), bits=value.bits,
+                         group_size=value.group_size, mode=value.mode,
+                         scale_dtype="bfloat16" if value.scale_dtype == "bfloat16" else None)
+    if isinstance(value, GGMLQuantized):
+        return GGMLQuantized(value.blocks[share.start:share.stop], value.format,
+                             shape=(len(share),) + tuple(value.shape[1:]))
+    return value[share.start:share.stop]
+
+
+def share_arguments(arguments, share, shared_expert=True):
+    """MoELayer's keyword `arguments` of a whole layer, as those of the layer holding experts
+    `share` (a range, e.g. expert_share(rank, world_size, E)): the experts' own arrays cut to
+    the share (views, nothing copied where the arrays allow it), the router's kept whole,
+    local_experts set, and the shared expert kept only if `shared_expert` (one rank's)."""
+    out = dict(arguments)
+    for name in _PER_EXPERT:
+        if out.get(name) is not None:
+            out[name] = take_experts(out[name], share)
+    if not shared_expert:
+        out.pop("shared_expert", None)
+    out["local_experts"] = share
+    return out
 
 
 class _TorchGroup:
@@ -53,7 +89,8 @@ class _TorchGroup:
         import torch
 
         tensor = torch.from_numpy(array)  # the same memory: all_reduce sums in place
-        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self.group)
+        with _collective(self):
+            self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self.group)
         return array
 
 
@@ -68,8 +105,27 @@ class _MLXGroup:
 
     def all_sum(self, array):
         mx = self._mx
-        out = mx.distributed.all_sum(mx.array(array), group=self.group)
-        return np.array(out, dtype=np.float32)
+        with _collective(self):
+            out = np.array(mx.distributed.all_sum(mx.array(array), group=self.group), dtype=np.float32)
+        return out
+
+
+class _collective:
+    """Says which rank's all-reduce failed, and what usually makes it fail, around the
+    engine's own error (e.g. MLX's "[ring] connection to a peer was lost")."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, RuntimeError):
+            raise RuntimeError(f"moe_swift: the group's all-reduce failed on rank {self.group.rank} of "
+                               f"{self.group.size} (a rank that ended or was killed, or ranks making different "
+                               f"calls): {error}") from error
+        return False
 
 
 def group_of(group=None):
@@ -122,11 +178,11 @@ class ExpertParallelLayer:
         n = self.group.size
         problems = []
         if total[E + 1] != n:
-            problems.append(f"the group has {n} ranks but {int(total[E + 1])} took part")
+            _lost(self.group, int(total[E + 1]))
         if not np.array_equal(total[E + 2:], np.asarray(sizes, dtype=np.float64) * n):
             problems.append("the ranks' layers differ in hidden_size, intermediate_size, num_experts or top_k")
         counts = total[:E]
-        if total[E + 1] == n and np.array_equal(total[E + 2:], np.asarray(sizes, dtype=np.float64) * n):
+        if not problems:
             missing = np.flatnonzero(counts == 0)
             doubled = np.flatnonzero(counts > 1)
             if len(missing):
@@ -151,10 +207,10 @@ class ExpertParallelLayer:
         next_norm, (h, next_norm(h)). The same x (and residual) on every rank."""
         restore = output_like(x)
         x = as_float32("x", x)
-        partial = self.layer(x, residual if self.adds_residual else None, input_norm=input_norm,
-                             input_norm_offset=input_norm_offset)
-        h = np.ascontiguousarray(self.group.all_sum(np.ascontiguousarray(partial, dtype=np.float32)),
-                                 dtype=np.float32)
+        partial, buffer = _with_count(x.shape)
+        self.layer(x, residual if self.adds_residual else None, input_norm=input_norm,
+                   input_norm_offset=input_norm_offset, out=partial)
+        h = self._sum(buffer, x.shape)
         if next_norm is None:
             return restore(h)
         weight, eps = next_norm
@@ -165,8 +221,19 @@ class ExpertParallelLayer:
     def experts(self, x, ids, weights):
         """MoELayer.experts over the group (the routed experts with the routing given)."""
         restore = output_like(x)
-        partial = np.ascontiguousarray(self.layer.experts(as_float32("x", x), ids, weights), dtype=np.float32)
-        return restore(np.asarray(self.group.all_sum(partial), dtype=np.float32))
+        x = as_float32("x", x)
+        partial, buffer = _with_count(x.shape)
+        partial[...] = self.layer.experts(x, ids, weights)
+        return restore(self._sum(buffer, x.shape))
+
+    def _sum(self, buffer, shape):
+        """The group's sum of `buffer` (the partial output, then a 1 counting this rank),
+        checked: a collective that lost a rank without raising (MLX's ring returns what
+        it has) fails here instead of handing on a partial sum."""
+        total = np.asarray(self.group.all_sum(buffer), dtype=np.float32)
+        if total[-1] != self.size:
+            _lost(self.group, int(total[-1]))
+        return total[:-1].reshape(shape)
 
     def route(self, x):
         """The router alone (the same on every rank): ids and weights (T, top_k)."""
@@ -174,6 +241,21 @@ class ExpertParallelLayer:
 
     def __repr__(self):
         return f"ExpertParallelLayer(rank {self.rank} of {self.size}, {self.layer!r})"
+
+
+def _with_count(shape):
+    """A float32 buffer of one output of `shape` and one more element set to 1, and the
+    output's view of it (C-contiguous: the layer writes there, no copy)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    buffer = np.empty(count + 1, dtype=np.float32)
+    buffer[-1] = 1
+    return buffer[:-1].reshape(shape), buffer
+
+
+def _lost(group, took_part):
+    raise RuntimeError(f"moe_swift: the group's all-reduce on rank {group.rank} summed {took_part} of {group.size} "
+                       "ranks' parts: a rank ended or failed (MLX's ring backend returns a partial sum when it loses "
+                       "a peer); the result is not the layer's")
 
 
 def _ids(ids):

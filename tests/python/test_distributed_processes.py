@@ -1,0 +1,141 @@
+"""Expert parallelism across processes on this machine, over the engines users run it on:
+MLX distributed's ring backend over TCP on 127.0.0.1 (as mlx.launch starts it) and
+torch.distributed with gloo (as torchrun starts it). 2 and 4 ranks give the one-process
+result within the spec's tolerance; a rank that dies, or ranks that loaded the shares of a
+different group size, end every rank with a clear error, never a hang (each rank has a
+time limit here). Each rank is tests/python/distributed_rank.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import moe_swift
+
+HERE = Path(__file__).resolve().parent
+RANK = HERE / "distributed_rank.py"
+CHECKPOINTS = HERE.parents[0] / "fixtures" / "checkpoints"
+# A rank that is still running after this long has hung: the test kills the group.
+TIME_LIMIT = 180
+
+
+def engines():
+    found = []
+    try:
+        import mlx.core as mx  # noqa: F401
+
+        found.append("mlx")
+    except ImportError:
+        pass
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_gloo_available():
+            found.append("torch")
+    except ImportError:
+        pass
+    return found
+
+
+ENGINES = [pytest.param(e) for e in engines()] or [pytest.param("none", marks=pytest.mark.skip(
+    reason="neither mlx nor torch (with gloo) is installed"))]
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def launch(engine, size, checkpoint, out, mode="ok"):
+    """Starts `size` ranks as the engine's launcher would; returns [(returncode, stderr)]."""
+    env = dict(os.environ)
+    # The package as this test process imports it (a checkout's python/ or the installed one).
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(moe_swift.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    ports = free_ports(size)
+    if engine == "mlx":
+        hosts = out / "hosts.json"
+        hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
+        envs = [dict(env, MLX_RANK=str(r), MLX_HOSTFILE=str(hosts)) for r in range(size)]
+    else:
+        envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(ports[0])) for r in range(size)]
+    procs = [subprocess.Popen([sys.executable, str(RANK), engine, str(checkpoint), str(out), "--mode", mode],
+                              env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for e in envs]
+    results = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=TIME_LIMIT)
+            results.append((p.returncode, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"{engine}: a rank of {size} was still running after {TIME_LIMIT} s (a hang)")
+    return results
+
+
+def inputs(out, H):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    data = dict(x=x, residual=rng.standard_normal(x.shape).astype(np.float32),
+                norm=(rng.random(H) + 0.5).astype(np.float32))
+    np.savez(out / "inputs.npz", **data)
+    return data
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("size,family", [(2, "deepseek_v3"), (4, "deepseek_v3"), (2, "qwen3_moe_mlx_4bit")])
+def test_ranks_give_the_one_process_result(engine, size, family, tmp_path):
+    path = CHECKPOINTS / family
+    whole = moe_swift.from_pretrained(path, backend="cpu", progress=False)
+    data = inputs(tmp_path, next(iter(whole.values())).hidden_size)
+    results = launch(engine, size, path, tmp_path)
+    for r, (code, err) in enumerate(results):
+        assert code == 0, f"{engine} rank {r} of {size} failed:\n{err[-3000:]}"
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(size)]
+    for index, layer in whole.items():
+        h, normed = layer(data["x"], data["residual"], next_norm=(data["norm"], 1e-5))
+        shares = [tuple(rank[f"share{index}"]) for rank in ranks]
+        assert shares == [(r * layer.num_experts // size, (r + 1) * layer.num_experts // size) for r in range(size)]
+        for r, rank in enumerate(ranks):
+            for name, got, want in (("h", rank[f"h{index}"], h), ("normed", rank[f"normed{index}"], normed)):
+                bound = 1e-5 * float(np.abs(want).max()) + 1e-6
+                err = float(np.abs(got - want).max())
+                assert err <= bound, f"{engine}, {size} ranks, layer {index}, rank {r}: {name} off by {err:.3g}"
+            np.testing.assert_array_equal(rank[f"h{index}"], ranks[0][f"h{index}"])  # the same bits on every rank
+    print(f"{engine} {family}, {size} ranks: peak RSS per rank (MiB)",
+          [round(int(rank["peak_kib"]) / 1024) for rank in ranks])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_rank_that_dies_ends_the_others_with_an_error(engine, tmp_path):
+    path = CHECKPOINTS / "deepseek_v3"
+    inputs(tmp_path, moe_swift.from_pretrained(path, layer=1, progress=False).hidden_size)
+    results = launch(engine, 3, path, tmp_path, mode="die")
+    assert results[2][0] == 3
+    for r in (0, 1):
+        code, err = results[r]
+        assert code != 0, f"{engine}: rank {r} went on without its partner"
+        # torch's gloo raises ("Connection closed by peer"); MLX's ring returns a partial
+        # sum, which the wrapper's count of ranks finds.
+        assert "moe_swift: the group's all-reduce" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shares_of_a_different_group_size_are_refused_on_every_rank(engine, tmp_path):
+    path = CHECKPOINTS / "deepseek_v3"
+    inputs(tmp_path, moe_swift.from_pretrained(path, layer=1, progress=False).hidden_size)
+    results = launch(engine, 2, path, tmp_path, mode="mismatch")
+    for r, (code, err) in enumerate(results):
+        assert code != 0 and "no rank holds experts" in err, f"{engine} rank {r}:\n{err[-2000:]}"
