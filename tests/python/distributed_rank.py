@@ -11,6 +11,8 @@ wrote to OUT/inputs.npz; the outputs go to OUT/rank{r}.npz with this process's p
 resident memory. --mode die: exit after joining the group, before the layers' collectives;
 --mode mismatch: load the share of a group one rank larger than the real one."""
 
+import faulthandler
+import os
 import resource
 import sys
 from pathlib import Path
@@ -33,6 +35,8 @@ def group_of(engine):
 
 
 def main():
+    # A rank still running after this long has hung: print where, and end with an error.
+    faulthandler.dump_traceback_later(float(os.environ.get("MOE_RANK_TIME_LIMIT", "120")), exit=True)
     engine, checkpoint, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else "ok"
     group, rank, size = group_of(engine)

@@ -22,8 +22,9 @@ import moe_swift
 HERE = Path(__file__).resolve().parent
 RANK = HERE / "distributed_rank.py"
 CHECKPOINTS = HERE.parents[0] / "fixtures" / "checkpoints"
-# A rank that is still running after this long has hung: the test kills the group.
-TIME_LIMIT = 180
+# Each rank ends itself with a traceback after RANK_TIME_LIMIT s (distributed_rank.py: MLX's
+# collectives have no time limit of their own); the test kills a group still running later.
+RANK_TIME_LIMIT, TIME_LIMIT = 90, 150
 
 
 def engines():
@@ -63,6 +64,7 @@ def launch(engine, size, checkpoint, out, mode="ok"):
     env = dict(os.environ)
     # The package as this test process imports it (a checkout's python/ or the installed one).
     env["PYTHONPATH"] = os.pathsep.join([str(Path(moe_swift.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    env["MOE_RANK_TIME_LIMIT"] = str(RANK_TIME_LIMIT)
     ports = free_ports(size)
     if engine == "mlx":
         hosts = out / "hosts.json"
