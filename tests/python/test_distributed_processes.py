@@ -60,7 +60,13 @@ def free_ports(n):
 
 
 def launch(engine, size, checkpoint, out, mode="ok"):
-    """Starts `size` ranks as the engine's launcher would; returns [(returncode, stderr)]."""
+    """Starts `size` ranks of distributed_rank.py as the engine's launcher would; returns
+    [(returncode, stderr)]."""
+    return launch_script(engine, size, [str(RANK), engine, str(checkpoint), str(out), "--mode", mode], out)
+
+
+def launch_script(engine, size, argv, out):
+    """Starts `size` ranks of `python argv` as the engine's launcher would."""
     env = dict(os.environ)
     # The package as this test process imports it (a checkout's python/ or the installed one).
     env["PYTHONPATH"] = os.pathsep.join([str(Path(moe_swift.__file__).parents[1]), env.get("PYTHONPATH", "")])
@@ -73,8 +79,7 @@ def launch(engine, size, checkpoint, out, mode="ok"):
     else:
         envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(ports[0])) for r in range(size)]
-    procs = [subprocess.Popen([sys.executable, str(RANK), engine, str(checkpoint), str(out), "--mode", mode],
-                              env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for e in envs]
+    procs = [subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for e in envs]
     results = []
     try:
         for p in procs:
@@ -141,3 +146,29 @@ def test_shares_of_a_different_group_size_are_refused_on_every_rank(engine, tmp_
     results = launch(engine, 2, path, tmp_path, mode="mismatch")
     for r, (code, err) in enumerate(results):
         assert code != 0 and "no rank holds experts" in err, f"{engine} rank {r}:\n{err[-2000:]}"
+
+
+@pytest.mark.parametrize("family,size,flags", [
+    ("qwen3_moe", 4, []), ("qwen3_moe", 2, ["--quantize"]), ("gpt_oss", 2, []),
+    ("gpt_oss", 2, ["--quantize", "--patch-first"]), ("deepseek_v3", 2, ["--patch-first"]), ("deepseek_v3", 4, []),
+])
+def test_mlx_lm_sharded_models_run_with_the_patch(family, size, flags, tmp_path):
+    """mlx-lm's own Model.shard(group) splits every expert's intermediate rows across the
+    ranks (and divides gpt-oss's down bias by their number) and sums after the MoE block;
+    each rank's patched SwitchGLU is then a layer of I / size rows: the logits equal the
+    unpatched model's in one process."""
+    pytest.importorskip("mlx_lm")
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlx_lm_models import TOKENS, tiny
+
+    model = tiny(family)
+    if "--quantize" in flags:
+        nn.quantize(model, group_size=32, bits=8)
+    expected = np.array(model(mx.array(TOKENS)).astype(mx.float32))
+    results = launch_script("mlx", size, [str(HERE / "mlx_lm_shard_rank.py"), family, str(tmp_path), *flags], tmp_path)
+    for r, (code, err) in enumerate(results):
+        assert code == 0, f"rank {r} of {size} failed:\n{err[-3000:]}"
+        got = np.load(tmp_path / f"rank{r}.npy")
+        np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4, err_msg=f"{family} {flags}, rank {r}")

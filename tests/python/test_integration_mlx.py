@@ -10,25 +10,7 @@ pytest.importorskip("mlx_lm")
 import mlx.nn as nn  # noqa: E402
 
 import moe_swift.integrations.mlx_lm as moe_mlx  # noqa: E402
-
-
-def tiny(family):
-    mx.random.seed(0)
-    if family == "qwen3_moe":
-        from mlx_lm.models import qwen3_moe as m
-        args = m.ModelArgs(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-                           num_attention_heads=4, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
-                           mlp_only_layers=[], moe_intermediate_size=64, rms_norm_eps=1e-6, vocab_size=97,
-                           num_key_value_heads=2, head_dim=16, rope_theta=10000.0, tie_word_embeddings=False,
-                           max_position_embeddings=64, norm_topk_prob=True)
-    else:
-        from mlx_lm.models import gpt_oss as m
-        args = m.ModelArgs(model_type="gpt_oss", hidden_size=64, num_hidden_layers=2, intermediate_size=64,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
-                           num_experts_per_tok=2, vocab_size=97, sliding_window=8,
-                           layer_types=["sliding_attention", "full_attention"], rms_norm_eps=1e-5)
-    model = m.Model(args)
-    return model
+from mlx_lm_models import tiny  # noqa: E402
 
 
 def logits(model):
