@@ -172,3 +172,55 @@ def test_mlx_lm_sharded_models_run_with_the_patch(family, size, flags, tmp_path)
         assert code == 0, f"rank {r} of {size} failed:\n{err[-3000:]}"
         got = np.load(tmp_path / f"rank{r}.npy")
         np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4, err_msg=f"{family} {flags}, rank {r}")
+
+
+def _transformers_with_ep():
+    try:
+        import accelerate  # noqa: F401  (transformers' distributed loading needs it)
+        import torch.distributed as dist
+        import transformers  # noqa: F401
+        from transformers.distributed import DistributedConfig  # noqa: F401
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_gloo_available()
+
+
+@pytest.mark.skipif(not _transformers_with_ep(), reason="needs torch (gloo), transformers 5 and accelerate")
+@pytest.mark.parametrize("model_type,size,implementation", [
+    ("qwen3_moe", 2, "all_reduce"), ("qwen3_moe", 4, "all_reduce"), ("qwen2_moe", 2, "all_reduce"),
+    ("gpt_oss", 2, "all_reduce"), ("mixtral", 2, "all_to_all"),
+])
+def test_transformers_expert_parallel_models_use_the_layer(model_type, size, implementation, tmp_path):
+    """transformers' own expert parallelism (DistributedConfig(ep_size=N)): each rank's
+    experts module holds E / N experts and gets every slot of another rank's expert as the
+    id E / N with weight 0 (all_reduce), or only its own tokens (all_to_all); the layer
+    built for it holds the rank's experts and skips that id. Logits equal eager's in one
+    process."""
+    import torch
+    import transformers
+
+    from transformers_ep_rank import TOKENS
+
+    config = transformers.AutoConfig.for_model(
+        model_type, hidden_size=64, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=16, vocab_size=97, num_experts=8, num_local_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, max_position_embeddings=64,
+        **({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4} if model_type == "gpt_oss"
+           else {}))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.2)
+    checkpoint = tmp_path / "model"
+    model.save_pretrained(checkpoint)
+    with torch.no_grad():
+        expected = model(torch.tensor(TOKENS)).logits.numpy()
+    results = launch_script("torch", size, [str(HERE / "transformers_ep_rank.py"), str(checkpoint), str(tmp_path),
+                                            implementation], tmp_path)
+    for r, (code, err) in enumerate(results):
+        assert code == 0, f"rank {r} of {size} failed:\n{err[-3000:]}"
+        assert f"local_experts=range(0, {8 // size})" in (tmp_path / f"layer{r}.txt").read_text()
+        np.testing.assert_allclose(np.load(tmp_path / f"rank{r}.npy"), expected, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"{model_type}, {size} ranks, rank {r}")

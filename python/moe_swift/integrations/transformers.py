@@ -374,7 +374,8 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memor
         bias = bool(getattr(module, "has_bias", False))
 
         def out_by_in(w):
-            return w.detach().transpose(-1, -2).contiguous() if transposed else w.detach()
+            w = _local(w)
+            return w.transpose(-1, -2).contiguous() if transposed else w
 
         kwargs = dict(activation=activation, **options)
         if hasattr(module, "gate_up_proj"):
@@ -384,17 +385,32 @@ def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memor
             else:
                 kwargs["gate_up_proj"] = gate_up
             if bias:
-                b = module.gate_up_proj_bias.detach()
+                b = _local(module.gate_up_proj_bias)
                 kwargs["gate_up_bias"] = torch.cat([b[:, 0::2], b[:, 1::2]], dim=1) if interleaved else b
         else:
             kwargs["gate_proj"], kwargs["up_proj"] = out_by_in(module.gate_proj), out_by_in(module.up_proj)
         down = out_by_in(module.down_proj)                             # (E, H, I)
         if bias:
-            kwargs["down_bias"] = module.down_proj_bias.detach()
+            kwargs["down_bias"] = _local(module.down_proj_bias)
         E, H = down.shape[0], down.shape[1]
+        if getattr(module, "_is_expert_parallel", False):
+            # transformers' expert parallelism (DistributedConfig(ep_size=...)): the module
+            # holds its rank's E experts, and its router sends every slot of another rank's
+            # expert as id E with weight 0 (AllReduceEP), then all-reduces the outputs. Id E
+            # is an expert of a layer of E + 1 that holds the first E: such slots add
+            # nothing and cost nothing (an id past E would be an error).
+            kwargs["local_experts"] = range(E)
+            E += 1
         router = torch.zeros((E, H), dtype=torch.float32)
         return MoELayer(router, down_proj=down, top_k=top_k, backend=backend, weight_memory=weight_memory,
                         memory_limit=memory_limit, activation_quantization=activation_quantization, **kwargs)
+
+
+def _local(tensor):
+    """A parameter as this process holds it: a DTensor's local shard (transformers'
+    distributed plans shard experts as DTensors), detached."""
+    tensor = tensor.detach()
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 # Importing this module is the one line of glue: "moe_swift" is then a valid
