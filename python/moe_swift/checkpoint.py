@@ -219,20 +219,20 @@ def _share_request(experts, shared_expert):
     return share, _flag("shared_expert", shared_expert)
 
 
-def _layer_share(ffi, lib, checkpoint, index, share):
+def _layer_share(ffi, lib, checkpoint, index, share, interleave):
     """The range of expert ids layer `index` loads for `share` (a range or (rank, world_size))."""
     info = ffi.new("moe_layer_info *")
     info.struct_size = ffi.sizeof("moe_layer_info")
     _native.check(lib.moe_checkpoint_layer_info(checkpoint, index, info))
     E = int(info.num_experts)
     if isinstance(share, tuple):
-        return expert_share(*share, E)
+        return expert_share(*share, E, interleave=interleave)
     return _local_experts(share, E)
 
 
 def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,
                     copy_weights=False, memory_limit=None, gguf=None, experts=None, shared_expert=None,
-                    **overrides):
+                    interleave=False, **overrides):
     """The MoE layer `layer` (index into model.layers, or GGUF's blk.N) of the checkpoint
     `path`, or a dict {index: MoELayer} of all its MoE layers when `layer` is None.
 
@@ -270,8 +270,9 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
 
     Expert parallelism (docs/distributed.md): `experts` loads a share of each layer's routed
     experts, as MoELayer's local_experts: a range of expert ids, or (rank, world_size) for
-    rank's contiguous share of world_size (experts rank*E//world_size up to
-    (rank+1)*E//world_size). Only that share's tensors are mapped and read; the router is
+    rank's share of world_size (moe_swift.distributed.expert_share: contiguous, or with
+    `interleave=True` every world_size-th expert from rank on, which balances DeepSeek-V3's
+    group-limited routing). Only that share's tensors are mapped and read; the router is
     read whole. `shared_expert` (default: True, or rank == 0 with (rank, world_size))
     includes the shared expert, which one rank of a group holds.
 
@@ -297,6 +298,7 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
         raise TypeError(f"copy_weights must be a bool, got {type(copy_weights).__name__}")
     limit = _memory_limit(memory_limit)
     share, with_shared = _share_request(experts, shared_expert)
+    interleave = _flag("interleave", interleave)
     ffi, lib, _ = _native.load()
     options = ffi.new("moe_load_options *")
     lib.moe_load_options_init(options)
@@ -323,8 +325,9 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
             with Progress(f"moe_swift: loading the MoE layers of {label}", len(wanted), progress=progress) as bar:
                 for index in wanted:
                     if share is not None:
-                        local = _layer_share(ffi, lib, checkpoint, index, share)
+                        local = _layer_share(ffi, lib, checkpoint, index, share, interleave)
                         options.first_local_expert, options.num_local_experts = local.start, len(local)
+                        options.local_expert_stride = local.step
                     options.without_shared_expert = 0 if with_shared else 1
                     made = ffi.new("moe_layer **")
                     with creating(backend_code, progress):

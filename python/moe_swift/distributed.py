@@ -42,19 +42,20 @@ _PER_EXPERT = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "gate_up_bia
 
 def take_experts(value, share):
     """Experts `share` (a range) of a per-expert weight: a NumPy array, torch tensor or mx
-    array (rows along the first axis, a view where the type makes one), Quantized or
-    GGMLQuantized (their arrays' rows)."""
+    array (rows along the first axis, a view where the type makes one; an interleaved
+    share's rows are copied when the layer reads them), Quantized or GGMLQuantized (their
+    arrays' rows)."""
     from .formats import GGMLQuantized, Quantized
 
+    rows = slice(share.start, share.stop, share.step)
     if isinstance(value, Quantized):
-        pick = lambda a: None if a is None else a[share.start:share.stop]  # noqa: E731
+        pick = lambda a: None if a is None else a[rows]  # noqa: E731
         return Quantized(pick(value.weight), pick(value.scales), pick(value.biases), bits=value.bits,
                          group_size=value.group_size, mode=value.mode,
                          scale_dtype="bfloat16" if value.scale_dtype == "bfloat16" else None)
     if isinstance(value, GGMLQuantized):
-        return GGMLQuantized(value.blocks[share.start:share.stop], value.format,
-                             shape=(len(share),) + tuple(value.shape[1:]))
-    return value[share.start:share.stop]
+        return GGMLQuantized(value.blocks[rows], value.format, shape=(len(share),) + tuple(value.shape[1:]))
+    return value[rows]
 
 
 def share_arguments(arguments, share, shared_expert=True):
@@ -170,7 +171,7 @@ class ExpertParallelLayer:
         # hold a shared expert, and each size once per rank (compared with size * value).
         sizes = [layer.hidden_size, layer.intermediate_size, E, layer.top_k]
         check = np.zeros(E + 2 + len(sizes), dtype=np.float32)
-        check[share.start:share.stop] = 1
+        check[list(share)] = 1
         check[E] = 1 if layer.shared_intermediate_size else 0
         check[E + 1] = 1
         check[E + 2:] = sizes
@@ -193,7 +194,7 @@ class ExpertParallelLayer:
             problems.append(f"{int(total[E])} ranks hold the shared expert (one must: it would be added that often)")
         if problems:
             raise ValueError(f"expert-parallel group of {n} ranks (this is rank {self.group.rank}, holding experts "
-                             f"{share.start}..{share.stop - 1}): " + "; ".join(problems)
+                             f"{_ids(share)}): " + "; ".join(problems)
                              + ". Load rank r's share with from_pretrained(..., experts=(r, world_size)).")
         # Who adds the residual: the shared expert's holder, else rank 0. The first rank
         # whose check said it holds one is unknown here, so it is found by the same rule on

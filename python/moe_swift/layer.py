@@ -280,27 +280,33 @@ def _memory_limit(value):
 
 
 def _local_experts(value, num_experts):
-    """The range of expert ids a layer holds: `value` (a range of step 1 within
-    range(num_experts)), or all of them for None."""
+    """The range of expert ids a layer holds: `value` (a non-empty range of positive step
+    within range(num_experts)), or all of them for None."""
     if value is None:
         return range(num_experts)
     if not isinstance(value, range):
-        raise TypeError(f"local_experts must be a range of expert ids (e.g. range(0, 64)), got {type(value).__name__}")
-    if value.step != 1 or len(value) == 0 or value.start < 0 or value.stop > num_experts:
-        raise ValueError(f"local_experts must be a non-empty range of step 1 within range({num_experts}) "
+        raise TypeError(f"local_experts must be a range of expert ids (e.g. range(0, 64) or range(1, 256, 4)), "
+                        f"got {type(value).__name__}")
+    if value.step < 1 or len(value) == 0 or value.start < 0 or value[-1] >= num_experts:
+        raise ValueError(f"local_experts must be a non-empty range of positive step within range({num_experts}) "
                          f"(the router's experts), got {value}")
-    return value
+    return range(value.start, value[-1] + 1, value.step) if value.step > 1 else value
 
 
-def expert_share(rank, world_size, num_experts):
-    """The contiguous range of expert ids that rank `rank` of `world_size` holds, as even as
-    possible: experts rank*E//world_size up to (rank+1)*E//world_size."""
+def expert_share(rank, world_size, num_experts, interleave=False):
+    """The range of expert ids that rank `rank` of `world_size` holds: contiguous and as even
+    as possible (experts rank*E//world_size up to (rank+1)*E//world_size), or with
+    `interleave` every world_size-th from rank on, range(rank, E, world_size), which spreads
+    group-limited routing's groups of consecutive experts (DeepSeek-V3) over the ranks."""
     rank, world_size = _integer("rank", rank, 32), _integer("world_size", world_size, 32)
+    interleave = _flag("interleave", interleave)
     num_experts = _integer("num_experts", num_experts, 64)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..world_size-1 ({world_size - 1}), got {rank}")
     if world_size > num_experts:
         raise ValueError(f"a group of {world_size} ranks cannot share {num_experts} experts: each rank needs at least one")
+    if interleave:
+        return _local_experts(range(rank, num_experts, world_size), num_experts)
     return range(rank * num_experts // world_size, (rank + 1) * num_experts // world_size)
 
 
@@ -441,10 +447,10 @@ class MoELayer:
     elements of a row, as ggml's dot products take them (docs/formats.md, "8-bit
     activations"; reference.quantize_activations_q8 gives the values).
 
-    local_experts: expert parallelism (docs/distributed.md). A range of expert ids: the
-    layer holds those routed experts only, and gate_proj, up_proj, gate_up_proj, down_proj
-    and their biases hold len(local_experts) experts in place of E (the router's arrays keep
-    all E). It routes every token over all E experts and returns the partial sum of the
+    local_experts: expert parallelism (docs/distributed.md). A range of expert ids (any
+    step: range(r, E, N) interleaves): the layer holds those routed experts only, and
+    gate_proj, up_proj, gate_up_proj, down_proj and their biases hold len(local_experts)
+    experts in place of E, in the range's order (the router's arrays keep all E). It routes every token over all E experts and returns the partial sum of the
     slots whose experts it holds, plus its shared expert and residual when given them: a
     group of layers holding disjoint shares, one of them with the shared expert and the
     residual, sums to the whole layer. moe_swift.distributed adds the sum over a torch or
@@ -571,7 +577,7 @@ class MoELayer:
         desc.gate_up_bias = opt("gate_up_bias", gate_up_bias, (L, 2 * I))
         desc.down_bias = opt("down_bias", down_bias, (L, H))
         if L != E:
-            desc.first_local_expert, desc.num_local_experts = share.start, L
+            desc.first_local_expert, desc.num_local_experts, desc.local_expert_stride = share.start, L, share.step
 
         shared_size = 0
         if shared_expert is not None:
@@ -634,8 +640,8 @@ class MoELayer:
         self.hidden_size, self.intermediate_size = int(info.hidden_size), int(info.intermediate_size)
         self.num_experts, self.top_k = int(info.num_experts), int(info.top_k)
         self.shared_intermediate_size = int(info.shared_intermediate_size)
-        first = int(info.first_local_expert)
-        self.local_experts = range(first, first + int(info.num_local_experts))
+        first, step = int(info.first_local_expert), int(info.local_expert_stride)
+        self.local_experts = range(first, first + int(info.num_local_experts) * step, step)
         self.backend = _BACKEND_NAMES[info.backend]
         return self
 

@@ -1,7 +1,7 @@
 """One rank of an expert-parallel group, run as a process by test_distributed_processes.py
 (and benchmarks/bench_distributed.py's own runs):
 
-    python distributed_rank.py ENGINE CHECKPOINT OUT [--mode ok|die|mismatch]
+    python distributed_rank.py ENGINE CHECKPOINT OUT [--mode ok|die|mismatch] [--interleave]
 
 ENGINE is "mlx" (mx.distributed's ring backend: MLX_RANK and MLX_HOSTFILE in the
 environment, as mlx.launch sets them) or "torch" (torch.distributed with gloo: RANK,
@@ -48,13 +48,14 @@ def main():
 
     inputs = np.load(out / "inputs.npz")
     share = (rank, size + 1) if mode == "mismatch" else (rank, size)
-    layers = moe_swift.from_pretrained(checkpoint, backend="cpu", experts=share, progress=False)
+    layers = moe_swift.from_pretrained(checkpoint, backend="cpu", experts=share, interleave="--interleave" in sys.argv,
+                                       progress=False)
     results = {}
     for index, layer in sorted(layers.items()):
         moe = ExpertParallelLayer(layer, group)
         h, normed = moe(inputs["x"], inputs["residual"], next_norm=(inputs["norm"], 1e-5))
         results[f"h{index}"], results[f"normed{index}"] = h, normed
-        results[f"share{index}"] = np.array([layer.local_experts.start, layer.local_experts.stop])
+        results[f"share{index}"] = np.array(list(layer.local_experts))
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     np.savez(out / f"rank{rank}.npz", peak_kib=peak_kib, **results)
 

@@ -107,12 +107,14 @@ def _quantize(args, fmt):
                                     ("mxfp4", True), ("q4_K", False), ("q4_K", True)])
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3", "gpt_oss"])
 def test_shares_sum_to_the_whole_layer_in_every_format(family, fmt, q8):
-    """H = 2048 (rows of 8 K-quant blocks, 64 q8 blocks), three unequal shares, the shared
-    expert with one of them; decode (1 token) and a prefill of 24 on the cpu backend."""
+    """H = 2048 (rows of 8 K-quant blocks, 64 q8 blocks), three unequal shares (contiguous
+    for two families, interleaved for DeepSeek's groups), the shared expert with one of
+    them; decode (1 token) and a prefill of 24 on the cpu backend."""
     H, I, E, k = 2048, 256, 8, 3
     args = _quantize(make_layer_args(family, H=H, I=I, E=E, k=k, seed=3, shared=128), fmt)
     args["activation_quantization"] = "q8" if q8 else "none"
-    shares = [range(0, 3), range(3, 4), range(4, 8)]
+    shares = ([range(0, 8, 3), range(1, 8, 3), range(2, 8, 3)] if family == "deepseek_v3"
+              else [range(0, 3), range(3, 4), range(4, 8)])
     whole = moe_swift.MoELayer(**args, backend="cpu")
     parts = [moe_swift.MoELayer(**share_arguments(args, s, shared_expert=n == 2), backend="cpu")
              for n, s in enumerate(shares)]
@@ -125,18 +127,19 @@ def test_shares_sum_to_the_whole_layer_in_every_format(family, fmt, q8):
         # One share alone: its held slots only, as the whole layer's experts with the other
         # slots' weights set to 0 give them (both sides of "held").
         ids, weights = whole.route(x)
-        held = (ids >= 3) & (ids < 4)
+        held = np.isin(ids, list(shares[1]))
         close(parts[1](x), whole.experts(x, ids, np.where(held, weights, 0).astype(np.float32)),
-              f"{family} {fmt}: share 3..4 alone")
+              f"{family} {fmt}: share {shares[1]} alone")
 
 
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("backend", selected_backends(("softmetal", "metal")))
-def test_shares_sum_on_the_metal_backends(backend):
+def test_shares_sum_on_the_metal_backends(backend, interleave):
     H, I, E, k = 256, 64, 8, 3
     args = make_layer_args("deepseek_v3", H=H, I=I, E=E, k=k, seed=5)
     whole = moe_swift.MoELayer(**args, backend=backend)
-    parts = [moe_swift.MoELayer(**share_arguments(args, expert_share(r, 3, E), shared_expert=r == 0), backend=backend)
-             for r in range(3)]
+    parts = [moe_swift.MoELayer(**share_arguments(args, expert_share(r, 3, E, interleave), shared_expert=r == 0),
+                                backend=backend) for r in range(3)]
     rng = np.random.default_rng(6)
     for T in (1, 40):  # the GEMV path and the bucketed GEMM path
         x = rng.standard_normal((T, H)).astype(np.float32)
@@ -159,8 +162,8 @@ def test_a_share_refuses_what_needs_the_whole_sum_and_bad_shares():
     assert not part.experts(x, ids, np.ones((2, 2), np.float32)).any()
     with pytest.raises(ValueError, match="not an expert id"):
         part.experts(x, np.array([[0, 8], [1, 2]], np.int32), np.ones((2, 2), np.float32))
-    for bad, error in [((2, 5), TypeError), (range(0, 8, 2), ValueError), (range(3, 3), ValueError),
-                       (range(-1, 2), ValueError), (range(6, 9), ValueError)]:
+    for bad, error in [((2, 5), TypeError), (range(5, 1, -2), ValueError), (range(3, 3), ValueError),
+                       (range(-1, 2), ValueError), (range(6, 9), ValueError), (range(1, 10, 4), ValueError)]:
         with pytest.raises(error, match="local_experts"):
             moe_swift.MoELayer(**args, local_experts=bad)
     # Whole arrays (E experts) for a share are a shape error naming the share's count.
@@ -171,6 +174,9 @@ def test_a_share_refuses_what_needs_the_whole_sum_and_bad_shares():
     with pytest.raises(ValueError, match="rank must be in"):
         expert_share(4, 4, 8)
     assert [expert_share(r, 3, 8) for r in range(3)] == [range(0, 2), range(2, 5), range(5, 8)]
+    assert [expert_share(r, 3, 8, interleave=True) for r in range(3)] == [range(0, 7, 3), range(1, 8, 3), range(2, 6, 3)]
+    # The last expert of a share with step may be anywhere below the range's stop.
+    assert moe_swift.MoELayer(**share_arguments(args, range(1, 8, 6))).local_experts == range(1, 8, 6)
 
 
 # --- shares of a checkpoint ----------------------------------------------------------
@@ -178,15 +184,17 @@ def test_a_share_refuses_what_needs_the_whole_sum_and_bad_shares():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_from_pretrained_shares_sum_to_the_whole_layer(family):
     """Every checkpoint layout (per-expert, fused 3-D, gpt-oss's interleaved and MXFP4,
-    mlx-lm's quantized, sharded files): each rank reads its share, rank 0 the shared expert."""
+    mlx-lm's quantized, sharded files): each rank reads its share (contiguous for 2 ranks,
+    interleaved for 3), rank 0 the shared expert."""
     path = CHECKPOINTS / family
     whole = moe_swift.from_pretrained(path, backend="cpu", progress=False)
     rng = np.random.default_rng(7)
-    for N in (2, 3):
-        ranks = [moe_swift.from_pretrained(path, backend="cpu", experts=(r, N), progress=False) for r in range(N)]
+    for N, interleave in ((2, False), (3, True)):
+        ranks = [moe_swift.from_pretrained(path, backend="cpu", experts=(r, N), interleave=interleave, progress=False)
+                 for r in range(N)]
         for index, layer in whole.items():
             shares = [r[index].local_experts for r in ranks]
-            assert shares == [expert_share(r, N, layer.num_experts) for r in range(N)]
+            assert shares == [expert_share(r, N, layer.num_experts, interleave) for r in range(N)]
             assert [bool(r[index].shared_intermediate_size) for r in ranks] == \
                    [bool(layer.shared_intermediate_size) and r == 0 for r in range(N)]
             x = rng.standard_normal((5, layer.hidden_size)).astype(np.float32)
@@ -232,7 +240,8 @@ def test_gguf_shares_sum_to_the_whole_layer(tmp_path):
     for case in ("qwen2moe", "mixtral_per_expert", "gpt-oss", "fused_gate_up", "deepseek2"):
         path = make_gguf.make(case, tmp_path / case)[0]
         whole = moe_swift.from_pretrained(path, backend="cpu", progress=False)
-        ranks = [moe_swift.from_pretrained(path, backend="cpu", experts=(r, 2), progress=False) for r in range(2)]
+        ranks = [moe_swift.from_pretrained(path, backend="cpu", experts=(r, 2), interleave=case == "deepseek2",
+                                           progress=False) for r in range(2)]
         rng = np.random.default_rng(8)
         for index, layer in whole.items():
             x = rng.standard_normal((3, layer.hidden_size)).astype(np.float32)
@@ -241,8 +250,8 @@ def test_gguf_shares_sum_to_the_whole_layer(tmp_path):
 
 # --- the wrapper over a group ---------------------------------------------------------
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_expert_parallel_layer_gives_every_rank_the_whole_result(size):
+@pytest.mark.parametrize("size,interleave", [(2, False), (4, False), (4, True)])
+def test_expert_parallel_layer_gives_every_rank_the_whole_result(size, interleave):
     path = CHECKPOINTS / "deepseek_v3"
     whole = moe_swift.from_pretrained(path, progress=False)
     index = min(whole)
@@ -255,7 +264,7 @@ def test_expert_parallel_layer_gives_every_rank_the_whole_result(size):
     expected_input = whole[index](x, "input", input_norm=(norm, 1e-5))
 
     def body(r, group):
-        layer = moe_swift.from_pretrained(path, layer=index, experts=(r, size), progress=False)
+        layer = moe_swift.from_pretrained(path, layer=index, experts=(r, size), interleave=interleave, progress=False)
         ep = ExpertParallelLayer(layer, group)
         return ep(x, residual, next_norm=(norm, 1e-5)), ep(x, "input", input_norm=(norm, 1e-5)), ep.adds_residual
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import moe_swift
+import moe_swift.distributed
 
 HERE = Path(__file__).resolve().parent
 RANK = HERE / "distributed_rank.py"
@@ -59,10 +60,11 @@ def free_ports(n):
     return ports
 
 
-def launch(engine, size, checkpoint, out, mode="ok"):
+def launch(engine, size, checkpoint, out, mode="ok", interleave=False):
     """Starts `size` ranks of distributed_rank.py as the engine's launcher would; returns
     [(returncode, stderr)]."""
-    return launch_script(engine, size, [str(RANK), engine, str(checkpoint), str(out), "--mode", mode], out)
+    return launch_script(engine, size, [str(RANK), engine, str(checkpoint), str(out), "--mode", mode]
+                         + (["--interleave"] if interleave else []), out)
 
 
 def launch_script(engine, size, argv, out):
@@ -102,19 +104,21 @@ def inputs(out, H):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("size,family", [(2, "deepseek_v3"), (4, "deepseek_v3"), (2, "qwen3_moe_mlx_4bit")])
-def test_ranks_give_the_one_process_result(engine, size, family, tmp_path):
+@pytest.mark.parametrize("size,family,interleave", [(2, "deepseek_v3", False), (4, "deepseek_v3", True),
+                                                    (2, "qwen3_moe_mlx_4bit", False)])
+def test_ranks_give_the_one_process_result(engine, size, family, interleave, tmp_path):
     path = CHECKPOINTS / family
     whole = moe_swift.from_pretrained(path, backend="cpu", progress=False)
     data = inputs(tmp_path, next(iter(whole.values())).hidden_size)
-    results = launch(engine, size, path, tmp_path)
+    results = launch(engine, size, path, tmp_path, interleave=interleave)
     for r, (code, err) in enumerate(results):
         assert code == 0, f"{engine} rank {r} of {size} failed:\n{err[-3000:]}"
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(size)]
     for index, layer in whole.items():
         h, normed = layer(data["x"], data["residual"], next_norm=(data["norm"], 1e-5))
-        shares = [tuple(rank[f"share{index}"]) for rank in ranks]
-        assert shares == [(r * layer.num_experts // size, (r + 1) * layer.num_experts // size) for r in range(size)]
+        shares = [list(rank[f"share{index}"]) for rank in ranks]
+        assert shares == [list(moe_swift.distributed.expert_share(r, size, layer.num_experts, interleave))
+                          for r in range(size)]
         for r, rank in enumerate(ranks):
             for name, got, want in (("h", rank[f"h{index}"], h), ("normed", rank[f"normed{index}"], normed)):
                 bound = 1e-5 * float(np.abs(want).max()) + 1e-6

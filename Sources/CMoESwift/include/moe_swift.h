@@ -149,9 +149,10 @@ typedef struct moe_layer_desc {
      * weights and the router always take float32 activations. */
     int32_t activation_quantization;
     /* Appended later: expert parallelism. The layer holds the num_local_experts routed
-     * experts from id first_local_expert on (num_local_experts 0: all E, first_local_expert
-     * then 0): gate_proj, up_proj, gate_up_proj, down_proj, gate_up_bias and down_bias have
-     * num_local_experts in place of E; the router's arrays (router_weight, router_bias,
+     * experts first_local_expert, first_local_expert + local_expert_stride, ... (stride 0
+     * or 1: consecutive ids; num_local_experts 0: all E, the other two then 0):
+     * gate_proj, up_proj, gate_up_proj, down_proj, gate_up_bias and down_bias have
+     * num_local_experts in place of E, in that order; the router's arrays (router_weight, router_bias,
      * selection_bias, per_expert_scale) keep all E. Such a layer routes every token over all
      * E experts and returns the partial sum of the slots whose experts it holds, plus its
      * shared expert and residual when it is given them: layers holding disjoint shares of
@@ -160,6 +161,7 @@ typedef struct moe_layer_desc {
      * whole sum and are refused. */
     int64_t first_local_expert;
     int64_t num_local_experts;
+    int64_t local_expert_stride;
 } moe_layer_desc;
 
 typedef struct moe_layer moe_layer;   /* opaque */
@@ -417,9 +419,10 @@ typedef struct moe_layer_info {
     int64_t num_experts;              /* E */
     int64_t top_k;                    /* k */
     int64_t shared_intermediate_size; /* Is, 0 without a shared expert */
-    /* Appended later: the experts held (all: 0 and E). */
+    /* Appended later: the experts held (all: 0, E and 1). */
     int64_t first_local_expert;
     int64_t num_local_experts;
+    int64_t local_expert_stride;
 } moe_layer_info;
 
 moe_status moe_layer_get_info(const moe_layer* layer, moe_layer_info* out);
@@ -479,10 +482,11 @@ typedef struct moe_load_options {
     int32_t copy_weights;             /* 1: copy every tensor instead of reading the mapping in place */
     int64_t memory_limit;             /* as moe_layer_desc.memory_limit; 0: the system's */
     /* Appended later: expert parallelism (moe_layer_desc's fields of the same names). Only
-     * the tensors of experts [first_local_expert, first_local_expert + num_local_experts)
-     * are read (num_local_experts 0: all); the router's are read whole. */
+     * the tensors of those experts are read (num_local_experts 0: all); the router's are
+     * read whole. */
     int64_t first_local_expert;
     int64_t num_local_experts;
+    int64_t local_expert_stride;
     int32_t without_shared_expert;    /* 1: leave the shared expert out (every rank but one) */
 } moe_load_options;
 /* Sets struct_size; everything else 0. */

@@ -111,15 +111,8 @@ public func moe_layer_create_from_checkpoint_ex(_ handle: OpaquePointer?, _ laye
         guard load.memory_limit >= 0 else {
             throw MoEError.invalidArgument("memory_limit must be >= 0 bytes (0: no limit), got \(load.memory_limit)")
         }
-        var share: Range<Int>?
-        if load.first_local_expert != 0 || load.num_local_experts != 0 {
-            let (first, count) = (load.first_local_expert, load.num_local_experts)
-            guard first >= 0 && count > 0 && first <= Int64(Int32.max) - count else {
-                throw MoEError.invalidArgument("first_local_expert (\(first)) and num_local_experts (\(count)) must name "
-                                               + "a non-empty range of experts")
-            }
-            share = Int(first)..<Int(first + count)
-        }
+        let share = try LayerDescriptor.share(first: load.first_local_expert, count: load.num_local_experts,
+                                              stride: load.local_expert_stride, numExperts: nil)
         let made = try MoELayer(checkpoint: checkpoint, layer: Int(layer), backend: kind, overrides: overrides,
                                 copyWeights: load.copy_weights != 0,
                                 memoryLimit: load.memory_limit == 0 ? nil : Int(load.memory_limit),

@@ -273,8 +273,9 @@ func writeInfo(_ c: MoEConfiguration, backend: MoEBackendKind, to out: UnsafeMut
                               hidden_size: Int64(c.hiddenSize), intermediate_size: Int64(c.intermediateSize),
                               num_experts: Int64(c.numExperts), top_k: Int64(c.topK),
                               shared_intermediate_size: Int64(c.sharedIntermediateSize),
-                              first_local_expert: Int64(c.heldExperts.lowerBound),
-                              num_local_experts: Int64(c.heldExperts.count))
+                              first_local_expert: Int64(c.heldExperts.first),
+                              num_local_experts: Int64(c.heldExperts.count),
+                              local_expert_stride: Int64(c.heldExperts.stride))
     // An older caller's shorter struct gets only the fields it knows.
     withUnsafeBytes(of: &info) { src in
         UnsafeMutableRawPointer(out).copyMemory(from: src.baseAddress!, byteCount: Swift.min(size, src.count))

@@ -80,18 +80,25 @@ struct LayerDescriptor {
         c.swigluAlpha = d.swiglu_alpha
         c.swigluLimit = d.swiglu_limit
         c.sharedIntermediateSize = try size(d.shared_intermediate_size, "shared_intermediate_size")
-        if d.num_local_experts != 0 || d.first_local_expert != 0 {
-            let first = try size(d.first_local_expert, "first_local_expert")
-            let count = try size(d.num_local_experts, "num_local_experts")
-            guard first >= 0 && count > 0 && first <= c.numExperts - count else {
-                throw MoEError.invalidArgument(
-                    "first_local_expert (\(first)) and num_local_experts (\(count)) must name a non-empty range "
-                    + "of the num_experts (\(c.numExperts)) experts")
-            }
-            c.localExperts = first..<first + count
-        }
+        c.localExperts = try Self.share(first: d.first_local_expert, count: d.num_local_experts,
+                                        stride: d.local_expert_stride, numExperts: c.numExperts)
         try c.validate()
         configuration = c
+    }
+
+    /// The share of first_local_expert, num_local_experts and local_expert_stride (nil for
+    /// all experts: the three 0), checked against `numExperts` (nil: checked later).
+    static func share(first: Int64, count: Int64, stride: Int64, numExperts: Int?) throws -> ExpertShare? {
+        if first == 0 && count == 0 && stride <= 1 && stride >= 0 { return nil }
+        let limit = Int64(Int32.max)
+        let step = stride == 0 ? 1 : stride
+        guard first >= 0, first <= limit, count >= 1, count <= limit, step >= 1, step <= limit,
+              first + (count - 1) * step < Int64(numExperts ?? Int(limit)) else {
+            throw MoEError.invalidArgument(
+                "first_local_expert (\(first)), num_local_experts (\(count)) and local_expert_stride (\(stride)) must "
+                + "name one or more of the " + (numExperts.map { "num_experts (\($0))" } ?? "layer's") + " experts")
+        }
+        return ExpertShare(first: Int(first), count: Int(count), stride: Int(step))
     }
 
     /// The caller's memory limit (nil for 0: the system's).

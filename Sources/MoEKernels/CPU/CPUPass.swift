@@ -26,7 +26,8 @@ final class CPUPass: MoEPass {
     private let tokens: Int
     private let (h, e, k, inner): (Int, Int, Int, Int)
     /// The experts held (`MoEConfiguration.heldExperts`): pair ids outside them are absent.
-    private let (firstHeld, held): (Int, Int)
+    private let share: ExpertShare
+    private let held: Int
 
     // Routing: (tokens, E) logits turned into scores in place; (tokens, k) ids and weights.
     private let logits: UnsafeMutablePointer<Float>
@@ -80,7 +81,7 @@ final class CPUPass: MoEPass {
         self.tokens = tokens
         withShared = backend.shared != nil
         (h, e, k, inner) = (c.hiddenSize, c.numExperts, c.topK, c.intermediateSize)
-        (firstHeld, held) = (c.heldExperts.lowerBound, c.heldExperts.count)
+        (share, held) = (c.heldExperts, c.heldExperts.count)
         let rows = tokens * k
         let si = c.sharedIntermediateSize
         let chunks = (tokens + Self.routerChunk - 1) / Self.routerChunk
@@ -211,10 +212,7 @@ final class CPUPass: MoEPass {
 
     /// The place of pair p's expert among those held, or nil when the layer does not hold it.
     @inline(__always)
-    private func heldPlace(_ p: Int) -> Int? {
-        let place = Int(ids[p]) - firstHeld
-        return place >= 0 && place < held ? place : nil
-    }
+    private func heldPlace(_ p: Int) -> Int? { share.place(of: Int(ids[p])) }
 
     func groupPairsByExpert() {
         let pairs = tokens * k
@@ -237,7 +235,7 @@ final class CPUPass: MoEPass {
         for i in stride(from: held, to: 0, by: -1) { expertStart[i] = expertStart[i - 1] }
         expertStart[0] = 0
 
-        let (x, h, k, gathered, rowPair, ids) = (self.x, self.h, self.k, self.gathered, self.rowPair, self.ids)
+        let (x, h, k, gathered, rowPair) = (self.x, self.h, self.k, self.gathered, self.rowPair)
         let (xQ8, gatheredQ8, gathersFloats) = (self.xQ8, self.gatheredQ8, self.gathersFloats)
         if let xQ8, !xQuantized {
             parallelFor(tokens) { t in xQ8.quantize(row: t, from: x + t * h) }
@@ -247,7 +245,7 @@ final class CPUPass: MoEPass {
         parallelFor((rows + chunk - 1) / chunk) { c in
             for row in c * chunk..<Swift.min(rows, (c + 1) * chunk) {
                 let pair = Int(rowPair[row])
-                if readsInPlace(Int(ids[pair]) - firstHeld) { continue }
+                if readsInPlace(heldPlace(pair)!) { continue }
                 let token = pair / k
                 if gathersFloats { (gathered + row * h).update(from: x + token * h, count: h) }
                 if let gatheredQ8, let xQ8 { gatheredQ8.copy(row: token, of: xQ8, to: row) }

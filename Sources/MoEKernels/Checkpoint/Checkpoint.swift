@@ -260,7 +260,7 @@ extension MoELayer {
     /// every rank of a group but one).
     public convenience init(checkpoint: Checkpoint, layer: Int, backend: MoEBackendKind = .auto,
                             overrides: [String: Double] = [:], copyWeights: Bool = false,
-                            memoryLimit: Int? = nil, localExperts: Range<Int>? = nil,
+                            memoryLimit: Int? = nil, localExperts: ExpertShare? = nil,
                             sharedExpert: Bool = true) throws {
         var configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
         if let localExperts {

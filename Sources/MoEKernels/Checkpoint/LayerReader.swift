@@ -278,7 +278,7 @@ final class LayerReader {
     private func deinterleaveRows(_ src: UnsafeRawBufferPointer, rowBytes: Int) -> UnsafeRawBufferPointer {
         let i = c.intermediateSize
         let out = temporary(src.count)
-        for expert in c.heldExperts {
+        for expert in c.heldExperts.ids {
             let base = expert * 2 * i * rowBytes
             for r in 0..<2 * i {
                 let from = base + r * rowBytes
@@ -302,7 +302,7 @@ final class LayerReader {
             let src = t.bytes.bindMemory(to: T.self), dst = out.bindMemory(to: T.self)
             let half = cols / 2
             let tile = 64  // tiles keep both sides' cache lines in use (gpt-oss-120b's gate_up_proj: 2.1 G elements)
-            for e in c.heldExperts {
+            for e in c.heldExperts.ids {
                 let base = e * rows * cols
                 for r0 in stride(from: 0, to: cols, by: tile) {
                     for k0 in stride(from: 0, to: rows, by: tile) {

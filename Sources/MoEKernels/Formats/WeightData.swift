@@ -119,9 +119,21 @@ public enum WeightData: @unchecked Sendable {
         }
     }
 
-    /// The experts `range` of a tensor that stacks `total` experts along its first dimension
+    /// The experts `share` of a tensor that stacks `total` experts along its first dimension
     /// (every part's bytes are `total` equal pieces, one per expert): views of the same
-    /// bytes, nothing copied, nothing read.
+    /// bytes, nothing copied, nothing read — one view for a contiguous share, one per
+    /// expert (`.experts`, which the backends reach through a per-expert table) otherwise.
+    func experts(_ share: ExpertShare, of total: Int) -> WeightData {
+        if case .experts(let list) = self { return .experts(share.ids.map { list[$0] }) }
+        if share.stride == 1 { return experts(share.first..<share.first + share.count, of: total) }
+        if case .array(let a) = self {  // owned floats: the share's rows, gathered
+            let per = a.count / total
+            return .array(share.ids.flatMap { a[$0 * per..<($0 + 1) * per] })
+        }
+        return .experts(share.ids.map { experts($0..<$0 + 1, of: total) })
+    }
+
+    /// The experts `range` (see `experts(_:of:)` above): one view.
     func experts(_ range: Range<Int>, of total: Int) -> WeightData {
         func slice(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer {
             let per = raw.count / total

@@ -109,6 +109,37 @@ public enum MoEBackendKind: MoEOptionRow {
     public var name: String { optionName(MOE_OPTION_TABLE_BACKEND, rawValue) }
 }
 
+/// The routed experts a layer holds (expert parallelism): ids `first`, `first + stride`, ...,
+/// `count` of them, the per-expert weights in that order. A contiguous share has stride 1;
+/// an interleaved one (rank r of N: r, r + N, ...) spreads group-limited routing's groups of
+/// consecutive experts over the ranks.
+public struct ExpertShare: Sendable, Equatable, CustomStringConvertible {
+    public var first: Int
+    public var count: Int
+    public var stride: Int
+
+    public init(first: Int, count: Int, stride: Int = 1) {
+        (self.first, self.count, self.stride) = (first, count, stride)
+    }
+
+    public init(_ range: Range<Int>) { self.init(first: range.lowerBound, count: range.count) }
+
+    /// The ids, in the weights' order.
+    public var ids: StrideTo<Int> { Swift.stride(from: first, to: first + count * stride, by: stride) }
+
+    /// The place of expert `id` among those held, or nil when it is not held.
+    @inline(__always)
+    func place(of id: Int) -> Int? {
+        let d = id - first
+        guard d >= 0, d % stride == 0, d / stride < count else { return nil }
+        return d / stride
+    }
+
+    public var description: String {
+        stride == 1 ? "\(first)..<\(first + count)" : "\(first), \(first + stride), ... \(first + (count - 1) * stride)"
+    }
+}
+
 /// Every option of one MoE layer (see docs/spec.md, "What one call computes"); checked once by `validate()`.
 public struct MoEConfiguration: Sendable, Equatable {
     public var hiddenSize: Int
@@ -135,13 +166,14 @@ public struct MoEConfiguration: Sendable, Equatable {
     /// Width of the shared expert; 0 when the layer has none.
     public var sharedIntermediateSize: Int = 0
 
-    /// Expert parallelism: the routed experts this layer holds, ids `localExperts` of the
-    /// `numExperts` the router chooses among; nil: all of them. The per-expert weights hold
-    /// `localExperts.count` experts. A layer holding a share routes every token as the whole
-    /// layer does and returns the partial sum of the slots whose experts it holds (plus its
-    /// shared expert and residual, when it has them): a group of layers holding disjoint
-    /// shares, of which one has the shared expert and the residual, sums to the whole layer.
-    public var localExperts: Range<Int>? = nil
+    /// Expert parallelism: the routed experts this layer holds, of the `numExperts` the
+    /// router chooses among; nil: all of them. The per-expert weights hold
+    /// `localExperts.count` experts, in the share's order. A layer holding a share routes
+    /// every token as the whole layer does and returns the partial sum of the slots whose
+    /// experts it holds (plus its shared expert and residual, when it has them): a group of
+    /// layers holding disjoint shares, of which one has the shared expert and the residual,
+    /// sums to the whole layer.
+    public var localExperts: ExpertShare? = nil
 
     public init(hiddenSize: Int, intermediateSize: Int, numExperts: Int, topK: Int) {
         self.hiddenSize = hiddenSize
@@ -151,10 +183,10 @@ public struct MoEConfiguration: Sendable, Equatable {
     }
 
     public var hasSharedExpert: Bool { sharedIntermediateSize > 0 }
-    /// The ids of the experts whose weights the layer holds (all unless `localExperts`).
-    public var heldExperts: Range<Int> { localExperts ?? 0..<numExperts }
+    /// The experts whose weights the layer holds (all unless `localExperts`).
+    public var heldExperts: ExpertShare { localExperts ?? ExpertShare(0..<numExperts) }
     /// Whether the layer holds only a share of the experts (its output is a partial sum).
-    public var holdsShare: Bool { heldExperts != 0..<numExperts }
+    public var holdsShare: Bool { heldExperts != ExpertShare(0..<numExperts) }
     var groupSize: Int { numExperts / nGroup }
 
     /// Throws `MoEError.invalidArgument` naming the first option that is wrong.
@@ -172,9 +204,9 @@ public struct MoEConfiguration: Sendable, Equatable {
         try require(topK >= 1 && topK <= numExperts,
                     "top_k must be in 1...num_experts (\(numExperts)), got \(topK)")
         if let share = localExperts {
-            try require(share.lowerBound >= 0 && share.upperBound <= numExperts && !share.isEmpty,
-                        "the local experts (\(share.lowerBound)..<\(share.upperBound)) must be a non-empty "
-                        + "range within 0..<num_experts (\(numExperts))")
+            try require(share.first >= 0 && share.count >= 1 && share.stride >= 1
+                        && share.first <= numExperts - 1 - (share.count - 1) * share.stride,
+                        "the local experts (\(share)) must be one or more experts within 0..<num_experts (\(numExperts))")
         }
         try require(sharedIntermediateSize >= 0 && sharedIntermediateSize <= limit,
                     "shared_intermediate_size must be in 0...\(limit), got \(sharedIntermediateSize)")

@@ -239,7 +239,7 @@ public final class MoELayer: @unchecked Sendable {
         guard configuration.holdsShare else { return }
         let (share, e) = (configuration.heldExperts, configuration.numExperts)
         throw MoEError.invalidArgument(
-            "this layer holds experts \(share.lowerBound)..<\(share.upperBound) of \(e): its output is a partial sum, "
+            "this layer holds experts \(share) of \(e): its output is a partial sum, "
             + "so \(what) must be applied to the group's sum, not here")
     }
 

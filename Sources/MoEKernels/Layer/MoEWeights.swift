@@ -53,20 +53,27 @@ public struct MoEWeights: Sendable {
         self.shared = shared
     }
 
-    /// The weights of a layer holding experts `range` of the `total` these hold (expert
-    /// parallelism, `MoEConfiguration.localExperts`): the experts' own arrays become views
-    /// of that range; the router's stay whole.
-    func experts(_ range: Range<Int>, of total: Int) -> MoEWeights {
+    /// The weights of a layer holding experts `share` of the `total` these hold (expert
+    /// parallelism, `MoEConfiguration.localExperts`): the experts' matrices become views of
+    /// the share's experts; the router's arrays stay whole.
+    func experts(_ share: ExpertShare, of total: Int) -> MoEWeights {
         var w = self
         switch gateUp {
         case .separate(let gate, let up):
-            w.gateUp = .separate(gate: gate.experts(range, of: total), up: up.experts(range, of: total))
+            w.gateUp = .separate(gate: gate.experts(share, of: total), up: up.experts(share, of: total))
         case .fused(let gateUp):
-            w.gateUp = .fused(gateUp.experts(range, of: total))
+            w.gateUp = .fused(gateUp.experts(share, of: total))
         }
-        w.downProj = downProj.experts(range, of: total)
-        w.gateUpBias = gateUpBias?.experts(range, of: total)
-        w.downBias = downBias?.experts(range, of: total)
+        w.downProj = downProj.experts(share, of: total)
+        // Vectors are one array each (read as float32): an interleaved share's rows gathered.
+        func vector(_ v: WeightData?) -> WeightData? {
+            guard let v else { return nil }
+            if share.stride == 1 { return v.experts(share, of: total) }
+            let all = v.floats(), per = all.count / total
+            return .array(share.ids.flatMap { all[$0 * per..<($0 + 1) * per] })
+        }
+        w.gateUpBias = vector(gateUpBias)
+        w.downBias = vector(downBias)
         return w
     }
 

@@ -1,7 +1,7 @@
 // moe_bucket.metal - the (token, slot) pairs grouped by expert, once per layer, for both
 // expert GEMMs (llama.cpp rebuilds its map for each matmul). Outputs:
 //   expert_offsets[E + 1]  bucket e is rows [expert_offsets[e], expert_offsets[e + 1]): the
-//                          pairs of expert expert_base + e (E: the experts held)
+//                          pairs of the e-th expert held (moe_held_place; E: their count)
 //   rows[P]                the pair (t * k + j) of each bucket row; stable: pairs of one
 //                          expert keep their order, so the result never depends on timing
 //   tiles[]                (expert, first row) of every MOE_GEMM_BM-row tile of every bucket
@@ -39,7 +39,7 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
 
     // 1. Counts per expert (a sum: the same in any order).
     for (uint q = tid; q < P; q += MOE_BUCKET_THREADS) {
-        const uint e = uint(ids[q]) - p.expert_base;
+        const uint e = moe_held_place(ids[q], p.expert_base, p.expert_stride, E);
         if (e < E) atomic_fetch_add_explicit(&counts[e], 1u, memory_order_relaxed);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -98,7 +98,7 @@ kernel void moe_bucket(constant moe_bucket_params& p [[buffer(MOE_BUCKET_BUF_PAR
     //    + those in earlier lanes of its own simdgroup.
     for (uint base = 0; base < P; base += MOE_BUCKET_THREADS) {
         const uint q = base + tid;
-        const uint e = q < P ? uint(ids[q]) - p.expert_base : MOE_NONE;
+        const uint e = q < P ? moe_held_place(ids[q], p.expert_base, p.expert_stride, E) : MOE_NONE;
         const bool valid = e < E;
         uint before_lane = 0, in_sg = 0;
         for (ushort l = 0; l < MOE_SIMD_WIDTH; l++) {

@@ -15,12 +15,11 @@ static inline float moe_combine_element(constant moe_combine_params& p, device c
     const ulong H = p.hidden;
     device const float* pairs = pair_out + (ulong)t * p.top_k * H + h;
     device const int* pair_ids = ids + (ulong)t * p.top_k;
-    // A pair whose expert is not held (an expert-parallel share's others, or an id outside
-    // [0, E)) was not computed (its row holds stale scratch): it adds nothing. Held pairs
-    // sum in the same order as ever.
-    float acc = uint(pair_ids[0]) - p.expert_base < p.experts ? pairs[0] : 0.0f;
+    // A pair whose expert is not held (moe_held_place) was not computed (its row holds
+    // stale scratch): it adds nothing. Held pairs sum in the same order as ever.
+    float acc = moe_held_place(pair_ids[0], p.expert_base, p.expert_stride, p.experts) != MOE_NONE ? pairs[0] : 0.0f;
     for (uint j = 1; j < p.top_k; j++) {
-        if (uint(pair_ids[j]) - p.expert_base < p.experts) acc += pairs[j * H];
+        if (moe_held_place(pair_ids[j], p.expert_base, p.expert_stride, p.experts) != MOE_NONE) acc += pairs[j * H];
     }
     const ulong i = (ulong)t * H + h;
     if (p.has_shared != 0) acc += shared_out[i];

@@ -8,6 +8,16 @@ using namespace metal;
 
 #define MOE_NONE 0xFFFFFFFFu
 
+// The place of expert `id` among the `count` experts a layer holds (ids base, base + stride,
+// ...: ExpertShare), or MOE_NONE when it does not hold it: an expert-parallel share's others,
+// or an id outside [0, E) that only a caller's routing can hold (encode_routed).
+static inline uint moe_held_place(int id, uint base, uint stride, uint count) {
+    const uint d = uint(id) - base;
+    if (uint(id) < base) return MOE_NONE;
+    const uint place = stride == 1 ? d : (d % stride == 0 ? d / stride : MOE_NONE);
+    return place < count ? place : MOE_NONE;
+}
+
 // NaN by its bits, so that the test survives any math mode.
 static inline bool moe_is_nan(float v) {
     return (as_type<uint>(v) & 0x7FFFFFFFu) > 0x7F800000u;

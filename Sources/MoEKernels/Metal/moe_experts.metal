@@ -70,12 +70,10 @@ static inline moe_job moe_decode_job(constant moe_ffn_params& p, device const in
             bool seen = false;
             for (uint q = lane; q < pair; q += MOE_SIMD_WIDTH) seen = seen || ids[q] == e;
             uint n = 0;
-            // An expert not held (an expert-parallel share's others, or an id outside
-            // [0, E) that only the caller's routing can hold: encode_routed) selects
-            // nothing: its pairs are skipped here and in the combine, never read as an
-            // expert past the weights.
-            const uint place = uint(e) - p.expert_base;
-            if (!simd_any(seen) && place < p.experts) {
+            // An expert not held (moe_held_place) selects nothing: its pairs are skipped
+            // here and in the combine, never read as an expert past the weights.
+            const uint place = moe_held_place(e, p.expert_base, p.expert_stride, p.experts);
+            if (!simd_any(seen) && place != MOE_NONE) {
                 for (uint base = pair; base < pairs && n < MOE_DECODE_MAX_TOKENS; base += MOE_SIMD_WIDTH) {
                     const uint q = base + lane;
                     const uint match = q < pairs && ids[q] == e ? 1u : 0u;

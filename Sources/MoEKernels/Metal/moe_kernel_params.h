@@ -216,8 +216,8 @@ typedef struct moe_bucket_params {
     moe_u32 experts;              /* the experts held: E, or an expert-parallel share's count */
     moe_u32 gate_up_column_tiles; /* ceil(I / MOE_GEMM_GATE_UP_BN): y of the gate/up GEMM grid */
     moe_u32 down_column_tiles;    /* ceil(H / MOE_GEMM_DOWN_BN): y of the down GEMM grid */
-    moe_u32 expert_base;          /* the id of the first expert held: a pair's bucket is id - base */
-    moe_u32 _pad0;
+    moe_u32 expert_base;          /* the experts held: ids base, base + stride, ...; a pair's */
+    moe_u32 expert_stride;        /* bucket is its id's place among them (moe_held_place) */
 } moe_bucket_params;
 
 /* The expert kernels (gate/up and down, matrix-vector and GEMM), routed or shared. */
@@ -233,7 +233,9 @@ typedef struct moe_ffn_params {
     moe_u32 has_bias;
     moe_u32 gate_up_pass;         /* MOE_GATE_UP_* */
     moe_u32 experts;              /* the experts held (E, or a share's count): a routed pair */
-    moe_u32 expert_base;          /* whose id - expert_base is outside [0, experts) is skipped */
+    moe_u32 expert_base;          /* whose id is not held (moe_held_place) is skipped */
+    moe_u32 expert_stride;
+    moe_u32 _pad2;
     moe_weight_desc w0;           /* gate (gate/up kernels) or down */
     moe_weight_desc w1;           /* up (gate/up kernels) */
 } moe_ffn_params;
@@ -249,8 +251,10 @@ typedef struct moe_combine_params {
     moe_u32 has_next_norm;        /* also write NORMED = rmsnorm(out) * (offset + weight) */
     float next_norm_eps;
     float next_norm_offset;
-    moe_u32 experts;              /* the experts held: a pair whose id - expert_base is outside */
-    moe_u32 expert_base;          /* [0, experts) adds nothing */
+    moe_u32 experts;              /* the experts held: a pair whose id is not held */
+    moe_u32 expert_base;          /* (moe_held_place) adds nothing */
+    moe_u32 expert_stride;
+    moe_u32 _pad1;
 } moe_combine_params;
 
 /* moe_load_activations_<dtype> / moe_store_activations_<dtype>: grid

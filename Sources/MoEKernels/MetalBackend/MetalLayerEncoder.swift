@@ -122,7 +122,8 @@ struct MetalLayerEncoder {
         var p = moe_bucket_params()
         p.pairs = UInt32(tokens * c.topK)
         p.experts = UInt32(c.heldExperts.count)
-        p.expert_base = UInt32(c.heldExperts.lowerBound)
+        p.expert_base = UInt32(c.heldExperts.first)
+        p.expert_stride = UInt32(c.heldExperts.stride)
         p.gate_up_column_tiles = UInt32(columnTiles(c.intermediateSize, MOE_GEMM_GATE_UP_BN))
         p.down_column_tiles = UInt32(columnTiles(c.hiddenSize, MOE_GEMM_DOWN_BN))
         encoder.setComputePipelineState(context.bucket)
@@ -259,7 +260,8 @@ struct MetalLayerEncoder {
         p.has_shared = withShared && scratch.sharedOut != nil ? 1 : 0
         p.has_residual = residual == nil ? 0 : 1
         p.experts = UInt32(c.heldExperts.count)
-        p.expert_base = UInt32(c.heldExperts.lowerBound)
+        p.expert_base = UInt32(c.heldExperts.first)
+        p.expert_stride = UInt32(c.heldExperts.stride)
         if let nextNorm {
             p.has_next_norm = 1
             p.next_norm_eps = nextNorm.eps
@@ -316,7 +318,8 @@ struct MetalLayerEncoder {
         p.top_k = shared ? 1 : UInt32(c.topK)
         p.mode = UInt32(shared ? MOE_FFN_SHARED : MOE_FFN_ROUTED)
         p.experts = UInt32(c.heldExperts.count)
-        p.expert_base = UInt32(c.heldExperts.lowerBound)
+        p.expert_base = UInt32(c.heldExperts.first)
+        p.expert_stride = UInt32(c.heldExperts.stride)
         p.activation = UInt32(c.activation.rawValue)
         p.swiglu_alpha = c.swigluAlpha
         p.swiglu_limit = c.swigluLimit

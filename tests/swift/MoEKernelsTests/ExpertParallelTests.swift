@@ -13,10 +13,13 @@ final class ExpertParallelTests: XCTestCase {
     let config = makeConfig(h: 96, i: 40, e: 8, k: 3) { $0.sharedIntermediateSize = 24 }
     let options = LayerOptions(routerBias: true, selectionBias: true, perExpertScale: true, gateUpBias: true,
                                downBias: true, sharedSigmoidGate: true)
-    let shares = [0..<3, 3..<4, 4..<8]
+    let shares = [ExpertShare(0..<3), ExpertShare(3..<4), ExpertShare(4..<8)]
+    /// Interleaved: 0, 3, 6 / 1, 4, 7 / 2, 5.
+    let interleaved = [ExpertShare(first: 0, count: 3, stride: 3), ExpertShare(first: 1, count: 3, stride: 3),
+                       ExpertShare(first: 2, count: 2, stride: 3)]
 
     /// The layer holding `share`, with the shared expert only when `shared`.
-    func shareLayer(_ d: LayerData, _ share: Range<Int>, shared: Bool, backend: MoEBackendKind) throws -> MoELayer {
+    func shareLayer(_ d: LayerData, _ share: ExpertShare, shared: Bool, backend: MoEBackendKind) throws -> MoELayer {
         var c = d.config
         c.localExperts = share
         var w = d.weights().experts(share, of: c.numExperts)
@@ -31,6 +34,7 @@ final class ExpertParallelTests: XCTestCase {
         let d = LayerData.random(config, options, seed: 501)
         let h = config.hiddenSize
         for backend in MoELayer.availableBackends {
+          for shares in [shares, interleaved] {
             let whole = try MoELayer(configuration: config, weights: d.weights(), backend: backend)
             let parts = try shares.enumerated().map { n, share in try shareLayer(d, share, shared: n == 0, backend: backend) }
             // 1 and 3 tokens: the decode path; 40: the bucketed GEMM path of the Metal backends.
@@ -49,7 +53,7 @@ final class ExpertParallelTests: XCTestCase {
                 // experts with the weights of slots it does not hold set to 0 give the same.
                 let (ids, weights) = try whole.route(x)
                 for (n, share) in shares.enumerated() where n > 0 {
-                    let masked = zip(ids, weights).map { share.contains(Int($0)) ? $1 : 0 }
+                    let masked = zip(ids, weights).map { share.place(of: Int($0)) != nil ? $1 : 0 }
                     let alone = try whole.experts(x, ids: ids, weights: masked)
                     assertClose(try parts[n].forward(x), alone.map(Double.init),
                                 "\(backend.name), \(tokens) tokens: share \(share) alone")
@@ -62,12 +66,13 @@ final class ExpertParallelTests: XCTestCase {
                 XCTAssertEqual(routed.ids, ids, "\(backend.name): a share's routing")
                 assertBitwiseEqual(routed.weights, weights, "\(backend.name): a share's routing weights")
             }
+          }
         }
     }
 
     func testASharesOutputIsRefusedWhereTheWholeSumIsNeeded() throws {
         let d = LayerData.random(config, options, seed: 510)
-        let part = try shareLayer(d, 2..<5, shared: false, backend: .cpu)
+        let part = try shareLayer(d, ExpertShare(2..<5), shared: false, backend: .cpu)
         let h = config.hiddenSize
         let x = seededFloats(2 * h, seed: 511), norm = [Float](repeating: 1, count: h)
         var normed = [Float](repeating: 0, count: 2 * h), y = normed
@@ -85,7 +90,8 @@ final class ExpertParallelTests: XCTestCase {
             XCTAssertTrue("\(error)".contains("a stack"), "\(error)")
         }
         // Both sides of the range rule, and weights that hold all E experts for a share.
-        for bad in [-1..<2, 6..<9, 3..<3] {
+        for bad in [ExpertShare(first: -1, count: 3), ExpertShare(6..<9), ExpertShare(3..<3),
+                    ExpertShare(first: 1, count: 3, stride: 4), ExpertShare(first: 1, count: 2, stride: 0)] {
             var c = config
             c.localExperts = bad
             XCTAssertThrowsError(try c.validate(), "\(bad)") { error in
@@ -93,9 +99,11 @@ final class ExpertParallelTests: XCTestCase {
             }
         }
         var c = config
-        c.localExperts = 0..<8
+        c.localExperts = ExpertShare(0..<8)
         XCTAssertNoThrow(try c.validate())
-        c.localExperts = 4..<8
+        c.localExperts = ExpertShare(first: 1, count: 2, stride: 6)
+        XCTAssertNoThrow(try c.validate())
+        c.localExperts = ExpertShare(4..<8)
         XCTAssertThrowsError(try MoELayer(configuration: c, weights: d.weights(), backend: .cpu)) { error in
             XCTAssertTrue("\(error)".contains("gate_proj"), "\(error)")
         }
@@ -116,7 +124,7 @@ final class ExpertParallelTests: XCTestCase {
         var sum = [Float](repeating: 0, count: 5 * h)
         for (n, share) in shares.enumerated() {
             let cd = CDescriptor(d)
-            let first = share.lowerBound
+            let first = share.first
             cd.desc.first_local_expert = Int64(first)
             cd.desc.num_local_experts = Int64(share.count)
             cd.desc.gate_proj = cd.desc.gate_proj! + first * i * h
@@ -134,8 +142,8 @@ final class ExpertParallelTests: XCTestCase {
             var info = moe_layer_info()
             info.struct_size = UInt32(MemoryLayout<moe_layer_info>.size)
             XCTAssertEqual(CMoESwift.moe_layer_get_info(handle, &info), MOE_OK)
-            XCTAssertEqual([info.num_experts, info.first_local_expert, info.num_local_experts],
-                           [Int64(e), Int64(first), Int64(share.count)])
+            XCTAssertEqual([info.num_experts, info.first_local_expert, info.num_local_experts, info.local_expert_stride],
+                           [Int64(e), Int64(first), Int64(share.count), 1])
             var y = [Float](repeating: 0, count: 5 * h)
             XCTAssertEqual(CMoESwift.moe_layer_forward(handle, x, 5, nil, &y), MOE_OK, lastError())
             for (k, v) in y.enumerated() { sum[k] += v }
@@ -143,14 +151,16 @@ final class ExpertParallelTests: XCTestCase {
         assertClose(sum, expected.map(Double.init), "C ABI: the shares' sum")
 
         // Fields that do not name a non-empty range of the E experts.
-        for (first, count) in [(-1, 2), (0, -1), (7, 2), (3, 0), (0, 9), (Int64.max, 1)] as [(Int64, Int64)] {
+        for (first, count, stride) in [(-1, 2, 1), (0, -1, 1), (7, 2, 1), (3, 0, 1), (0, 9, 1), (Int64.max, 1, 1),
+                                       (1, 3, 4), (0, 2, -1), (0, 2, Int64.max)] as [(Int64, Int64, Int64)] {
             let cd = CDescriptor(d)
             cd.desc.first_local_expert = first
             cd.desc.num_local_experts = count
+            cd.desc.local_expert_stride = stride
             var out: OpaquePointer?
             XCTAssertEqual(CMoESwift.moe_layer_create(&cd.desc, &out), MOE_ERROR_INVALID_ARGUMENT, "\(first), \(count)")
             XCTAssertNil(out)
-            XCTAssertTrue(lastError().contains("first_local_expert") || lastError().contains("out of range"), lastError())
+            XCTAssertTrue(lastError().contains("local_expert_stride"), lastError())
         }
     }
 }
