@@ -83,15 +83,24 @@ def make_share(share, shared, seed=0):
     return moe_swift.MoELayer(**args)
 
 
+class One:
+    """A group of one process (MLX's ring needs two)."""
+
+    rank, size = 0, 1
+
+    def all_sum(self, array):
+        return array
+
+
 def rank_main(engine, out, rounds):
     from moe_swift.distributed import ExpertParallelLayer, expert_share, group_of
 
-    if engine == "mlx":
+    if os.environ.get("BENCH_RANKS") == "1":
+        group = One()  # one process: the layer whole, its "all-reduce" a no-op
+    elif engine == "mlx":
         import mlx.core as mx
 
-        group = mx.distributed.init(backend="ring", strict=True) if "MLX_RANK" in os.environ else None
-        if group is None:
-            raise SystemExit("measure's ranks need MLX_RANK and MLX_HOSTFILE")
+        group = mx.distributed.init(backend="ring", strict=True)
     else:
         import datetime
 
@@ -163,7 +172,7 @@ def launch(engine, ranks, rounds, out):
     out.mkdir(parents=True, exist_ok=True)
     ports = free_ports(ranks)
     cores = os.cpu_count() or 1
-    env = dict(os.environ, MOE_CPU_THREADS=str(max(1, cores // ranks)))
+    env = dict(os.environ, MOE_CPU_THREADS=str(max(1, cores // ranks)), BENCH_RANKS=str(ranks))
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "python"), env.get("PYTHONPATH", "")])
     if engine == "mlx":
         hosts = out / "hosts.json"
