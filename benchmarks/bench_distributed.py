@@ -92,7 +92,7 @@ class One:
         return array
 
 
-def rank_main(engine, out, rounds):
+def rank_main(engine, out, rounds, interleave):
     from moe_swift.distributed import ExpertParallelLayer, expert_share, group_of
 
     if os.environ.get("BENCH_RANKS") == "1":
@@ -111,20 +111,20 @@ def rank_main(engine, out, rounds):
     g = group_of(group)
     rank, size = g.rank, g.size
     before = rss_mib()
-    layer = make_share(expert_share(rank, size, DSV3["E"]), shared=rank == 0, seed=rank)
+    layer = make_share(expert_share(rank, size, DSV3["E"], interleave), shared=rank == 0, seed=rank)
     import gc
 
     gc.collect()
     resident = rss_mib()
     ep = ExpertParallelLayer(layer, group)
-    rng = np.random.default_rng(1)  # the same x on every rank
+    rng = np.random.default_rng(1)  # the same x on every rank, new tokens (and experts) each round
     rows = []
     for T in (1, 256):
-        x = rng.standard_normal((T, DSV3["H"]), dtype=np.float32)
-        n = max(3, rounds if T == 1 else rounds // 8)
+        n = max(5, rounds if T == 1 else rounds // 4)
         local, comm, alone, total = [], [], [], []
         buffer = np.zeros(T * DSV3["H"] + 1, np.float32)
         for i in range(n + 2):
+            x = rng.standard_normal((T, DSV3["H"]), dtype=np.float32)
             g.all_sum(np.zeros(1, np.float32))  # a barrier
             t0 = time.perf_counter()
             part = layer(x)
@@ -148,7 +148,8 @@ def rank_main(engine, out, rounds):
         med = {name: statistics.median(v) * 1e3 for name, v in
                (("local_ms", local), ("allreduce_in_call_ms", comm), ("allreduce_alone_ms", alone), ("call_ms", total))}
         med["overhead_ms"] = med["call_ms"] - med["local_ms"] - med["allreduce_in_call_ms"]
-        rows.append(dict(rank=rank, ranks=size, tokens=T, experts=[layer.local_experts.start, layer.local_experts.stop],
+        share = layer.local_experts
+        rows.append(dict(rank=rank, ranks=size, tokens=T, experts=[share.start, share.stop, share.step],
                          bytes_reduced=buffer.nbytes, **med))
     Path(out, f"rank{rank}.json").write_text(json.dumps(dict(rows=rows, resident_mib=resident,
                                                              before_load_mib=before)))
@@ -168,7 +169,7 @@ def free_ports(n):
     return ports
 
 
-def launch(engine, ranks, rounds, out):
+def launch(engine, ranks, rounds, interleave, out):
     out.mkdir(parents=True, exist_ok=True)
     ports = free_ports(ranks)
     cores = os.cpu_count() or 1
@@ -181,7 +182,8 @@ def launch(engine, ranks, rounds, out):
     else:
         envs = [dict(env, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
                 for r in range(ranks)]
-    procs = [subprocess.Popen([sys.executable, __file__, "rank", engine, str(out), str(rounds)], env=e)
+    procs = [subprocess.Popen([sys.executable, __file__, "rank", engine, str(out), str(rounds), str(int(interleave))],
+                              env=e)
              for e in envs]
     for p in procs:
         if p.wait(timeout=3600) != 0:
@@ -193,13 +195,14 @@ def measure(args):
     import tempfile
 
     results = []
-    print(f"DeepSeek-V3 MoE layer, 4-bit experts, {args.engine} over 127.0.0.1, {os.cpu_count()} cores "
-          f"({platform.processor() or platform.machine()}); medians in ms per call, the rank's worst")
+    print(f"DeepSeek-V3 MoE layer, 4-bit experts, {'interleaved' if args.interleave else 'contiguous'} shares, "
+          f"{args.engine} over 127.0.0.1, {os.cpu_count()} cores ({platform.processor() or platform.machine()}); "
+          "medians in ms per call over rounds of new random tokens")
     print(f"{'ranks':>5} {'T':>4} {'rank':>4} {'experts':>9} {'local':>8} {'allreduce':>10} {'alone':>8} "
           f"{'overhead':>9} {'call':>8} {'resident MiB':>13}")
     for ranks in args.ranks:
         with tempfile.TemporaryDirectory() as tmp:
-            per_rank = launch(args.engine, ranks, args.rounds, Path(tmp))
+            per_rank = launch(args.engine, ranks, args.rounds, args.interleave, Path(tmp))
         for r in per_rank:
             for row in r["rows"]:
                 row["resident_mib"] = round(r["resident_mib"])
@@ -209,7 +212,8 @@ def measure(args):
                       f"{row['call_ms']:>8.2f} {row['resident_mib']:>13}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     path = Path(args.json or RESULTS)
-    path.write_text(json.dumps(dict(engine=args.engine, date=time.strftime("%Y-%m-%d"), cores=os.cpu_count(),
+    path.write_text(json.dumps(dict(engine=args.engine, interleave=args.interleave, date=time.strftime("%Y-%m-%d"),
+                                    cores=os.cpu_count(),
                                     machine=platform.machine(), rows=results), indent=1))
     print(f"wrote {path}")
 
@@ -302,13 +306,15 @@ def model(args):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        return rank_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return rank_main(sys.argv[2], sys.argv[3], int(sys.argv[4]), bool(int(sys.argv[5])))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure")
     m.add_argument("--engine", choices=["mlx", "torch"], default="mlx")
     m.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     m.add_argument("--rounds", type=int, default=40)
+    m.add_argument("--contiguous", dest="interleave", action="store_false",
+                   help="contiguous shares (default: interleaved, which balances DeepSeek-V3's groups)")
     m.add_argument("--json")
     o = sub.add_parser("model")
     o.add_argument("--mac-gbps", type=float, default=819.0, help="a Mac's memory bandwidth (GB/s)")

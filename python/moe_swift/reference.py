@@ -295,6 +295,7 @@ def moe_forward(
     next_norm=None,
     next_norm_offset=0.0,
     activation_quantization=DEFAULTS["activation_quantization"],
+    local_experts=None,
 ):
     """y = sum_j w_j expert_{id_j}(x) + f_s(x) shared(x) (+ residual), in float64.
 
@@ -303,7 +304,10 @@ def moe_forward(
     rms_norm(x); residual="input" adds x itself (before the norm); next_norm=(weight, eps)
     returns (y, rms_norm(y)). activation_quantization="q8": the activations entering
     quantized-format expert products are 8-bit (quantize_activations_q8); the router's
-    product and dense weights take them as they are."""
+    product and dense weights take them as they are. local_experts (a range of expert ids):
+    what a layer holding only those experts returns (docs/distributed.md), the arrays being
+    the whole layer's: the routing is the whole layer's, and only the slots whose expert is
+    in local_experts count (the shared expert and residual as given)."""
     x = _f64(x)
     if isinstance(residual, str):
         if residual != "input":
@@ -321,6 +325,8 @@ def moe_forward(
         selection_bias=selection_bias, n_group=n_group, topk_group=topk_group,
         per_expert_scale=per_expert_scale, ids=ids,
     )
+    if local_experts is not None:
+        w = np.where(np.isin(ids, list(local_experts)), w, 0.0)
     act = dict(activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
                activation_quantization=activation_quantization)
     y = experts_forward(x2, ids, w, gate_proj, up_proj, down_proj, gate_up_proj=gate_up_proj,

@@ -132,6 +132,29 @@ def test_shares_sum_to_the_whole_layer_in_every_format(family, fmt, q8):
               f"{family} {fmt}: share {shares[1]} alone")
 
 
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "qwen2_moe", "gemma4"])
+@pytest.mark.parametrize("backend", selected_backends())
+def test_a_share_is_the_references_partial_sum(family, backend):
+    """One share (interleaved, with the shared expert and the residual) against the float64
+    reference's local_experts, within the spec's tolerance."""
+    from moe_swift import reference
+
+    from families import spec_tolerance
+
+    H, I, E, k = 512, 128, 8, 3
+    args = make_layer_args(family, H=H, I=I, E=E, k=k, seed=12)
+    share = range(1, 8, 3)
+    layer = moe_swift.MoELayer(**share_arguments(args, share), backend=backend)
+    rng = np.random.default_rng(13)
+    for T in (1, 40):
+        x = rng.standard_normal((T, H)).astype(np.float32)
+        residual = rng.standard_normal((T, H)).astype(np.float32)
+        ref = reference.moe_forward(x, **args, residual=residual, local_experts=share)
+        assert np.abs(layer(x, residual) - ref).max() <= spec_tolerance(ref), f"{family} {backend} T={T}"
+        if T > 1:  # both sides: 40 tokens route to experts outside the share too
+            assert np.abs(reference.moe_forward(x, **args, residual=residual) - ref).max() > 10 * spec_tolerance(ref)
+
+
 @pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("backend", selected_backends(("softmetal", "metal")))
 def test_shares_sum_on_the_metal_backends(backend, interleave):

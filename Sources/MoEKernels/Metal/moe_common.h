@@ -9,12 +9,12 @@ using namespace metal;
 #define MOE_NONE 0xFFFFFFFFu
 
 // The place of expert `id` among the `count` experts a layer holds (ids base, base + stride,
-// ...: ExpertShare), or MOE_NONE when it does not hold it: an expert-parallel share's others,
+// ...: ExpertShare; stride 0 means 1), or MOE_NONE when it does not hold it: an expert-parallel share's others,
 // or an id outside [0, E) that only a caller's routing can hold (encode_routed).
 static inline uint moe_held_place(int id, uint base, uint stride, uint count) {
     const uint d = uint(id) - base;
     if (uint(id) < base) return MOE_NONE;
-    const uint place = stride == 1 ? d : (d % stride == 0 ? d / stride : MOE_NONE);
+    const uint place = stride <= 1 ? d : (d % stride == 0 ? d / stride : MOE_NONE);  // 0: consecutive, as 1
     return place < count ? place : MOE_NONE;
 }
 
