@@ -9,11 +9,12 @@ measure: DeepSeek-V3's MoE layer at its real shape (H 7168, 256 experts of width
 top-8 in 4 of 8 groups, a shared expert of 2048), its experts in MLX's affine 4-bit (group
 64, as mlx-lm's 4-bit files), random weights, split over 1, 2 and 4 processes on this
 machine with moe_swift.distributed.ExpertParallelLayer over MLX's ring backend (or torch
-gloo) on 127.0.0.1. Per rank and T (1 and 256 tokens): the time of the local experts (the
-rank's MoELayer call), of the all-reduce inside the call (which includes waiting for the
-slowest rank), of an all-reduce of the same bytes alone after a barrier (the transport's
-own cost), and the wrapper's overhead (the rest of the call); resident memory after
-loading. Every rank gets max(1, cores // ranks) worker threads, as each Mac of a group
+gloo) on 127.0.0.1. Per rank and T (1 and 256 tokens), medians over rounds of new random
+tokens: the time of the local experts (the rank's MoELayer call), of the all-reduce after it
+(which includes waiting for the slowest rank), of an all-reduce of the same bytes alone
+after a barrier (the transport's own cost), of the ExpertParallelLayer call on the same
+tokens, and its overhead (that call less the layer call and the all-reduce of the same
+round); resident memory after loading. Every rank gets max(1, cores // ranks) worker threads, as each Mac of a group
 has its own cores. A table on stdout, JSON in benchmarks/results/distributed.json.
 
 model: time per generated token of DeepSeek-V3 (671B) and Qwen3-235B-A22B in 4-bit on
@@ -121,7 +122,7 @@ def rank_main(engine, out, rounds, interleave):
     rows = []
     for T in (1, 256):
         n = max(5, rounds if T == 1 else rounds // 4)
-        local, comm, alone, total = [], [], [], []
+        local, comm, alone, total, overhead = [], [], [], [], []
         buffer = np.zeros(T * DSV3["H"] + 1, np.float32)
         for i in range(n + 2):
             x = rng.standard_normal((T, DSV3["H"]), dtype=np.float32)
@@ -145,9 +146,11 @@ def rank_main(engine, out, rounds, interleave):
                 comm.append(t2 - t1)
                 alone.append(t4 - t3)
                 total.append(t6 - t5)
+                # The same tokens (and experts) as this round's layer call and all-reduce.
+                overhead.append((t6 - t5) - (t2 - t0))
         med = {name: statistics.median(v) * 1e3 for name, v in
-               (("local_ms", local), ("allreduce_in_call_ms", comm), ("allreduce_alone_ms", alone), ("call_ms", total))}
-        med["overhead_ms"] = med["call_ms"] - med["local_ms"] - med["allreduce_in_call_ms"]
+               (("local_ms", local), ("allreduce_in_call_ms", comm), ("allreduce_alone_ms", alone), ("call_ms", total),
+                ("overhead_ms", overhead))}
         share = layer.local_experts
         rows.append(dict(rank=rank, ranks=size, tokens=T, experts=[share.start, share.stop, share.step],
                          bytes_reduced=buffer.nbytes, **med))

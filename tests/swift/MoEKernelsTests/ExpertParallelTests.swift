@@ -109,6 +109,38 @@ final class ExpertParallelTests: XCTestCase {
         }
     }
 
+    /// Encoded into the app's command buffer (the Metal backends): a share's partial sum, the
+    /// same bits as its forward, in decode and prefill; the next norm refused before anything
+    /// is recorded.
+    func testAShareEncodesItsPartialSum() throws {
+        let kind = MetalBackendTests.kind
+        guard MoELayer.availableBackends.contains(kind) else { throw XCTSkip("the \(kind.name) backend is not available") }
+        let app = try EncodeApp()
+        let d = LayerData.random(config, options, seed: 530)
+        let part = try shareLayer(d, interleaved[1], shared: true, backend: kind)
+        let h = config.hiddenSize
+        for tokens in [2, 40] {
+            let x = seededFloats(tokens * h, seed: 531 + UInt64(tokens))
+            let expected = try part.forward(x)
+            let (xb, yb) = (try app.buffer(x), try app.buffer(bytes: tokens * h * 4))
+            let commandBuffer = try XCTUnwrap(app.queue.makeCommandBuffer())
+            try part.encodeForward(MoEMetalArray(xb), tokens: tokens, into: MoEMetalArray(yb), commandBuffer: commandBuffer)
+            commandBuffer.commit()
+            commandBuffer.waitUntilCompleted()
+            assertBitwiseEqual(app.floats(yb, count: tokens * h), expected, "\(tokens) tokens encoded")
+        }
+        let norm = [Float](repeating: 1, count: h)
+        try norm.withUnsafeBufferPointer { w in
+            let (xb, yb, nb) = (try app.buffer(bytes: h * 4), try app.buffer(bytes: h * 4), try app.buffer(bytes: h * 4))
+            let commandBuffer = try XCTUnwrap(app.queue.makeCommandBuffer())
+            let options = MoEEncodeOptions(nextNorm: RMSNorm(weight: w.baseAddress!, eps: 1e-6), normedOutput: MoEMetalArray(nb))
+            XCTAssertThrowsError(try part.encodeForward(MoEMetalArray(xb), tokens: 1, options: options,
+                                                        into: MoEMetalArray(yb), commandBuffer: commandBuffer)) { error in
+                XCTAssertTrue("\(error)".contains("the next norm"), "\(error)")
+            }
+        }
+    }
+
     /// The C ABI: a share's per-expert arrays are pointers into the whole arrays (the
     /// weights used where they lie), the router's arrays whole.
     func testTheCABIsShareFields() throws {
