@@ -59,8 +59,9 @@ def rss_mib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def make_share(share, shared, seed=0):
-    """This rank's layer: its experts' random 4-bit codes and scales, the router whole."""
+def make_share(share, part, seed=0):
+    """This rank's layer: its experts' random 4-bit codes and scales, its part (index,
+    count) of the shared expert split along its width, the router whole."""
     import moe_swift
 
     H, I, E, k = DSV3["H"], DSV3["I"], DSV3["E"], DSV3["k"]
@@ -78,10 +79,12 @@ def make_share(share, shared, seed=0):
                 scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5, n_group=DSV3["n_group"],
                 topk_group=DSV3["topk_group"], selection_bias=rng.standard_normal(E).astype(np.float32) * 0.01,
                 backend="cpu", local_experts=share)
-    if shared:
-        s = DSV3["shared"]
-        args["shared_expert"] = dict(gate_proj=q4(s, H), up_proj=q4(s, H), down_proj=q4(H, s))
-    return moe_swift.MoELayer(**args)
+    s = DSV3["shared"] // part[1]
+    args["shared_expert"] = dict(gate_proj=q4(s, H), up_proj=q4(s, H), down_proj=q4(H, s))
+    layer = moe_swift.MoELayer(**args)
+    if part[1] > 1:
+        layer.shared_expert_part = part
+    return layer
 
 
 class One:
@@ -112,7 +115,7 @@ def rank_main(engine, out, rounds, interleave):
     g = group_of(group)
     rank, size = g.rank, g.size
     before = rss_mib()
-    layer = make_share(expert_share(rank, size, DSV3["E"], interleave), shared=rank == 0, seed=rank)
+    layer = make_share(expert_share(rank, size, DSV3["E"], interleave), (rank, size), seed=rank)
     import gc
 
     gc.collect()

@@ -201,8 +201,9 @@ def resolve(path, revision=None, cache_dir=None, gguf=None):
 
 
 def _share_request(experts, shared_expert):
-    """(share, with_shared) of from_pretrained's arguments: share None (all experts), a
-    range, or (rank, world_size); whether to load the shared expert."""
+    """(share, shared) of from_pretrained's arguments: share None (all experts), a range, or
+    (rank, world_size); shared True (the whole shared expert), False (none) or (part, parts)
+    (its part of a split)."""
     if experts is None:
         share, default_shared = None, True
     elif isinstance(experts, range):
@@ -211,23 +212,29 @@ def _share_request(experts, shared_expert):
         rank, world = (_integer(name, v, 32) for name, v in zip(("rank", "world_size"), experts))
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"experts=(rank, world_size) needs 0 <= rank < world_size, got {experts}")
-        share, default_shared = (rank, world), rank == 0
+        share, default_shared = (rank, world), (rank, world)
     else:
         raise TypeError(f"experts must be None, a range of expert ids or (rank, world_size), got {type(experts).__name__}")
+    if isinstance(shared_expert, str):
+        if shared_expert != "split" or not isinstance(share, tuple):
+            raise ValueError(f'shared_expert must be True, False, or "split" with experts=(rank, world_size), '
+                             f"got {shared_expert!r}")
+        return share, default_shared
     if shared_expert is None:
         return share, default_shared
     return share, _flag("shared_expert", shared_expert)
 
 
 def _layer_share(ffi, lib, checkpoint, index, share, interleave):
-    """The range of expert ids layer `index` loads for `share` (a range or (rank, world_size))."""
+    """(the range of expert ids layer `index` loads for `share` (a range or (rank,
+    world_size)), its whole shared expert's width)."""
     info = ffi.new("moe_layer_info *")
     info.struct_size = ffi.sizeof("moe_layer_info")
     _native.check(lib.moe_checkpoint_layer_info(checkpoint, index, info))
-    E = int(info.num_experts)
+    E, width = int(info.num_experts), int(info.shared_intermediate_size)
     if isinstance(share, tuple):
-        return expert_share(*share, E, interleave=interleave)
-    return _local_experts(share, E)
+        return expert_share(*share, E, interleave=interleave), width
+    return _local_experts(share, E), width
 
 
 def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_dir=None, progress=None,
@@ -273,8 +280,11 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     rank's share of world_size (moe_swift.distributed.expert_share: contiguous, or with
     `interleave=True` every world_size-th expert from rank on, which balances DeepSeek-V3's
     group-limited routing). Only that share's tensors are mapped and read; the router is
-    read whole. `shared_expert` (default: True, or rank == 0 with (rank, world_size))
-    includes the shared expert, which one rank of a group holds.
+    read whole. With (rank, world_size) the shared expert is split (the default,
+    `shared_expert="split"`): each rank holds 1/world_size of its width (gate and up rows,
+    down columns), so that the ranks' work stays even; a width that does not divide into
+    whole quantization groups stays whole on rank 0. `shared_expert=True` / `False` holds it
+    whole or not at all.
 
     Loading that lasts over two seconds shows a bar of the layers loaded on a terminal, or
     logs to the "moe_swift" logger (moe_swift.progress): `progress=False` or
@@ -297,7 +307,7 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
     if not isinstance(copy_weights, (bool, np.bool_)):
         raise TypeError(f"copy_weights must be a bool, got {type(copy_weights).__name__}")
     limit = _memory_limit(memory_limit)
-    share, with_shared = _share_request(experts, shared_expert)
+    share, shared = _share_request(experts, shared_expert)
     interleave = _flag("interleave", interleave)
     ffi, lib, _ = _native.load()
     options = ffi.new("moe_load_options *")
@@ -324,16 +334,22 @@ def from_pretrained(path, layer=None, *, backend="auto", revision=None, cache_di
         try:
             with Progress(f"moe_swift: loading the MoE layers of {label}", len(wanted), progress=progress) as bar:
                 for index in wanted:
+                    whole_width = None
                     if share is not None:
-                        local = _layer_share(ffi, lib, checkpoint, index, share, interleave)
+                        local, whole_width = _layer_share(ffi, lib, checkpoint, index, share, interleave)
                         options.first_local_expert, options.num_local_experts = local.start, len(local)
                         options.local_expert_stride = local.step
-                    options.without_shared_expert = 0 if with_shared else 1
+                    options.without_shared_expert = 0 if shared else 1
+                    if isinstance(shared, tuple):
+                        options.shared_expert_part, options.shared_expert_parts = shared
                     made = ffi.new("moe_layer **")
                     with creating(backend_code, progress):
                         _native.check(lib.moe_layer_create_from_checkpoint_ex(
                             checkpoint, index, backend_code, len(names), name_array, values, options, made))
                     layers[index] = MoELayer._from_handle(made[0])
+                    width = layers[index].shared_intermediate_size
+                    if isinstance(shared, tuple) and shared[1] > 1 and whole_width and width * shared[1] == whole_width:
+                        layers[index].shared_expert_part = shared  # (part, parts) of a split
                     bar.update()
         except BaseException:
             for made_layer in layers.values():

@@ -168,19 +168,23 @@ class ExpertParallelLayer:
         self.layer, self.group = layer, group_of(group)
         E, share = layer.num_experts, layer.local_experts
         # One vector, summed over the group: which experts each rank holds, how many ranks
-        # hold a shared expert, and each size once per rank (compared with size * value).
+        # hold a whole shared expert and how many a part of a split one (and into how many
+        # parts), and each size once per rank (compared with size * value).
         sizes = [layer.hidden_size, layer.intermediate_size, E, layer.top_k]
-        check = np.zeros(E + 2 + len(sizes), dtype=np.float32)
+        part = layer.shared_expert_part if layer.shared_intermediate_size else None
+        check = np.zeros(E + 4 + len(sizes), dtype=np.float32)
         check[list(share)] = 1
-        check[E] = 1 if layer.shared_intermediate_size else 0
+        check[E] = 1 if layer.shared_intermediate_size and part is None else 0
         check[E + 1] = 1
-        check[E + 2:] = sizes
+        check[E + 2] = 1 if part is not None else 0
+        check[E + 3] = part[1] if part is not None else 0
+        check[E + 4:] = sizes
         total = np.asarray(self.group.all_sum(check.copy()), dtype=np.float64)
         n = self.group.size
         problems = []
         if total[E + 1] != n:
             _lost(self.group, int(total[E + 1]))
-        if not np.array_equal(total[E + 2:], np.asarray(sizes, dtype=np.float64) * n):
+        if not np.array_equal(total[E + 4:], np.asarray(sizes, dtype=np.float64) * n):
             problems.append("the ranks' layers differ in hidden_size, intermediate_size, num_experts or top_k")
         counts = total[:E]
         if not problems:
@@ -190,16 +194,19 @@ class ExpertParallelLayer:
                 problems.append(f"no rank holds experts {_ids(missing)}")
             if len(doubled):
                 problems.append(f"experts {_ids(doubled)} are held by more than one rank")
-        if total[E] > 1:
-            problems.append(f"{int(total[E])} ranks hold the shared expert (one must: it would be added that often)")
+        # The shared expert: whole on one rank, or split in n parts, one on every rank.
+        whole, parts = int(total[E]), int(total[E + 2])
+        if whole > 1:
+            problems.append(f"{whole} ranks hold the whole shared expert (one may: it would be added {whole} times)")
+        elif parts and (whole or parts != n or total[E + 3] != n * n):
+            problems.append(f"{parts} ranks hold a part of a split shared expert and {whole} the whole of it (a split "
+                            f"needs one part on every one of the {n} ranks: from_pretrained's experts=(rank, {n}))")
         if problems:
             raise ValueError(f"expert-parallel group of {n} ranks (this is rank {self.group.rank}, holding experts "
                              f"{_ids(share)}): " + "; ".join(problems)
                              + ". Load rank r's share with from_pretrained(..., experts=(r, world_size)).")
-        # Who adds the residual: the shared expert's holder, else rank 0. The first rank
-        # whose check said it holds one is unknown here, so it is found by the same rule on
-        # every rank: a rank holding one adds it; without any, rank 0 does.
-        self.adds_residual = bool(layer.shared_intermediate_size) if total[E] == 1 else self.group.rank == 0
+        # Who adds the residual: the one holder of a whole shared expert, else rank 0.
+        self.adds_residual = bool(check[E]) if whole == 1 else self.group.rank == 0
         self.rank, self.size = self.group.rank, n
 
     def __call__(self, x, residual=None, *, input_norm=None, next_norm=None, input_norm_offset=0.0,

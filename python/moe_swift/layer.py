@@ -621,6 +621,9 @@ class MoELayer:
         self.hidden_size, self.intermediate_size, self.num_experts, self.top_k = H, I, E, top_k
         self.shared_intermediate_size = shared_size
         self.local_experts = share
+        # (part, parts) when the shared expert is one part of a split (from_pretrained's
+        # experts=(rank, world_size)), None when it is whole or absent.
+        self.shared_expert_part = None
         self.backend = _BACKEND_NAMES[lib.moe_layer_backend(self._handle)]
 
     @classmethod
@@ -640,6 +643,7 @@ class MoELayer:
         self.hidden_size, self.intermediate_size = int(info.hidden_size), int(info.intermediate_size)
         self.num_experts, self.top_k = int(info.num_experts), int(info.top_k)
         self.shared_intermediate_size = int(info.shared_intermediate_size)
+        self.shared_expert_part = None
         first, step = int(info.first_local_expert), int(info.local_expert_stride)
         self.local_experts = range(first, first + int(info.num_local_experts) * step, step)
         self.backend = _BACKEND_NAMES[info.backend]

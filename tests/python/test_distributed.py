@@ -208,7 +208,7 @@ def test_a_share_refuses_what_needs_the_whole_sum_and_bad_shares():
 def test_from_pretrained_shares_sum_to_the_whole_layer(family):
     """Every checkpoint layout (per-expert, fused 3-D, gpt-oss's interleaved and MXFP4,
     mlx-lm's quantized, sharded files): each rank reads its share (contiguous for 2 ranks,
-    interleaved for 3), rank 0 the shared expert."""
+    interleaved for 3) and its part of the shared expert."""
     path = CHECKPOINTS / family
     whole = moe_swift.from_pretrained(path, backend="cpu", progress=False)
     rng = np.random.default_rng(7)
@@ -218,8 +218,10 @@ def test_from_pretrained_shares_sum_to_the_whole_layer(family):
         for index, layer in whole.items():
             shares = [r[index].local_experts for r in ranks]
             assert shares == [expert_share(r, N, layer.num_experts, interleave) for r in range(N)]
-            assert [bool(r[index].shared_intermediate_size) for r in ranks] == \
-                   [bool(layer.shared_intermediate_size) and r == 0 for r in range(N)]
+            # The shared expert split along its width where it divides (these files' widths
+            # are whole groups), else whole on rank 0.
+            Is, widths = layer.shared_intermediate_size, [r[index].shared_intermediate_size for r in ranks]
+            assert widths == ([Is // N] * N if Is % N == 0 else [Is] + [0] * (N - 1)), (Is, widths)
             x = rng.standard_normal((5, layer.hidden_size)).astype(np.float32)
             residual = rng.standard_normal(x.shape).astype(np.float32)
             total = sum(r[index](x, residual if n == 0 else None) for n, r in enumerate(ranks))
@@ -231,7 +233,12 @@ def test_from_pretrained_share_arguments_and_errors():
     layer = moe_swift.from_pretrained(path, layer=1, experts=range(2, 6), shared_expert=False, progress=False)
     assert layer.local_experts == range(2, 6) and layer.shared_intermediate_size == 0
     layer = moe_swift.from_pretrained(path, layer=1, experts=(1, 2), shared_expert=True, progress=False)
-    assert layer.local_experts == range(4, 8) and layer.shared_intermediate_size > 0
+    assert layer.local_experts == range(4, 8) and layer.shared_intermediate_size == 48
+    for shared in (None, "split"):
+        layer = moe_swift.from_pretrained(path, layer=1, experts=(1, 2), shared_expert=shared, progress=False)
+        assert layer.shared_intermediate_size == 24
+    with pytest.raises(ValueError, match='"split" with experts=\\(rank, world_size\\)'):
+        moe_swift.from_pretrained(path, layer=1, experts=range(0, 4), shared_expert="split", progress=False)
     for bad, error, match in [((2, 2), ValueError, "0 <= rank < world_size"), ((0, 0), ValueError, "rank"),
                               ([0, 2], TypeError, "experts must be"), (range(0, 9), ValueError, "local_experts"),
                               ((0.5, 2), TypeError, "rank must be an integer"), ((0, 9), ValueError, "at least one")]:
@@ -303,13 +310,17 @@ def test_expert_parallel_layer_gives_every_rank_the_whole_result(size, interleav
 @pytest.mark.parametrize("shares,shared,match", [
     ([range(0, 4), range(5, 8)], [True, False], r"no rank holds experts 4"),
     ([range(0, 5), range(4, 8)], [True, False], r"experts 4 are held by more than one rank"),
-    ([range(0, 4), range(4, 8)], [True, True], r"2 ranks hold the shared expert"),
+    ([range(0, 4), range(4, 8)], [True, True], r"2 ranks hold the whole shared expert"),
+    ([range(0, 4), range(4, 8)], [(0, 2), True], r"1 ranks hold a part of a split shared expert and 1 the whole"),
+    ([range(0, 4), range(4, 8)], [(0, 3), (1, 3)], r"a split needs one part on every one of the 2 ranks"),
 ])
 def test_expert_parallel_layer_refuses_a_bad_group_on_every_rank(shares, shared, match):
     args = make_layer_args("qwen2_moe", H=64, I=32, E=8, k=2)
 
     def body(r, group):
-        layer = moe_swift.MoELayer(**share_arguments(args, shares[r], shared_expert=shared[r]))
+        layer = moe_swift.MoELayer(**share_arguments(args, shares[r], shared_expert=bool(shared[r])))
+        if isinstance(shared[r], tuple):
+            layer.shared_expert_part = shared[r]  # as from_pretrained marks a part of a split
         with pytest.raises(ValueError, match=match):
             ExpertParallelLayer(layer, group)
         return True
@@ -359,3 +370,28 @@ def test_group_of_errors():
         group_of(object())
     with pytest.raises(TypeError, match="must be a MoELayer"):
         ExpertParallelLayer("layer", object())
+
+
+@pytest.mark.parametrize("shexp,N,split", [("Q8_0", 4, True), ("Q4_K", 2, True), ("Q4_K", 4, False), ("F16", 4, True)])
+def test_gguf_shared_expert_split_or_whole(shexp, N, split, tmp_path):
+    """The shared expert (width 512) split along its width (gate and up rows, down columns
+    cut at whole ggml blocks) where 512 / N is whole blocks (Q8_0's 32, Q4_K's 256 for 2
+    ranks, F16), and whole on rank 0 where it is not (Q4_K for 4): either way the ranks sum
+    to the whole layer."""
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(FIXTURES))
+    import make_gguf
+
+    path = make_gguf.make("qwen2moe", tmp_path / shexp, types=dict(make_gguf.DENSE, shexp=shexp, down="Q8_0"))[0]
+    whole = moe_swift.from_pretrained(path, backend="cpu", progress=False)
+    ranks = [moe_swift.from_pretrained(path, backend="cpu", experts=(r, N), progress=False) for r in range(N)]
+    rng = np.random.default_rng(14)
+    for index, layer in whole.items():
+        Is = layer.shared_intermediate_size
+        widths = [r[index].shared_intermediate_size for r in ranks]
+        assert widths == ([Is // N] * N if split else [Is] + [0] * (N - 1))
+        assert [r[index].shared_expert_part for r in ranks] == ([(r, N) for r in range(N)] if split else [None] * N)
+        x = rng.standard_normal((3, layer.hidden_size)).astype(np.float32)
+        residual = rng.standard_normal(x.shape).astype(np.float32)
+        close(sum(r[index](x, residual if n == 0 else None) for n, r in enumerate(ranks)), layer(x, residual),
+              f"GGUF shared expert in {shexp}, layer {index}")

@@ -488,6 +488,13 @@ typedef struct moe_load_options {
     int64_t num_local_experts;
     int64_t local_expert_stride;
     int32_t without_shared_expert;    /* 1: leave the shared expert out (every rank but one) */
+    /* Appended later: the shared expert split along its width into shared_expert_parts
+     * (gate and up rows, down columns; 0 or 1: whole), this layer holding part
+     * shared_expert_part: the parts' outputs sum to the whole expert's. A width that does
+     * not split into whole quantization groups stays whole on part 0, none on the others
+     * (moe_layer_info's shared_intermediate_size says which). */
+    int32_t shared_expert_parts;
+    int32_t shared_expert_part;
 } moe_load_options;
 /* Sets struct_size; everything else 0. */
 void moe_load_options_init(moe_load_options* options);

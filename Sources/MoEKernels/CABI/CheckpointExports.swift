@@ -116,7 +116,9 @@ public func moe_layer_create_from_checkpoint_ex(_ handle: OpaquePointer?, _ laye
         let made = try MoELayer(checkpoint: checkpoint, layer: Int(layer), backend: kind, overrides: overrides,
                                 copyWeights: load.copy_weights != 0,
                                 memoryLimit: load.memory_limit == 0 ? nil : Int(load.memory_limit),
-                                localExperts: share, sharedExpert: load.without_shared_expert == 0)
+                                localExperts: share, sharedExpert: load.without_shared_expert == 0,
+                                sharedExpertPart: load.shared_expert_parts > 1
+                                    ? (Int(load.shared_expert_part), Int(load.shared_expert_parts)) : nil)
         out.pointee = register(made)
     }
 }

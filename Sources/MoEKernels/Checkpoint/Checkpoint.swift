@@ -256,19 +256,32 @@ extension MoELayer {
     /// reading the mapping in place; `memoryLimit` bounds the copies' bytes (see
     /// `init(configuration:weights:backend:memoryLimit:)`). Expert parallelism
     /// (`MoEConfiguration.localExperts`): `localExperts` reads only those experts' tensors
-    /// (the router's whole), and `sharedExpert: false` leaves the shared expert out (for
-    /// every rank of a group but one).
+    /// (the router's whole); `sharedExpert: false` leaves the shared expert out (for every
+    /// rank of a group but one), and `sharedExpertPart: (index, count)` keeps part `index`
+    /// of the shared expert split along its width into `count` (`SharedExpertWeights.part`),
+    /// or, where it does not split into whole quantization groups, all of it on part 0 and
+    /// none on the others.
     public convenience init(checkpoint: Checkpoint, layer: Int, backend: MoEBackendKind = .auto,
                             overrides: [String: Double] = [:], copyWeights: Bool = false,
                             memoryLimit: Int? = nil, localExperts: ExpertShare? = nil,
-                            sharedExpert: Bool = true) throws {
+                            sharedExpert: Bool = true, sharedExpertPart: (index: Int, count: Int)? = nil) throws {
         var configuration = try checkpoint.configuration(layer: layer, overrides: overrides)
         if let localExperts {
             configuration.localExperts = localExperts
             try configuration.validate()
         }
         if !sharedExpert { configuration.sharedIntermediateSize = 0 }
-        let (weights, reader) = try checkpoint.weights(layer: layer, configuration: configuration, map: !copyWeights)
+        var (weights, reader) = try checkpoint.weights(layer: layer, configuration: configuration, map: !copyWeights)
+        if let (index, count) = sharedExpertPart, let shared = weights.shared {
+            guard count >= 1, index >= 0, index < count else {
+                throw MoEError.invalidArgument("shared expert part \(index) of \(count) does not exist")
+            }
+            if let (part, width) = try shared.part(index, of: count, width: configuration.sharedIntermediateSize) {
+                (weights.shared, configuration.sharedIntermediateSize) = (part, width)
+            } else if index != 0 {
+                (weights.shared, configuration.sharedIntermediateSize) = (nil, 0)
+            }
+        }
         try self.init(configuration: configuration, weights: weights, backend: backend, memoryLimit: memoryLimit)
         withExtendedLifetime(reader) {}  // its temporaries until the backend has copied them
     }

@@ -157,6 +157,55 @@ public enum WeightData: @unchecked Sendable {
         }
     }
 
+    /// Columns `range` of a matrix of `cols` columns, cut at whole quantization groups (or
+    /// ggml blocks), copied in its format into memory of its own (a WeightMemory, read in
+    /// place like a mapped tensor): a tensor-parallel part of a shared expert's down
+    /// projection. Each part's row (codes, scales, biases) is cut at the same fraction.
+    func columns(_ range: Range<Int>, of cols: Int, what: String) throws -> WeightData {
+        let unit: Int
+        if case .quantized(let q, _) = format { unit = q.groupSize } else { unit = 1 }
+        guard range.lowerBound % unit == 0, range.count % unit == 0, range.upperBound <= cols, !range.isEmpty else {
+            throw MoEError.invalidArgument("\(what): columns \(range) of \(cols) do not fall on whole groups of \(unit)")
+        }
+        if case .array(let a) = self {
+            let rows = a.count / cols
+            return .array((0..<rows).flatMap { r in a[r * cols + range.lowerBound..<r * cols + range.upperBound] })
+        }
+        let inner = unmapped, rows = count / cols
+        let parts = inner.parts
+        let cut = parts.map { (start: $0.count / rows * range.lowerBound / cols, length: $0.count / rows * range.count / cols) }
+        let starts = cut.indices.map { k in cut[..<k].reduce(0) { $0 + ($1.length * rows + 63) / 64 * 64 } }
+        let total = (starts.last ?? 0) + (cut.last?.length ?? 0) * rows
+        let page = WeightMemory.pageSize
+        let length = Swift.max(page, (total + page - 1) / page * page)
+        var raw: UnsafeMutableRawPointer?
+        guard posix_memalign(&raw, page, length) == 0, let base = raw else {
+            throw MoEError.outOfMemory("cannot allocate \(length) bytes for columns \(range) of \(what)")
+        }
+        CallStats.allocation(bytes: length)
+        let address = Int(bitPattern: base)
+        let memory = try WeightMemory(base: base, length: length, release: { free(UnsafeMutableRawPointer(bitPattern: address)) })
+        func part(_ k: Int) -> UnsafeRawBufferPointer {
+            let rowBytes = parts[k].count / rows
+            for r in 0..<rows {
+                (base + starts[k] + r * cut[k].length)
+                    .copyMemory(from: parts[k].baseAddress! + r * rowBytes + cut[k].start, byteCount: cut[k].length)
+            }
+            return UnsafeRawBufferPointer(start: base + starts[k], count: cut[k].length * rows)
+        }
+        switch inner {
+        case .borrowed: return .mapped(.dense(part(0), .float32), in: memory)
+        case .dense(_, let type): return .mapped(.dense(part(0), type), in: memory)
+        case .quantized(let q):
+            let scales = q.quantization.hasSeparateScales ? part(1) : UnsafeRawBufferPointer(start: nil, count: 0)
+            let biases = q.biases == nil ? nil : part(parts.count - 1)
+            return .mapped(.quantized(QuantizedWeightData(q.quantization, weight: part(0), scales: scales, biases: biases,
+                                                          scaleType: q.scaleType)), in: memory)
+        default:
+            throw MoEError.invalidArgument("\(what): per-expert tensors have no columns to cut")
+        }
+    }
+
     /// Its bytes: codes (or dense values), then scales and biases where the format has them.
     var parts: [UnsafeRawBufferPointer] {
         switch self {

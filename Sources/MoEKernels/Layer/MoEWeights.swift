@@ -15,6 +15,25 @@ public struct SharedExpertWeights: Sendable {
     }
 }
 
+extension SharedExpertWeights {
+    /// Part `index` of `count` of a shared expert of width `width`, split along its width
+    /// (tensor parallelism: gate and up rows, down columns; the sigmoid gate whole): the
+    /// parts' outputs sum to the whole expert's, as the activation acts on each of the width's
+    /// units alone and the gate factor scales every part alike. Nil when the width does not
+    /// split into `count` parts of whole quantization groups (then one rank holds it whole).
+    func part(_ index: Int, of count: Int, width: Int) throws -> (weights: SharedExpertWeights, width: Int)? {
+        var unit = 1
+        for m in [gateProj, upProj, downProj] {
+            if case .quantized(let q, _) = m.format { unit = Swift.max(unit, q.groupSize) }
+        }
+        guard count >= 1, width % count == 0, (width / count) % unit == 0 else { return nil }
+        let size = width / count, rows = index * size..<(index + 1) * size
+        return (SharedExpertWeights(gateProj: gateProj.experts(rows, of: width), upProj: upProj.experts(rows, of: width),
+                                    downProj: try downProj.columns(rows, of: width, what: "shared_expert.down_proj"),
+                                    sigmoidGate: sigmoidGate), size)
+    }
+}
+
 /// Gate and up projections of the routed experts, separate or fused as in the checkpoint.
 public enum GateUpWeights: Sendable {
     /// `gate_proj (E, I, H)` and `up_proj (E, I, H)`.
