@@ -13,10 +13,10 @@ or with MLX: `group = mx.distributed.init(backend="ring")`, then
 `ExpertParallelLayer(layer, group)`.
 
 Every rank routes every token over all E experts (the router is replicated), runs only the
-experts it holds, and adds its partial sum into the group's all-reduce. The rank that holds
-the shared expert (from_pretrained gives it to rank 0) also adds the residual. Summation
-order: each rank's partial sums its held slots in slot order, then the shared expert and the
-residual (as one process does); the group then adds the ranks' partials in its collective's
+experts it holds and its part of the shared expert (from_pretrained splits it along its
+width, or gives it whole to rank 0), and adds its partial sum into the group's all-reduce;
+one rank also adds the residual. Summation order: each rank's partial sums its held slots in
+slot order, then its shared expert (part) and the residual (as one process does); the group then adds the ranks' partials in its collective's
 order, identical on every rank. So a result differs from one process's by the rounding of
 those few additions (relative 1e-7 in float32), and not at all between ranks.
 
@@ -154,12 +154,12 @@ class ExpertParallelLayer:
     inputs of a replicated model), as with any collective.
 
     Creating it checks the group once, with one all-reduce: the ranks' shares must cover
-    every expert exactly once, at most one rank may hold the shared expert, and all ranks
-    must agree on the layer's sizes; otherwise every rank raises the same ValueError (none
-    waits forever for a partner that will not come).
+    every expert exactly once, the shared expert must be whole on at most one rank or split
+    in one part per rank (`MoELayer.shared_expert_part`, which from_pretrained sets), and
+    all ranks must agree on the layer's sizes; otherwise every rank raises the same
+    ValueError (none waits forever for a partner that will not come).
 
-    The rank holding the shared expert adds the residual (rank 0 when none holds one). The
-    next norm (`next_norm`) needs the whole sum, so it is applied here after the all-reduce
+    The rank holding the whole shared expert adds the residual (else rank 0). The next norm (`next_norm`) needs the whole sum, so it is applied here after the all-reduce
     (reference.rms_norm, rounded to float32)."""
 
     def __init__(self, layer, group=None):
