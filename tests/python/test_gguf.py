@@ -488,3 +488,17 @@ def test_deepseek2_selection_bias_is_optional(tmp_path):
     x = np.random.default_rng(0).standard_normal((200, fixtures.H)).astype(np.float32)
     with_bias = moe_swift.from_pretrained(whole, 1, backend="cpu")
     assert np.any(layer.route(x)[0] != with_bias.route(x)[0])  # the bias moves some choices
+
+
+def test_a_huge_expert_count_with_per_expert_tensors_is_an_error_not_an_allocation(tmp_path):
+    """expert_count 2^31 - 1 in a file of per-expert tensors (older Mixtral files): the
+    reader's list grows with the tensors the file holds, not by the count (the checkpoint
+    fuzzer found a 223 GB allocation there that aborted the process). In a child process,
+    so that a regression fails this test instead of ending the run."""
+    path, _ = fixtures.make("mixtral_per_expert", tmp_path / "m", meta={"expert_count": 2**31 - 1})
+    code = ("import moe_swift, sys\n"
+            "try:\n    moe_swift.from_pretrained(sys.argv[1], progress=False)\n"
+            "except ValueError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "no tensor blk.0.ffn_gate.4.weight" in out.stdout, out.stdout

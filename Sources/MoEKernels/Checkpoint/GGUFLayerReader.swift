@@ -91,15 +91,22 @@ final class GGUFLayerReader {
     /// The experts' `ffn_<projection>.<e>.weight` of shape `shape` (older Mixtral files,
     /// which llama.cpp still reads), each read where it lies, in their common type.
     private func experts(_ projection: String, _ shape: [Int]) throws -> WeightData {
-        let parts = try (0..<c.numExperts).map { try require("ffn_\(projection).\($0).weight") }
-        for t in parts {
+        // Appended one by one, not `map`ped: map reserves expert_count entries up front, and
+        // the file's expert_count may be anything (2^31 - 1 asked for 223 GB, found by the
+        // fuzzer); here the arrays grow only with the tensors the file holds.
+        var parts: [GGUFTensor] = []
+        for e in 0..<c.numExperts {
+            let t = try require("ffn_\(projection).\(e).weight")
             try check(t, shape)
-            guard t.type == parts[0].type else {
-                throw MoEError.invalidArgument("\(t.name) is \(t.type.name), \(parts[0].name) \(parts[0].type.name): "
+            if let first = parts.first, t.type != first.type {
+                throw MoEError.invalidArgument("\(t.name) is \(t.type.name), \(first.name) \(first.type.name): "
                                                + "the experts of one projection must share a type")
             }
+            parts.append(t)
         }
-        return .experts(try (0..<c.numExperts).map { try matrix("ffn_\(projection).\($0).weight", shape) })
+        var matrices: [WeightData] = []
+        for e in parts.indices { matrices.append(try matrix("ffn_\(projection).\(e).weight", shape)) }
+        return .experts(matrices)
     }
 
     private func temporary(_ bytes: Int) -> UnsafeMutableRawBufferPointer {

@@ -195,11 +195,15 @@ final class LayerReader {
     /// The E per-expert tensors of `projection`, each read where it lies (the backends reach
     /// them through a per-expert table, or stack a copy where they cannot).
     private func experts(_ projection: String, _ shape: [Int]) throws -> WeightData {
-        let parts = try (0..<c.numExperts).map { e -> WeightData in
+        // Appended one by one, not `map`ped: map reserves num_experts entries up front, and
+        // config.json's num_experts is the file's to say (2^31 - 1 asks for 100 GB); here the
+        // array grows only with the tensors the files hold.
+        var parts: [WeightData] = []
+        for e in 0..<c.numExperts {
             guard tensor("experts.\(e).\(projection).weight") != nil else {
                 throw checkpoint.missing([prefix + ".experts.\(e).\(projection).weight"], "expert \(e)")
             }
-            return try matrix("experts.\(e).\(projection)", shape)
+            parts.append(try matrix("experts.\(e).\(projection)", shape))
         }
         for (e, part) in parts.enumerated() where part.format != parts[0].format {
             throw MoEError.invalidArgument("\(prefix).experts.\(e).\(projection) is \(part.format), expert 0's is "
