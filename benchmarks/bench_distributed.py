@@ -175,19 +175,27 @@ def free_ports(n):
     return ports
 
 
+def rank_environments(engine, ranks, folder, env):
+    """The environment of each of `ranks` processes on this machine, over `env`, as the
+    engine's launcher sets it: mlx.launch's MLX_RANK and MLX_HOSTFILE (a hosts file written
+    in `folder`, a free port of 127.0.0.1 per rank), or torchrun's RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT. (test_distributed_processes.py starts its ranks
+    with it too.)"""
+    ports = free_ports(ranks)
+    if engine == "mlx":
+        hosts = Path(folder) / "hosts.json"
+        hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
+        return [dict(env, MLX_RANK=str(r), MLX_HOSTFILE=str(hosts)) for r in range(ranks)]
+    return [dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(ports[0])) for r in range(ranks)]
+
+
 def launch(engine, ranks, rounds, interleave, out):
     out.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(ranks)
     cores = os.cpu_count() or 1
     env = dict(os.environ, MOE_CPU_THREADS=str(max(1, cores // ranks)), BENCH_RANKS=str(ranks))
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "python"), env.get("PYTHONPATH", "")])
-    if engine == "mlx":
-        hosts = out / "hosts.json"
-        hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
-        envs = [dict(env, MLX_RANK=str(r), MLX_HOSTFILE=str(hosts)) for r in range(ranks)]
-    else:
-        envs = [dict(env, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
-                for r in range(ranks)]
+    envs = rank_environments(engine, ranks, out, env)
     procs = [subprocess.Popen([sys.executable, __file__, "rank", engine, str(out), str(rounds), str(int(interleave))],
                               env=e)
              for e in envs]

@@ -7,9 +7,7 @@ time limit here). Each rank is tests/python/distributed_rank.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 
 import moe_swift
 import moe_swift.distributed
+from bench_distributed import rank_environments  # benchmarks/ is on pytest's path
 
 HERE = Path(__file__).resolve().parent
 RANK = HERE / "distributed_rank.py"
@@ -50,16 +49,6 @@ ENGINES = [pytest.param(e) for e in engines()] or [pytest.param("none", marks=py
     reason="neither mlx nor torch (with gloo) is installed"))]
 
 
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def launch(engine, size, checkpoint, out, mode="ok", interleave=False):
     """Starts `size` ranks of distributed_rank.py as the engine's launcher would; returns
     [(returncode, stderr)]."""
@@ -73,14 +62,7 @@ def launch_script(engine, size, argv, out):
     # The package as this test process imports it (a checkout's python/ or the installed one).
     env["PYTHONPATH"] = os.pathsep.join([str(Path(moe_swift.__file__).parents[1]), env.get("PYTHONPATH", "")])
     env["MOE_RANK_TIME_LIMIT"] = str(RANK_TIME_LIMIT)
-    ports = free_ports(size)
-    if engine == "mlx":
-        hosts = out / "hosts.json"
-        hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
-        envs = [dict(env, MLX_RANK=str(r), MLX_HOSTFILE=str(hosts)) for r in range(size)]
-    else:
-        envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(ports[0])) for r in range(size)]
+    envs = rank_environments(engine, size, out, env)
     procs = [subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for e in envs]
     results = []
     try:

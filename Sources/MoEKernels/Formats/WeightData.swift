@@ -88,34 +88,51 @@ public enum WeightData: @unchecked Sendable {
         for (e, expert) in list.enumerated() where expert.format != first.format || expert.parts.map(\.count) != sizes {
             throw MoEError.invalidArgument("\(what): expert \(e)'s tensor differs from expert 0's in format or size")
         }
-        // Each part of all experts, one after another, each part starting on a 64-byte boundary.
-        let starts = sizes.indices.map { k in sizes[..<k].reduce(0) { $0 + ($1 * list.count + 63) / 64 * 64 } }
-        let total = (starts.last ?? 0) + (sizes.last ?? 0) * list.count
+        // Each part of all experts, one after another.
+        return try Self.owned(like: first.unmapped, partBytes: sizes.map { $0 * list.count },
+                              purpose: "to stack the \(list.count) experts of \(what)",
+                              unsupported: "\(what): per-expert tensors must be borrowed, dense or quantized bytes") { k, out in
+            for (e, expert) in list.enumerated() {
+                (out + e * sizes[k]).copyMemory(from: expert.parts[k].baseAddress!, byteCount: sizes[k])
+            }
+        }
+    }
+
+    /// A tensor of `template`'s kind (dense of its type, or quantized as it is) over bytes of
+    /// its own: part k (codes, then scales and biases where `template` has them) is
+    /// `partBytes[k]` bytes that `fill(k, destination)` writes, each part on a 64-byte
+    /// boundary of one page-aligned allocation, which a WeightMemory frees with the last
+    /// layer reading it (the result is mapped from it). For the copies the backends or a
+    /// share need: stacked experts, a part's columns.
+    private static func owned(like template: WeightData, partBytes: [Int], purpose: String, unsupported: String,
+                              fill: (Int, UnsafeMutableRawPointer) -> Void) throws -> WeightData {
+        switch template {
+        case .dense, .borrowed, .quantized: break
+        default: throw MoEError.invalidArgument(unsupported)
+        }
+        let starts = partBytes.indices.map { k in partBytes[..<k].reduce(0) { $0 + ($1 + 63) / 64 * 64 } }
+        let total = (starts.last ?? 0) + (partBytes.last ?? 0)
         let page = WeightMemory.pageSize
         let length = Swift.max(page, (total + page - 1) / page * page)
         var raw: UnsafeMutableRawPointer?
         guard posix_memalign(&raw, page, length) == 0, let base = raw else {
-            throw MoEError.outOfMemory("cannot allocate \(length) bytes to stack the \(list.count) experts of \(what)")
+            throw MoEError.outOfMemory("cannot allocate \(length) bytes \(purpose)")
         }
         CallStats.allocation(bytes: length)
         let address = Int(bitPattern: base)
         let memory = try WeightMemory(base: base, length: length, release: { free(UnsafeMutableRawPointer(bitPattern: address)) })
         func part(_ k: Int) -> UnsafeRawBufferPointer {
-            for (e, expert) in list.enumerated() {
-                (base + starts[k] + e * sizes[k]).copyMemory(from: expert.parts[k].baseAddress!, byteCount: sizes[k])
-            }
-            return UnsafeRawBufferPointer(start: base + starts[k], count: sizes[k] * list.count)
+            fill(k, base + starts[k])
+            return UnsafeRawBufferPointer(start: base + starts[k], count: partBytes[k])
         }
-        switch first.unmapped {
+        switch template {
         case .dense(_, let type): return .mapped(.dense(part(0), type), in: memory)
-        case .borrowed: return .mapped(.dense(part(0), .float32), in: memory)
         case .quantized(let q):
             let scales = q.quantization.hasSeparateScales ? part(1) : UnsafeRawBufferPointer(start: nil, count: 0)
-            let biases = q.biases == nil ? nil : part(sizes.count - 1)
+            let biases = q.biases == nil ? nil : part(partBytes.count - 1)
             return .mapped(.quantized(QuantizedWeightData(q.quantization, weight: part(0), scales: scales, biases: biases,
                                                           scaleType: q.scaleType)), in: memory)
-        default:
-            throw MoEError.invalidArgument("\(what): per-expert tensors must be borrowed, dense or quantized bytes")
+        default: return .mapped(.dense(part(0), .float32), in: memory)  // .borrowed
         }
     }
 
@@ -173,36 +190,16 @@ public enum WeightData: @unchecked Sendable {
         }
         let inner = unmapped, rows = count / cols
         let parts = inner.parts
+        // Each row of each part cut at the same fraction (whole groups: whole bytes).
         let cut = parts.map { (start: $0.count / rows * range.lowerBound / cols, length: $0.count / rows * range.count / cols) }
-        let starts = cut.indices.map { k in cut[..<k].reduce(0) { $0 + ($1.length * rows + 63) / 64 * 64 } }
-        let total = (starts.last ?? 0) + (cut.last?.length ?? 0) * rows
-        let page = WeightMemory.pageSize
-        let length = Swift.max(page, (total + page - 1) / page * page)
-        var raw: UnsafeMutableRawPointer?
-        guard posix_memalign(&raw, page, length) == 0, let base = raw else {
-            throw MoEError.outOfMemory("cannot allocate \(length) bytes for columns \(range) of \(what)")
-        }
-        CallStats.allocation(bytes: length)
-        let address = Int(bitPattern: base)
-        let memory = try WeightMemory(base: base, length: length, release: { free(UnsafeMutableRawPointer(bitPattern: address)) })
-        func part(_ k: Int) -> UnsafeRawBufferPointer {
+        return try Self.owned(like: inner, partBytes: cut.map { $0.length * rows },
+                              purpose: "for columns \(range) of \(what)",
+                              unsupported: "\(what): per-expert tensors have no columns to cut") { k, out in
             let rowBytes = parts[k].count / rows
             for r in 0..<rows {
-                (base + starts[k] + r * cut[k].length)
-                    .copyMemory(from: parts[k].baseAddress! + r * rowBytes + cut[k].start, byteCount: cut[k].length)
+                (out + r * cut[k].length).copyMemory(from: parts[k].baseAddress! + r * rowBytes + cut[k].start,
+                                                     byteCount: cut[k].length)
             }
-            return UnsafeRawBufferPointer(start: base + starts[k], count: cut[k].length * rows)
-        }
-        switch inner {
-        case .borrowed: return .mapped(.dense(part(0), .float32), in: memory)
-        case .dense(_, let type): return .mapped(.dense(part(0), type), in: memory)
-        case .quantized(let q):
-            let scales = q.quantization.hasSeparateScales ? part(1) : UnsafeRawBufferPointer(start: nil, count: 0)
-            let biases = q.biases == nil ? nil : part(parts.count - 1)
-            return .mapped(.quantized(QuantizedWeightData(q.quantization, weight: part(0), scales: scales, biases: biases,
-                                                          scaleType: q.scaleType)), in: memory)
-        default:
-            throw MoEError.invalidArgument("\(what): per-expert tensors have no columns to cut")
         }
     }
 

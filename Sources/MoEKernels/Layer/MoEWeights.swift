@@ -87,9 +87,7 @@ public struct MoEWeights: Sendable {
         // Vectors are one array each (read as float32): an interleaved share's rows gathered.
         func vector(_ v: WeightData?) -> WeightData? {
             guard let v else { return nil }
-            if share.stride == 1 { return v.experts(share, of: total) }
-            let all = v.floats(), per = all.count / total
-            return .array(share.ids.flatMap { all[$0 * per..<($0 + 1) * per] })
+            return (share.stride == 1 ? v : .array(v.floats())).experts(share, of: total)
         }
         w.gateUpBias = vector(gateUpBias)
         w.downBias = vector(downBias)
