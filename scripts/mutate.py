@@ -9,6 +9,12 @@ run it before resolving an issue that touches the core.
     python3 scripts/mutate.py --only metal-combine-shared-first,router-nan-wins
     python3 scripts/mutate.py --only X --full    # the whole suites, not the mutant's own tests
     python3 scripts/mutate.py --report           # the table and the score of the last runs
+    python3 scripts/mutate.py --set independent  # the independently designed set (below)
+
+Two sets: CATALOGUE, below, written beside the tests (each new kind of survivor joins it
+with the test that now kills it), and INDEPENDENT (scripts/mutants_independent.py),
+designed by a reviewer who read the product code and docs but not the tests: the score on
+a set the tests were not written against.
 
 A mutant may name its own tests (a sixth field: test commands, each `pytest ARGS` against
 the scratch copy's release library, or `swift test ARGS`), which run instead of the whole
@@ -80,10 +86,10 @@ CATALOGUE = [
     ("metal-combine-shared-dropped", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
      "if (p.has_shared != 0) acc += shared_out[i];", ""),
     ("combine-slots-reversed", "combine", "Sources/MoEKernels/CPU/CPUPass.swift",
-     "let y = downOut + Int(pairRow[t * k + j]) * h + h0", "let y = downOut + Int(pairRow[t * k + (k - j)]) * h + h0"),
+     "let row = pairRow[t * k + j]", "let row = pairRow[t * k + (k - j)]"),
     ("metal-combine-shared-first", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
-     "float acc = pairs[0];\n    for (uint j = 1; j < p.top_k; j++) acc += pairs[j * H];\n    const ulong i = (ulong)t * H + h;\n    if (p.has_shared != 0) acc += shared_out[i];",
-     "const ulong i = (ulong)t * H + h;\n    float acc = p.has_shared != 0 ? shared_out[i] : 0.0f;\n    for (uint j = 0; j < p.top_k; j++) acc += pairs[j * H];"),
+     "    float acc = moe_held_place(pair_ids[0], p.expert_base, p.expert_stride, p.experts) != MOE_NONE ? pairs[0] : 0.0f;\n    for (uint j = 1; j < p.top_k; j++) {\n        if (moe_held_place(pair_ids[j], p.expert_base, p.expert_stride, p.experts) != MOE_NONE) acc += pairs[j * H];\n    }\n    const ulong i = (ulong)t * H + h;\n    if (p.has_shared != 0) acc += shared_out[i];\n",
+     "    const ulong i = (ulong)t * H + h;\n    float acc = p.has_shared != 0 ? shared_out[i] : 0.0f;\n    for (uint j = 0; j < p.top_k; j++) {\n        if (moe_held_place(pair_ids[j], p.expert_base, p.expert_stride, p.experts) != MOE_NONE) acc += pairs[j * H];\n    }\n"),
     # formats
     ("format-bf16-shift", "formats", "Sources/CMoECPU/formats/internal.h",
      "return from_bits((uint32_t)b << 16);", "return from_bits((uint32_t)b << 15);"),
@@ -238,15 +244,76 @@ CATALOGUE = [
      "total += -(-p.numel() * p.element_size() // _ALIGNMENT) * _ALIGNMENT",
      "total += -(-p.numel() // _ALIGNMENT) * _ALIGNMENT",
      ("pytest tests/python/test_integrations.py -k held_once",)),
+    # issue 46's survivors and their siblings: metadata forms, magnitudes, non-default
+    # integration knobs, and kills that rested on one test
+    ("gguf-per-layer-array-first-value", "GGUF", "Sources/MoEKernels/Checkpoint/GGUFCheckpoint.swift",
+     "        return values[layer]\n    }", "        return values[0]\n    }",
+     ("pytest tests/python/test_gguf.py -k per_layer_array",)),
+    ("gguf-shared-width-first-layer", "GGUF", "Sources/MoEKernels/Checkpoint/GGUFCheckpoint.swift",
+     'perLayer("expert_shared_feed_forward_length", layer: layer)', 'perLayer("expert_shared_feed_forward_length", layer: 0)',
+     ("pytest tests/python/test_gguf.py -k per_layer_array",)),
+    ("gguf-glm-selection-bias-optional", "GGUF", "Sources/MoEKernels/Checkpoint/GGUFCheckpoint.swift",
+     "a.selectionBiasRequired = true", "a.selectionBiasRequired = false",
+     ("pytest tests/python/test_gguf.py -k required_tensor_missing",)),
+    ("rmsnorm-eps-outside-sqrt", "CPU backend", "Sources/MoEKernels/Layer/RMSNorm.swift",
+     "1 / (sumOfSquares / Float(count) + eps).squareRoot()", "1 / ((sumOfSquares / Float(count)).squareRoot() + eps)",
+     ("pytest tests/python/test_layer.py -k eps_where",)),
+    ("metal-input-norm-eps-outside-sqrt", "metal kernels", "Sources/MoEKernels/Metal/moe_router.metal",
+     "const float inverse = 1.0f / sqrt(simd_sum(sum) / float(H) + p.input_norm_eps);",
+     "const float inverse = 1.0f / (sqrt(simd_sum(sum) / float(H)) + p.input_norm_eps);",
+     ("pytest tests/python/test_fused_norms.py -k eps_where",)),
+    ("metal-next-norm-eps-outside-sqrt", "metal kernels", "Sources/MoEKernels/Metal/moe_combine.metal",
+     "1.0f / sqrt(total / float(p.hidden) + p.next_norm_eps)", "1.0f / (sqrt(total / float(p.hidden)) + p.next_norm_eps)",
+     ("pytest tests/python/test_fused_norms.py -k eps_where",)),
+    ("bf16-output-rounds-half-up", "C ABI", "Sources/MoEKernels/CABI/ActivationRows.swift",
+     "(b &+ 0x7FFF &+ ((b >> 16) & 1)) >> 16", "(b &+ 0x8000) >> 16",
+     ("pytest tests/python/test_layer.py -k round_half_to_even",)),
+    ("py-bf16-rounds-half-up", "Python facade", "python/moe_swift/arrays.py",
+     "rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16)", "rounded = ((u + 0x8000) >> 16)",
+     ("pytest tests/python/test_formats.py",)),
+    ("router-scale-twice-with-per-expert", "routing", "Sources/MoEKernels/Layer/Routing.swift",
+     "if let perExpert = perExpertScale { weights[j] *= perExpert[Int(ids[j])] }",
+     "if let perExpert = perExpertScale { weights[j] *= perExpert[Int(ids[j])] * routedScalingFactor }",
+     ("pytest tests/python/test_options.py -k every_combination",)),
+    ("metal-router-scale-twice-with-per-expert", "metal kernels", "Sources/MoEKernels/Metal/moe_router.metal",
+     "if (p.has_per_expert_scale != 0) w *= per_expert_scale[out_ids[out + j]];",
+     "if (p.has_per_expert_scale != 0) w *= per_expert_scale[out_ids[out + j]] * p.routed_scaling_factor;",
+     ("pytest tests/python/test_options.py -k every_combination",)),
+    ("encode-adjacent-is-overlap", "Metal backend", "Sources/MoEKernels/MetalBackend/MetalPass.swift",
+     "offset < other.offset + otherBytes && other.offset < offset + bytes",
+     "offset <= other.offset + otherBytes && other.offset <= offset + bytes",
+     ("swift test --filter EncodeTests",)),
+    ("encode-one-element-overlap-missed", "Metal backend", "Sources/MoEKernels/MetalBackend/MetalPass.swift",
+     "offset < other.offset + otherBytes && other.offset < offset + bytes",
+     "offset + 4 < other.offset + otherBytes && other.offset + 4 < offset + bytes",
+     ("swift test --filter EncodeTests",)),
+    ("q8-avx2-kquant-first-activation-scale", "CPU backend", "Sources/CMoECPU/formats/q8_avx2.c",
+     "t[sub % CH][i] = add_scaled(dot, x.scales[i] + (k >> 5) + sub, t[sub % CH][i]);",
+     "t[sub % CH][i] = add_scaled(dot, x.scales[i] + (k >> 5), t[sub % CH][i]);",
+     ("MOE_CPU_ISA=avx2 pytest tests/python/test_q8_activations.py",)),
+    ("tf-gpt-oss-alpha-dropped", "integrations", "python/moe_swift/integrations/transformers.py",
+     "options = dict(swiglu_alpha=alpha, swiglu_limit=limit)", "options = dict(swiglu_limit=limit)",
+     ("pytest tests/python/test_transformers_families.py -k non_default_knobs",)),
+    ("mlx-gpt-oss-limit-dropped", "integrations", "python/moe_swift/integrations/mlx_lm.py",
+     "swiglu_alpha=glu.activation._alpha, swiglu_limit=glu.activation._limit)", "swiglu_alpha=glu.activation._alpha)",
+     ("pytest tests/python/test_integration_mlx.py",)),
 ]
 
 
-def check_catalogue():
+def mutant_set(name):
+    if name == "independent":
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from mutants_independent import INDEPENDENT
+        return INDEPENDENT
+    return CATALOGUE
+
+
+def check_catalogue(mutants):
     problems = []
-    ids = [m[0] for m in CATALOGUE]
+    ids = [m[0] for m in mutants]
     if len(set(ids)) != len(ids):
         problems.append("duplicate mutant ids")
-    for mid, _, path, old, new, *tests in CATALOGUE:
+    for mid, _, path, old, new, *tests in mutants:
         for cmd in (tests[0] if tests else ()):
             try:
                 parse_command(cmd)
@@ -340,10 +407,10 @@ def load_results():
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
 
-def report():
+def report(mutants):
     results = load_results()
     rows = [(m[0], m[1], results.get(m[0], {}).get("status", "not run"), results.get(m[0], {}).get("details", ""))
-            for m in CATALOGUE]
+            for m in mutants]
     width = max(len(r[0]) for r in rows)
     for mid, area, status, details in rows:
         print(f"{mid:<{width}}  {area:<14}  {status:<9}  {details[:80]}")
@@ -351,7 +418,7 @@ def report():
     killed = sum(r[2] == "killed" for r in ran)
     if ran:
         print(f"\nscore: {killed}/{len(ran)} killed ({100 * killed / len(ran):.0f}%), "
-              f"{len(CATALOGUE) - len(ran)} of {len(CATALOGUE)} not run or stillborn")
+              f"{len(mutants) - len(ran)} of {len(mutants)} not run or stillborn")
 
 
 def main(argv=None):
@@ -359,19 +426,22 @@ def main(argv=None):
     p.add_argument("--check", action="store_true", help="only check that every mutant's code is in place")
     p.add_argument("--report", action="store_true", help="print the table of the last results")
     p.add_argument("--only", help="comma-separated mutant ids")
+    p.add_argument("--set", default="catalogue", choices=("catalogue", "independent"),
+                   help="which mutants: the catalogue (default) or the independently designed set")
     p.add_argument("--suites", default="swift,python", help="swift,python (default both)")
     p.add_argument("--baseline", action="store_true",
                    help="run the chosen mutants' own tests on the unmutated copy (each must pass, or its kills mean nothing)")
     p.add_argument("--full", action="store_true", help="run the whole suites even for a mutant that names its tests")
     args = p.parse_args(argv)
-    problems = check_catalogue()
+    mutants = mutant_set(args.set)
+    problems = check_catalogue(mutants)
     if problems or args.check:
-        print("\n".join(problems) or f"{len(CATALOGUE)} mutants, each in place")
+        print("\n".join(problems) or f"{len(mutants)} mutants, each in place")
         return 1 if problems else 0
     if args.report:
-        report()
+        report(mutants)
         return 0
-    chosen = [m for m in CATALOGUE if not args.only or m[0] in args.only.split(",")]
+    chosen = [m for m in mutants if not args.only or m[0] in args.only.split(",")]
     head = prepare_scratch()
     if args.baseline:
         commands = list(dict.fromkeys(cmd for m in chosen for cmd in (m[5] if len(m) > 5 else ())))
@@ -392,7 +462,7 @@ def main(argv=None):
         results[mid] = {"status": status, "details": details, "commit": head, "seconds": round(time.time() - t0)}
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         print(f"{mid}: {status} ({details})", flush=True)
-    report()
+    report(mutants)
     return 0
 
 
