@@ -257,7 +257,7 @@ CATALOGUE = [
      ("pytest tests/python/test_gguf.py -k required_tensor_missing",)),
     ("rmsnorm-eps-outside-sqrt", "CPU backend", "Sources/MoEKernels/Layer/RMSNorm.swift",
      "1 / (sumOfSquares / Float(count) + eps).squareRoot()", "1 / ((sumOfSquares / Float(count)).squareRoot() + eps)",
-     ("pytest tests/python/test_layer.py -k eps_where",)),
+     ("pytest tests/python/test_fused_norms.py -k eps_where",)),
     ("metal-input-norm-eps-outside-sqrt", "metal kernels", "Sources/MoEKernels/Metal/moe_router.metal",
      "const float inverse = 1.0f / sqrt(simd_sum(sum) / float(H) + p.input_norm_eps);",
      "const float inverse = 1.0f / (sqrt(simd_sum(sum) / float(H)) + p.input_norm_eps);",
@@ -297,6 +297,16 @@ CATALOGUE = [
     ("mlx-gpt-oss-limit-dropped", "integrations", "python/moe_swift/integrations/mlx_lm.py",
      "swiglu_alpha=glu.activation._alpha, swiglu_limit=glu.activation._limit)", "swiglu_alpha=glu.activation._alpha)",
      ("pytest tests/python/test_integration_mlx.py",)),
+    # the ends of each format's range: decoders' own branches at subnormals and E8M0's 0
+    ("format-e8m0-zero-is-zero", "formats", "Sources/CMoECPU/formats/internal.h",
+     "if (s == 0) return from_bits(0x00400000u);", "if (s == 0) return 0.0f;",
+     ("pytest tests/python/test_boundaries.py -k 'ends_of_its_range and cpu'",)),
+    ("metal-e8m0-zero-is-zero", "metal kernels", "Sources/MoEKernels/Metal/moe_formats.h",
+     "if (s == 0) return as_type<float>(0x00400000u);", "if (s == 0) return 0.0f;",
+     ("pytest tests/python/test_boundaries.py -k 'ends_of_its_range and softmetal'",)),
+    ("format-f16-subnormal-flushed", "formats", "Sources/CMoECPU/formats/internal.h",
+     "const float v = (float)mantissa * 0x1p-24f;", "const float v = 0.0f;",
+     ("MOE_CPU_ISA=portable pytest tests/python/test_boundaries.py -k 'ends_of_its_range and cpu'",)),
 ]
 
 

@@ -160,7 +160,8 @@ def route(
 
 
 def _silu(g, u, **_):
-    return g / (1.0 + np.exp(-g)) * u
+    with np.errstate(over="ignore"):  # exp(-g) = inf for g < -709: g / inf = -0, the limit
+        return g / (1.0 + np.exp(-g)) * u
 
 
 def _gelu_tanh(g, u, **_):

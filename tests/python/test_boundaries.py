@@ -25,6 +25,8 @@ same ones every run. Each of these options also runs alone at one shape past the
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -343,3 +345,101 @@ def test_every_option_across_a_block(backend, T, option):
     case = dict(formats=dict.fromkeys(ROLES, "f32"), H=333, I=290, E=8, k=2, T=T, family="qwen3_moe",
                 activation=None, shared_kind=None, mode="forward", call=NO_CALL, shared=270, seed=11)
     check_case(backend, {**case, **OPTIONS[option]})
+
+
+# --- The ends of each format's range ---------------------------------------------------
+# Each weight format at the largest and the smallest magnitude it holds (issue 46): float16's
+# 65504 and its subnormal 2^-24, bfloat16's and float32's largest and their smallest
+# subnormals, affine scales (and biases) at those of their scale dtype, ggml's float16 d
+# (and dmin / m) at float16's ends, E8M0 at 2^-127 and at 2^125 (the largest whose every
+# E2M1 code is finite in float32: 6 * 2^126 is not). Decoders take their own branch at
+# these ends (subnormal halves, E8M0's first two exponents), which values of about 1 never
+# reach. The extremes sit in the down projection, the experts' one linear step; the input
+# is scaled so that every intermediate stays a normal float32: h ~ L * a with a ~ L^-1/2.
+_F16_MAX, _F16_TINY = 65504.0, 2.0 ** -24
+_BF16_MAX, _BF16_TINY = float(np.float32(3.3895314e38)), 2.0 ** -133
+_F32_MAX, _F32_TINY = float(np.finfo(np.float32).max), 2.0 ** -149
+_DTYPE_ENDS = {"float16": (_F16_MAX, _F16_TINY), "bfloat16": (_BF16_MAX, _BF16_TINY), "float32": (_F32_MAX, _F32_TINY)}
+
+
+def _scalars(values, dtype):
+    """float64 values stored as `dtype` (bfloat16 as its uint16 bits, as Quantized takes it)."""
+    if dtype == "bfloat16":
+        return float32_to_bf16(np.asarray(values, np.float32)).view(_bf16())
+    return np.asarray(values).astype(dtype)
+
+
+def _extreme_down(fmt, end, shape, rng):
+    """A down projection (E, H, I) in `fmt` whose magnitudes reach the format's `end`, and
+    the magnitude L reached (the largest value, or the smallest nonzero one)."""
+    E, H, I = shape
+    signs = rng.choice([-1.0, 1.0], shape)
+    if fmt in _DTYPE_ENDS or fmt in ("f16", "bf16", "f32"):
+        dtype = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}[fmt]
+        top, tiny = _DTYPE_ENDS[dtype]
+        # Mantissas spread over the binade at the end (for the subnormals: 1-7 units of the last place).
+        values = signs * (top * rng.uniform(0.5, 1.0, shape) if end == "largest" else tiny * rng.integers(1, 8, shape))
+        return _scalars(values, dtype), (top if end == "largest" else tiny)
+    if fmt.startswith("affine"):
+        dtype, bits = fmt.split("-")[1], 4
+        top, tiny = _DTYPE_ENDS[dtype]
+        groups = I // 64
+        # Largest: scale * 15 + bias stays finite (scale top / 16, bias -8 * scale); smallest: the scale itself.
+        scale = np.full((E, H, groups), top / 16 if end == "largest" else tiny)
+        codes = rng.integers(0, 16, (E, H, I)).astype(np.uint32)
+        packed = (codes.reshape(E, H, I // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+        biases = -8 * scale if end == "largest" else np.zeros_like(scale)
+        q = Quantized(packed, _scalars(scale, dtype), _scalars(biases, dtype), bits=bits, group_size=64,
+                      scale_dtype=dtype)
+        return q, (top / 2 if end == "largest" else tiny)
+    if fmt == "mxfp4":
+        exponent = 252 if end == "largest" else 0
+        codes = rng.integers(0, 16, (E, H, I)).astype(np.uint32)
+        packed = (codes.reshape(E, H, I // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+        q = Quantized(packed, np.full((E, H, I // 32), exponent, np.uint8), mode="mxfp4")
+        return q, 6 * 2.0 ** (exponent - 127) if end == "largest" else 0.5 * 2.0 ** -127
+    # ggml's blocks: each block's float16 d (and dmin / m) at float16's ends.
+    from moe_swift.ggml_blocks import _SCALE_FIELDS
+    blocks = random_blocks(rng, fmt, shape, 1.0)
+    flat = blocks.reshape(-1, options_block_bytes(fmt))
+    if fmt == "mxfp4_ggml":  # E8M0 with ggml's doubled codes: 2^(e - 128) * 12 at most
+        flat[:, 0] = 252 if end == "largest" else 0
+        return GGMLQuantized(blocks, type=fmt), (12 * 2.0 ** 124 if end == "largest" else 2.0 ** -128)
+    d_at, m_at, reach = _SCALE_FIELDS[fmt]
+    value = (_F16_MAX if end == "largest" else _F16_TINY) * rng.choice([-1.0, 1.0], len(flat))
+    for at in (d_at, m_at):
+        if at is not None:
+            flat[:, at:at + 2] = value.astype("<f2").view(np.uint8).reshape(-1, 2)
+    return GGMLQuantized(blocks, type=fmt), (_F16_MAX * reach if end == "largest" else _F16_TINY)
+
+
+def options_block_bytes(name):
+    return next(size for n, _, size in options.GGML_TYPES.values() if n == name)
+
+
+EXTREME_FORMATS = (["f16", "bf16", "f32"] + [f"affine-{d}" for d in ("float16", "bfloat16", "float32")]
+                   + ["mxfp4"] + sorted(GGML_FORMATS))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", EXTREME_FORMATS)
+@pytest.mark.parametrize("end", ["largest", "smallest"])
+def test_each_format_at_the_ends_of_its_range(backend, fmt, end):
+    E, H, I, T, k = 4, 256, 256, 3, 2
+    rng = np.random.default_rng(zlib.crc32(f"{fmt} {end}".encode()))
+    gate, up = (rng.standard_normal((E, I, H)).astype(np.float32) / np.sqrt(H) for _ in range(2))
+    down, L = _extreme_down(fmt, end, (E, H, I), rng)
+    dense_down = dense(down)
+    assert np.isfinite(dense_down).all()
+    seen = np.abs(dense_down[dense_down != 0])
+    assert (seen.max() >= L / 4) if end == "largest" else (seen.min() <= L * 8), (fmt, end, L, seen.min(), seen.max())
+    # g and u of about s, a = silu(g) * u of about s^2 = L^-1/2, h of about L^1/2.
+    s = L ** -0.25
+    x = (rng.standard_normal((T, H)) * s).astype(np.float32)
+    ids = np.array([[0, 1], [2, 3], [3, 0]], np.int32)
+    weights = rng.uniform(0.2, 1.0, (T, k)).astype(np.float32)
+    with moe_swift.MoELayer(np.zeros((E, H), np.float32), gate, up, down, top_k=k, backend=backend) as layer:
+        y = layer.experts(x, ids, weights)
+    ref = reference.experts_forward(x, ids, weights, gate, up, down)
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 0
+    assert_close(y, ref, (backend, fmt, end))

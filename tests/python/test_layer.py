@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import moe_swift
-from moe_swift import reference
+from moe_swift import options, reference
 from families import FAMILIES, make_layer_args, spec_tolerance
 
 
@@ -164,26 +164,59 @@ def test_available_backends_and_auto():
         assert layer.backend == backends[0]
 
 
+def _ties(rng, dtype, shape):
+    """float32 values exactly halfway between two neighbours of `dtype` (bfloat16 or
+    float16), of both parities and signs, normal and (float16) subnormal, and the largest
+    finite tie (halfway above the format's largest value, which rounds to infinity)."""
+    lower = rng.integers(1, 0x7B00, shape).astype(np.uint16)  # finite, below the largest
+    lower |= rng.integers(0, 2, shape).astype(np.uint16) << 15
+    lower.flat[0] = 0x0001 if dtype == np.float16 else 0x3C01   # a subnormal half / an odd one
+    lower.flat[1] = 0x7BFF if dtype == np.float16 else 0x7F7F   # the largest finite value
+    a = lower.view(dtype).astype(np.float64)
+    b = np.nextafter(lower.view(dtype), np.array(np.inf, dtype)).astype(np.float64)
+    b.flat[1] = 65536.0 if dtype == np.float16 else 2.0 ** 128  # the next power, past the format
+    assert {int(v) & 1 for v in lower.ravel()} == {0, 1}
+    return ((a + b) / 2).astype(np.float32)
+
+
 @pytest.mark.parametrize("backend", [b for b in ("cpu", "softmetal") if b in moe_swift.available_backends()])
-def test_bfloat16_results_round_half_to_even(backend):
-    """Results exactly halfway between two bfloat16 values come back rounded to the even one,
-    as ml_dtypes, torch and MLX round; the other tests' results are never exact ties, so a
-    conversion that rounded halves up would pass them all (issue 46). Zero down weights make
-    moe(x) exactly 0, so y is the float32 residual, chosen at ties of both parities and signs."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_results_round_half_to_even(backend, dtype):
+    """Results exactly halfway between two bfloat16 (or float16) values come back rounded to
+    the even one, as ml_dtypes, NumPy, torch and MLX round; the other tests' results are never
+    exact ties, so a conversion that rounded halves up would pass them all (issue 46). Zero
+    down weights make moe(x) exactly 0, so y is the float32 residual, chosen at ties of both
+    parities and signs, a subnormal one and the one above the largest finite value."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
     E, H, I = 4, 64, 32
     rng = np.random.default_rng(3)
     router, gate, up = (rng.standard_normal(s).astype(np.float32) for s in ((E, H), (E, I, H), (E, I, H)))
     down = np.zeros((E, H, I), np.float32)
-    bits = rng.integers(0x3C00, 0x4400, (3, H)).astype(np.uint32) | (rng.integers(0, 2, (3, H)).astype(np.uint32) << 15)
-    ties = ((bits << 16) | 0x8000).view(np.float32)  # halfway above each bfloat16 value
-    assert {int(b) & 1 for b in bits.ravel()} == {0, 1}
-    x = rng.standard_normal((3, H)).astype(ml_dtypes.bfloat16)
-    with moe_swift.MoELayer(router, gate, up, down, top_k=2, backend=backend) as layer:
+    with np.errstate(over="ignore"):
+        ties = _ties(rng, np_dtype, (3, H))
+        expected = ties.astype(np_dtype)
+    x = rng.standard_normal((3, H)).astype(np_dtype)
+    with moe_swift.MoELayer(router, gate, up, down, top_k=2, backend=backend) as layer, np.errstate(over="ignore"):
         y = layer(x, residual=ties)
-    assert y.dtype == ml_dtypes.bfloat16
-    np.testing.assert_array_equal(y.view(np.uint16), ties.astype(ml_dtypes.bfloat16).view(np.uint16))
-    # And the conversion itself on ties, specials and random values, against ml_dtypes.
-    values = np.concatenate([ties.ravel(), np.array([0.0, -0.0, np.inf, -np.inf, 3.3895314e38, 1e-40, -1e-45],
-                                                   np.float32), rng.standard_normal(1000).astype(np.float32)])
-    np.testing.assert_array_equal(moe_swift.formats.float32_to_bf16(values), values.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert y.dtype == np_dtype
+    np.testing.assert_array_equal(y.view(np.uint16), expected.view(np.uint16))
+    # The library's own conversion: the typed routed call (transformers' path for bf16 and
+    # f16 tensors) writes y in the tensor's dtype. Zero gate and up make each expert its
+    # down bias, so y = 1.0 * bias[id] is each tie exactly.
+    zeros = np.zeros((3, I, H), np.float32)
+    with moe_swift.MoELayer(router[:3], zeros, zeros, down[:3], top_k=1, down_bias=ties, backend=backend) as layer:
+        y_bits = np.empty((3, H), np.uint16)
+        ffi = layer._ffi
+        layer._experts_typed(ffi.from_buffer(x.astype(np.float32)), options.DTYPES["float32"], 3,
+                             ffi.from_buffer(np.arange(3, dtype=np.int32).reshape(3, 1)), 4,
+                             ffi.from_buffer(np.ones((3, 1), np.float32)), options.DTYPES["float32"],
+                             ffi.from_buffer(y_bits), options.DTYPES[dtype])
+    np.testing.assert_array_equal(y_bits, expected.view(np.uint16))
+    if dtype == "bfloat16":
+        # The facade's own conversion on ties, specials and random values, against ml_dtypes.
+        values = np.concatenate([ties.ravel(), np.array([0.0, -0.0, np.inf, -np.inf, 3.3895314e38, 1e-40, -1e-45],
+                                                       np.float32), rng.standard_normal(1000).astype(np.float32)])
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(moe_swift.formats.float32_to_bf16(values),
+                                          values.astype(ml_dtypes.bfloat16).view(np.uint16))
