@@ -25,6 +25,31 @@ def test_patched_model_matches(family):
     np.testing.assert_allclose(logits(model), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_non_default_activation_knobs(family):
+    """Every number an experts module's activation holds (gpt-oss's alpha and limit),
+    found on the modules rather than named here, set to a value no model ships with and
+    small enough to bind (the tiny models' gates are about 1): the patched model must give
+    the unpatched one's logits, which differ from the defaults' (issue 46: the patch
+    dropping a knob passed while every test used the defaults)."""
+    from mlx_lm.models.switch_layers import SwitchGLU
+    model = tiny(family)
+    default = logits(model)
+    knobs = set()
+    for _, module in model.named_modules():
+        if isinstance(module, SwitchGLU):
+            for name, value in vars(module.activation).items():
+                if isinstance(value, float):
+                    setattr(module.activation, name, value * 0.05)
+                    knobs.add(name)
+    if not knobs:
+        pytest.skip(f"{family}: its experts' activation has no knob (mlx-lm's SwiGLU)")
+    ref = logits(model)
+    assert np.abs(ref - default).max() > 1e-2, f"{sorted(knobs)} at these values change nothing"
+    moe_mlx.patch(model, backend="cpu")
+    np.testing.assert_allclose(logits(model), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_quantized_model_keeps_its_format():
     model = tiny("qwen3_moe")
     nn.quantize(model, group_size=64, bits=4,
