@@ -270,7 +270,7 @@ CATALOGUE = [
      ("pytest tests/python/test_layer.py -k round_half_to_even",)),
     ("py-bf16-rounds-half-up", "Python facade", "python/moe_swift/arrays.py",
      "rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16)", "rounded = ((u + 0x8000) >> 16)",
-     ("pytest tests/python/test_formats.py",)),
+     ("pytest tests/python/test_layer.py -k round_half",)),
     ("router-scale-twice-with-per-expert", "routing", "Sources/MoEKernels/Layer/Routing.swift",
      "if let perExpert = perExpertScale { weights[j] *= perExpert[Int(ids[j])] }",
      "if let perExpert = perExpertScale { weights[j] *= perExpert[Int(ids[j])] * routedScalingFactor }",
