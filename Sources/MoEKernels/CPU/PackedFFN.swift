@@ -29,11 +29,10 @@ final class PackedFFN: @unchecked Sendable {
 
     var blocksPerExpert: Int { (inner + Self.blockWidth - 1) / Self.blockWidth }
 
-    /// Which of the gate, up and down products take 8-bit activations under `q`: those
-    /// whose weights are in a quantized format (MoEActivationQuantization).
+    /// Which of the gate, up and down products take 8-bit activations under `q`
+    /// (MoEActivationQuantization.quantizes).
     func quantizesActivations(_ q: MoEActivationQuantization) -> (gate: Bool, up: Bool, down: Bool) {
-        guard q == .q8 else { return (false, false, false) }
-        return (gate.matrix.format.isQuantized, up.matrix.format.isQuantized, down.format.isQuantized)
+        (q.quantizes(gate.matrix.format), q.quantizes(up.matrix.format), q.quantizes(down.format))
     }
 
     /// Floats of dequantization scratch that one work item may need.

@@ -85,6 +85,11 @@ public enum MoEActivationQuantization: MoEOptionRow, CustomStringConvertible {
         }
     }
     public var description: String { optionName(MOE_OPTION_TABLE_ACTIVATION_QUANTIZATION, rawValue) }
+
+    /// Whether a product with weights in `format` takes 8-bit activations: the rule both
+    /// backends follow (and the reference's `_quantized`): only under `.q8`, and only for
+    /// quantized formats; dense weights and the router take the activations as they are.
+    func quantizes(_ format: WeightFormat) -> Bool { self == .q8 && format.isQuantized }
 }
 
 /// Where a layer runs.

@@ -29,8 +29,8 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     let mappedRanges: [Range<Int>]
 
     /// The products whose input is 8-bit activations' grid values (moe_options.h,
-    /// MOE_ACTIVATION_QUANTIZATION_Q8): with `activationQuantization == .q8`, those of
-    /// quantized-format weights, never dense ones (nor the router, which takes x as it is).
+    /// MOE_ACTIVATION_QUANTIZATION_Q8), by MoEActivationQuantization.quantizes (the router
+    /// takes x as it is).
     struct Q8Inputs {
         var gate = false, up = false, down = false
         var sharedGate = false, sharedUp = false, sharedDown = false
@@ -39,18 +39,18 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
 
         init(_ c: MoEConfiguration, gate: MetalWeight, up: MetalWeight, down: MetalWeight,
              shared: (gate: MetalWeight, up: MetalWeight, down: MetalWeight)?) {
-            guard c.activationQuantization == .q8 else { return }
-            self.gate = gate.format.isQuantized
-            self.up = up.format.isQuantized
-            self.down = down.format.isQuantized
-            sharedGate = shared?.gate.format.isQuantized ?? false
-            sharedUp = shared?.up.format.isQuantized ?? false
-            sharedDown = shared?.down.format.isQuantized ?? false
+            let q = c.activationQuantization
+            (self.gate, self.up, self.down) = (q.quantizes(gate.format), q.quantizes(up.format), q.quantizes(down.format))
+            if let shared {
+                (sharedGate, sharedUp, sharedDown) = (q.quantizes(shared.gate.format), q.quantizes(shared.up.format),
+                                                      q.quantizes(shared.down.format))
+            }
         }
 
-        /// Some gate/up product reads x's grid values (made once per forward, for all of them).
-        var x: Bool { gate || up || sharedGate || sharedUp }
-        var any: Bool { x || down || sharedDown }
+        /// Some gate/up product reads x's grid values (made once per forward, for all of
+        /// them); `withShared`: counting the shared expert's (a call that runs it).
+        func x(withShared: Bool = true) -> Bool { gate || up || (withShared && (sharedGate || sharedUp)) }
+        var any: Bool { x() || down || sharedDown }
     }
 
     /// The kernel instances that read this layer's weight formats.
@@ -182,7 +182,7 @@ final class MetalBackend: MoEBackend, @unchecked Sendable {
     /// A scratch set for `tokens` tokens from the pool (allocating only when none fits).
     func checkOutScratch(tokens: Int) throws -> MetalScratch {
         try pool.checkOut(tokens: tokens) { capacity in
-            try MetalScratch(context: context, configuration: configuration, capacity: capacity, quantizedX: q8.x)
+            try MetalScratch(context: context, configuration: configuration, capacity: capacity, quantizedX: q8.x())
         }
     }
 }

@@ -140,7 +140,7 @@ struct MetalLayerEncoder {
         let c = configuration
         let q8 = backend.q8
         // x's grid values, once for every gate/up product (routed and shared) that takes them.
-        let quantizeX = q8.gate || q8.up || (withShared && (q8.sharedGate || q8.sharedUp))
+        let quantizeX = q8.x(withShared: withShared)
         let xq = quantizeX ? MetalBinding(scratch.xQuantized!) : input
         if quantizeX { quantize(input, rows: tokens, cols: c.hiddenSize, into: xq) }
         var p = ffnParams(shared: false, inner: c.intermediateSize)
