@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 swift test 2>&1
-python3 -m pytest -q
+python3 -m pytest -q --durations=30
