@@ -3,9 +3,9 @@ kernel that breaks the rule is reported, naming what the README says the report 
 its nearest legal twin passes under the same check. The rules tested elsewhere on both
 sides (test_softmetal_memory_check.py: a missing threadgroup barrier, the simdgroup rule,
 unwritten threadgroup memory, a far out-of-bounds access, hand-offs across threadgroups with
-and without device-scope fences, coherent(device); test_softmetal.py: the order check's
-atomics, barrier divergence; test_third_party_mlx.py: a struct copy's stores) are not
-repeated here."""
+and without device-scope fences, coherent(device); test_softmetal_checks.py: the order
+check's atomics, barrier divergence; test_third_party_mlx.py: a struct copy's stores) are
+not repeated here."""
 
 import numpy as np
 import pytest
@@ -215,7 +215,7 @@ def test_an_atomic_and_a_plain_write_race_across_threadgroups(lib):
 
 
 def test_atomics_whose_result_is_the_same_in_every_order_pass_the_order_check(lib):
-    """The negative side of test_order_dependent_atomics_are_reported (test_softmetal.py)."""
+    """The negative side of test_order_dependent_atomics_are_reported (test_softmetal_checks.py)."""
     c = np.zeros(1, np.uint32)
     lib.launch("atomic_count", [c], threadgroups=(8,), threads_per_threadgroup=(32,), check_order=True)
     assert c[0] == 256

@@ -17,7 +17,7 @@ final class KernelCompiler: @unchecked Sendable {
     /// they are joined: each one uses only what the parts before it declare.
     static let runtimeParts: [(name: String, text: [UInt8])] = [
         ("prelude.h", PackageResources.prelude_h),            // macros Apple's headers define
-        ("abi.h", PackageResources.abi_h),                    // sm_dispatch: csoftmetal.h's mirror
+        ("abi.h", PackageResources.abi_h),                    // sm_dispatch; csoftmetal.h includes it too
         ("scalars.h", PackageResources.scalars_h),            // half, bfloat
         ("vectors.h", PackageResources.vectors_h),            // vectors, matrices, vmake, as_type
         ("math.h", PackageResources.math_h),

@@ -63,9 +63,9 @@ public final class SoftMetalDevice: MTLDevice, @unchecked Sendable {
 
 /// Storage is mmapped so that the last byte touches PROT_NONE guard space (and more guard
 /// space precedes the first page): 64 GiB on each side while SoftMetal's budget of address
-/// space allows (csoftmetal.c), so that any address a 32-bit index of 16-byte elements
-/// forms from the buffer faults and is reported instead of landing in the host's memory;
-/// else one page. makeBuffer(bytesNoCopy:...) memory is not guarded.
+/// space allows (CSoftMetal's guarded_memory.c), so that any address a 32-bit index of
+/// 16-byte elements forms from the buffer faults and is reported instead of landing in the
+/// host's memory; else one page. makeBuffer(bytesNoCopy:...) memory is not guarded.
 ///
 /// The app's object and its memory (BufferMemory) are two: recorded commands hold the
 /// memory, and a command buffer with retained references holds the object too. One with
@@ -79,8 +79,9 @@ public final class SoftMetalBuffer: MTLBuffer, @unchecked Sendable {
     let memory: BufferMemory
     var storage: UnsafeMutableRawPointer { memory.storage }
     /// false for bytesNoCopy buffers, whose memory SoftMetal cannot place next to a guard
-    /// page, and beyond the budget of memory mappings for guarded buffers (csoftmetal.c):
-    /// thousands of live buffers would otherwise exhaust the process's mappings.
+    /// page, and beyond the budget of memory mappings for guarded buffers
+    /// (CSoftMetal's guarded_memory.c): thousands of live buffers would otherwise exhaust
+    /// the process's mappings.
     public var softMetalIsGuarded: Bool { memory.isGuarded }
     /// The PROT_NONE bytes on each side of the buffer's memory: 64 GiB (wide guards), a
     /// page (the budget of address space was spent, or mmap refused the reservation), or 0

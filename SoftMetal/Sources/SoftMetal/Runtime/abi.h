@@ -1,42 +1,74 @@
-// ---- The C ABI shared with the host (must match Sources/CSoftMetal/include/csoftmetal.h) ----
+// ---- The C ABI between the host and the compiled kernels: sm_dispatch and what it refers to ----
+// The one copy of these declarations, read by both sides:
+// - the kernels: this file is a part of the runtime header (KernelCompiler.runtimeParts),
+//   embedded in the SoftMetal module and joined with the other parts into one text, which
+//   is written as one file (softmetal_runtime-<hash>.h) beside the compiled libraries and
+//   included by every translated source. The parts are not files there, so a part cannot
+//   #include another: the shared declarations must be in a part, and this is that part.
+// - the host: CSoftMetal's public header (Sources/CSoftMetal/include/csoftmetal.h) includes
+//   this file by its path relative to that header, "../../SoftMetal/Runtime/abi.h", which
+//   holds wherever CSoftMetal is built (SoftMetal/Package.swift, and the root Package.swift
+//   declares the same folders by path), for its C files and for Swift's import of it.
+// So it is valid C (the host) and C++17 (the kernels), includes nothing (<stdint.h> and
+// <stddef.h> come before it on both sides: prelude.h, csoftmetal.h), and keeps what only
+// the kernels need under __SOFTMETAL__, which prelude.h defines and the host never does.
+// The runtime still compares the host's SM_ABI_VERSION with its own (scheduler.h).
+#ifndef SOFTMETAL_RUNTIME_ABI_H
+#define SOFTMETAL_RUNTIME_ABI_H
+#ifdef __cplusplus
 extern "C" {
+#endif
+
 #define SM_ABI_VERSION 8
 #define SM_MAX_BUFFERS 31
 #define SM_MAX_THREADGROUP_MEMORY 31
-#define SM_FLAG_POISON 1u
-#define SM_FLAG_RUN_AHEAD 2u
-#define SM_FLAG_REVERSE_SIMDGROUPS 4u
+
+/* Flags of sm_dispatch.flags */
+#define SM_FLAG_POISON 1u      /* fill threadgroup memory with 0xFF before each threadgroup */
+#define SM_FLAG_RUN_AHEAD 2u   /* each simdgroup runs to its next threadgroup barrier before the next starts */
+#define SM_FLAG_REVERSE_SIMDGROUPS 4u  /* with SM_FLAG_RUN_AHEAD: the last simdgroup first */
+#define SM_FLAG_CHECK_DIVISION 8u  /* an integer division by zero or INT_MIN / -1 stops the dispatch (SM_ERROR_TRAP) */
+
+/* Error kinds (sm_dispatch.error_kind, csm_run's result) */
 #define SM_OK 0
-#define SM_ERROR_OUT_OF_BOUNDS 1
-#define SM_ERROR_DIVERGENCE 2
-#define SM_ERROR_RUNTIME 3
-#define SM_ERROR_CHECK 7
+#define SM_ERROR_OUT_OF_BOUNDS 1  /* fault in a guard page (see csm_fault_*) */
+#define SM_ERROR_DIVERGENCE 2     /* barrier / simd divergence or deadlock */
+#define SM_ERROR_RUNTIME 3        /* another error found by the runtime (message in error) */
+#define SM_ERROR_STACK_OVERFLOW 4 /* fault in the guard page of a fiber stack */
+#define SM_ERROR_TIMEOUT 5        /* the watchdog stopped a chunk that ran too long */
+#define SM_ERROR_TRAP 6           /* SIGFPE, SIGILL or SIGTRAP in kernel code (see csm_fault_signal) */
+#define SM_ERROR_CHECK 7          /* the memory check found something (see sm_check) */
+
+/* One dispatch (or one worker's part of it). Filled by the host; the launcher reads it
+ * and writes error_kind / error. Positions: the threadgroups at linear positions
+ * [first_group, end_group) run; position p runs threadgroup number (p * order_mul +
+ * order_add) % total (order_mul coprime with total), linear numbers in x-major order. */
 typedef struct sm_dispatch {
     uint32_t abi_version;
     uint32_t flags;
     const char* kernel_name;
-    void* buffers[SM_MAX_BUFFERS];
-    uint64_t buffer_lengths[SM_MAX_BUFFERS];
-    void* tg_mem[SM_MAX_THREADGROUP_MEMORY];
+    void* buffers[SM_MAX_BUFFERS];              /* [[buffer(i)]], offset applied; NULL = unbound */
+    uint64_t buffer_lengths[SM_MAX_BUFFERS];    /* bytes from the pointer to the end */
+    void* tg_mem[SM_MAX_THREADGROUP_MEMORY];    /* [[threadgroup(i)]] for this worker */
     uint64_t tg_mem_lengths[SM_MAX_THREADGROUP_MEMORY];
-    void* tg_static;
+    void* tg_static;                            /* arena for `threadgroup T x[N];` in kernel bodies */
     uint64_t tg_static_capacity;
-    uint32_t threadgroups[3];
-    uint32_t tptg[3];
-    uint32_t grid[3];
+    uint32_t threadgroups[3];                   /* threadgroups per grid */
+    uint32_t tptg[3];                           /* threads per (full) threadgroup */
+    uint32_t grid[3];                           /* threads per grid (edge threadgroups are partial) */
     uint32_t first_group, end_group;
     uint32_t order_mul, order_add;
-    uint64_t seed;
-    void* stacks;
-    uint64_t stack_size;
+    uint64_t seed;                              /* lane order: 0 = natural order, else a permutation (run-ahead: within each simdgroup) */
+    void* stacks;                               /* stack_count blocks of stack_size bytes, each aligned */
+    uint64_t stack_size;                        /*   to stack_size, guard page at the bottom */
     uint32_t stack_count;
-    uint32_t error_kind;
-    void* scratch;
+    uint32_t error_kind;                        /* out */
+    void* scratch;                              /* per worker scratch for the runtime's state */
     uint64_t scratch_size;
-    char* error;
+    char* error;                                /* out: message, NUL-terminated */
     uint32_t error_capacity;
-    uint32_t max_threads;
-    struct sm_check* check;
+    uint32_t max_threads;                       /* threads per threadgroup the runtime supports */
+    struct sm_check* check;                     /* the memory check, or NULL */
 } sm_dispatch;
 /* The memory check (a library compiled with SM_CHECK_MEMORY: every load and store of the
  * kernel calls the runtime). Filled by the host, which runs checked dispatches one at a
@@ -127,15 +159,16 @@ typedef struct sm_check {
                                                   1 + the epoch of each thread's last device-scope release
                                                   fence, then the largest (NULL: none bound) */
 } sm_check;
+/* Parameter reflection generated per kernel: __sm_info_<kernel>() returns this. */
 #define SM_PARAM_BUFFER 1
 #define SM_PARAM_THREADGROUP 2
 #define SM_PARAM_BUILTIN 3
 typedef struct sm_param_info {
     int32_t kind;
-    int32_t index;
-    int64_t elem_size;
-    int32_t is_reference;
-    const char* type;
+    int32_t index;        /* buffer / threadgroup index; -1 for built-ins */
+    int64_t elem_size;    /* sizeof the pointee / referenced type */
+    int32_t is_reference; /* `constant T& x [[buffer(i)]]` */
+    const char* type;     /* as written, address space removed */
     const char* name;
     const char* attribute;
 } sm_param_info;
@@ -143,9 +176,18 @@ typedef struct sm_kernel_info {
     int32_t abi_version;
     int32_t param_count;
     const sm_param_info* params;
-    int32_t max_total_threads;
+    int32_t max_total_threads;  /* [[max_total_threads_per_threadgroup(n)]] or 0 */
 } sm_kernel_info;
+
+#ifdef __SOFTMETAL__
+/* The C library functions the runtime calls, declared here for the kernels' build only
+ * (the host includes the C library's own headers). */
 int snprintf(char*, unsigned long, const char*, ...);
 void* memset(void*, int, unsigned long);
 void* memcpy(void*, const void*, unsigned long);
+#endif
+
+#ifdef __cplusplus
 }
+#endif
+#endif
