@@ -182,9 +182,18 @@ def _relu(g, u, **_):
     return np.maximum(g, 0.0) * u
 
 
+def _swiglu_clamped(g, u, *, limit, **_):
+    g = np.minimum(g, limit)
+    with np.errstate(over="ignore"):  # as _silu
+        return g / (1.0 + np.exp(-g)) * np.clip(u, -limit, limit)
+
+
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
-ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai, "gelu": _gelu, "relu": _relu}
+ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "swiglu_oai": _swiglu_oai, "gelu": _gelu, "relu": _relu,
+               "swiglu_clamped": _swiglu_clamped}
+# The options each activation reads beside g and u (the others read none).
+ACTIVATION_OPTIONS = {"swiglu_oai": ("swiglu_alpha", "swiglu_limit"), "swiglu_clamped": ("swiglu_limit",)}
 
 
 def expert_ffn(x, wg, wu, wd, bg=None, bu=None, bd=None, *, activation=DEFAULTS["activation"],

@@ -12,7 +12,7 @@ sizes elsewhere in the suite sit inside one block of everything; a mistake that 
 from the second block on (a sum that keeps only its last block) passes them all.
 
 The options drawn with each shape: every weight format, one per layer or a different one
-per matrix (router, gate, up, down, the shared expert's); every activation (swiglu_oai with
+per matrix (router, gate, up, down, the shared expert's); every activation (the clamped ones with
 its clamp reached); the shared expert absent, plain or sigmoid-gated; the call — the whole
 layer with the router's weights checked (`route`), the input norm (plain or Gemma's
 1 + weight), the residual (none, an array, the input itself) and the next layer's norm each
@@ -72,6 +72,8 @@ FORMATS = {
     **{name: (_ggml(name), elems) for name, (_, elems, _) in GGML_FORMATS.items()},
 }
 ACTIVATIONS = sorted(options.ACTIVATIONS)
+# The activations that clamp g and u at +-swiglu_limit (swiglu_oai, swiglu_clamped).
+CLAMPED = tuple(name for name, knobs in reference.ACTIVATION_OPTIONS.items() if "swiglu_limit" in knobs)
 # Each matrix's role: which argument holds it, and which size its rows are (the last axis).
 ROLES = {"router": "H", "gate": "H", "up": "H", "down": "I", "shared_gate": "H", "shared_up": "H", "shared_down": "S"}
 MODES = ("forward", "experts", "stack")
@@ -177,7 +179,7 @@ def make_args(case):
             args["shared_expert"].pop("sigmoid_gate", None)
     if case["activation"] is not None:
         args["activation"] = case["activation"]
-    if args.get("activation") == "swiglu_oai":
+    if args.get("activation") in CLAMPED:
         # Gate and up values of about 16 times the input's scale: about two thirds beyond
         # the clamp at +-7 and one third within, in every draw.
         for key in ("gate_proj", "up_proj", "gate_up_proj"):
@@ -187,7 +189,7 @@ def make_args(case):
 
 
 def assert_clamp_reached(args, x):
-    """swiglu_oai's clamp at +-limit is reached by some gate or up value of these tokens,
+    """A clamped activation's clamp at +-limit is reached by some gate or up value of these tokens,
     and some stay within it: both branches of the activation run."""
     limit = args.get("swiglu_limit", options.DEFAULTS["swiglu_limit"])
     rows = [dense(args[key]) for key in ("gate_proj", "up_proj", "gate_up_proj") if key in args]
@@ -214,7 +216,7 @@ def check_case(backend, case):
     eps = case.get("eps", 1e-6)
     what = {key: value for key, value in case.items() if key != "formats"} | {"formats": set(case["formats"].values())}
     call = case["call"]
-    if args.get("activation") == "swiglu_oai":
+    if args.get("activation") in CLAMPED:
         normed = case["mode"] != "experts" and call.get("input_norm") is not None
         assert_clamp_reached(args, reference.rms_norm(x, np.ones(H), eps) if normed else x)
     with moe_swift.MoELayer(**args, backend=backend) as layer:

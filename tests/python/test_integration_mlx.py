@@ -170,3 +170,30 @@ def test_out_of_range_ids_are_refused(bad):
     assert fused(x, good).shape == (1, 2, 2, 64)
     with pytest.raises(ValueError, match="not an expert id"):
         mx.eval(fused(x, mx.array(np.array([[[0, 1], [2, bad]]], np.uint32))))
+
+
+@pytest.mark.parametrize("limit", [0.5, 0.0])
+def test_deepseek_v41_clamped_swiglu(limit):
+    """DeepSeek-V4.1's experts (mlx-lm's DeepseekV41SwiGLU: SwiGLU with gate and up clamped at
+    its limit, none where the limit is 0) run as swiglu_clamped (silu where unclamped)."""
+    v41 = pytest.importorskip("mlx_lm.models.deepseek_v41", reason="mlx-lm without DeepSeek-V4.1")
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.switch_mlp = SwitchGLU(64, 32, 8, activation=v41.DeepseekV41SwiGLU(limit))
+
+        def __call__(self, x, indices):
+            return self.switch_mlp(x, indices)
+
+    mx.random.seed(3)
+    block = Block()
+    mx.eval(block.parameters())
+    x = mx.random.normal((5, 64)) * 2
+    indices = mx.array(np.random.default_rng(0).integers(0, 8, (5, 2)).astype(np.int32))
+    ref = np.array(block(x, indices))
+    gate = np.einsum("th,tkih->tki", np.array(x), np.array(block.switch_mlp.gate_proj.weight)[np.array(indices)])
+    assert limit == 0 or np.abs(gate).max() > 2 * limit  # the clamp binds
+    assert moe_mlx.patch(block, backend="cpu") == 1
+    np.testing.assert_allclose(np.array(block(x, indices)), ref, rtol=1e-4, atol=1e-5)

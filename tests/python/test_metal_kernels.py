@@ -290,7 +290,7 @@ def decode_ids(rng, T, E, k, repeat=True):
 def test_gate_up_gemv(lib, activation, T, H, I, E, k, bias):
     rng = np.random.default_rng(T * 7 + H)
     x = f32(T, H, rng=rng)
-    w = f32(E, 2 * I, H, rng=rng, scale=H ** -0.5 * (3 if activation == "swiglu_oai" else 1))
+    w = f32(E, 2 * I, H, rng=rng, scale=H ** -0.5 * (3 if activation in ("swiglu_oai", "swiglu_clamped") else 1))
     b = f32(E, 2 * I, rng=rng) if bias else None
     ids = decode_ids(rng, T, E, k)
     act = np.full((T * k, I), np.nan, np.float32)
@@ -490,7 +490,7 @@ def gemm_grid(n_tiles, N, kernel="gate_up"):
 def test_gate_up_gemm(lib, activation, T, H, I, E, k, bias):
     rng = np.random.default_rng(T + H + I)
     x = f32(T, H, rng=rng)
-    w = f32(E, 2 * I, H, rng=rng, scale=H ** -0.5 * (3 if activation == "swiglu_oai" else 1))
+    w = f32(E, 2 * I, H, rng=rng, scale=H ** -0.5 * (3 if activation in ("swiglu_oai", "swiglu_clamped") else 1))
     b = f32(E, 2 * I, rng=rng) if bias else None
     ids = decode_ids(rng, T, E, k, repeat=False)
     offsets, rows, tiles = np_buckets(ids, E)

@@ -36,13 +36,16 @@
  *   SWIGLU_OAI: gpt-oss: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, +-limit) + 1)
  *               (no hidden_act names it: gpt-oss's modules carry alpha and limit)
  *   GELU:       gelu(g) * u, gelu(g) = g * (1 + erf(g / sqrt(2))) / 2 (GeGLU, exact)
- *   RELU:       max(g, 0) * u (ReGLU) */
+ *   RELU:       max(g, 0) * u (ReGLU)
+ *   SWIGLU_CLAMPED: silu(min(g, limit)) * clip(u, +-limit) (DeepSeek-V4, GLM-5 Next,
+ *               Hunyuan V4: SwiGLU with swiglu_limit; no hidden_act names the clamp) */
 #define MOE_ACTIVATION_ROWS(X) \
     X(SILU, 0, "silu", "silu swish") \
     X(GELU_TANH, 1, "gelu_tanh", "gelu_pytorch_tanh gelu_tanh gelu_new gelu_fast") \
     X(SWIGLU_OAI, 2, "swiglu_oai", "") \
     X(GELU, 3, "gelu", "gelu gelu_python") \
-    X(RELU, 4, "relu", "relu")
+    X(RELU, 4, "relu", "relu") \
+    X(SWIGLU_CLAMPED, 5, "swiglu_clamped", "")
 
 /* The activations that enter a quantized-format weight product (gate/up, down, the shared
  * expert's; never the router's logits, never dense f32/f16/bf16 weights). X(NAME, code, "name")

@@ -25,6 +25,9 @@ struct GatedActivation {
             return 0.5 * g * (1 + erff(g * 0.70710678118654752)) * u
         case .relu:
             return Swift.max(g, 0) * u
+        case .swigluClamped:
+            let gc = Swift.min(g, limit)
+            return gc / (1 + expf(-gc)) * Swift.max(Swift.min(u, limit), -limit)
         }
     }
 }

@@ -47,6 +47,8 @@ public enum MoEActivation: MoEOptionRow, CustomStringConvertible {
     case gelu
     /// `max(g, 0) * u` (ReGLU).
     case relu
+    /// `silu(min(g, limit)) * clip(u, ±limit)`: SwiGLU with a clamp (DeepSeek-V4).
+    case swigluClamped
 
     public var rawValue: Int32 {
         switch self {
@@ -55,6 +57,7 @@ public enum MoEActivation: MoEOptionRow, CustomStringConvertible {
         case .swigluOAI: return Int32(MOE_ACTIVATION_SWIGLU_OAI.rawValue)
         case .gelu: return Int32(MOE_ACTIVATION_GELU.rawValue)
         case .relu: return Int32(MOE_ACTIVATION_RELU.rawValue)
+        case .swigluClamped: return Int32(MOE_ACTIVATION_SWIGLU_CLAMPED.rawValue)
         }
     }
     /// The activation a Hugging Face config's `hidden_act` names, if any.

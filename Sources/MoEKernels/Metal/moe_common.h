@@ -75,6 +75,10 @@ static inline float moe_activate(uint kind, float g, float u, float alpha, float
     if (kind == MOE_ACTIVATION_RELU) {
         return max(g, 0.0f) * u;
     }
+    if (kind == MOE_ACTIVATION_SWIGLU_CLAMPED) {
+        const float gc = min(g, limit);
+        return gc / (1.0f + exp(-gc)) * max(min(u, limit), -limit);
+    }
     return NAN;  // not an activation: validated on the host, never reached
 }
 

@@ -74,6 +74,9 @@ def _activation(glu):
         return dict(activation="silu")
     if kind == "SwigluOAI":
         return dict(activation="swiglu_oai", swiglu_alpha=glu.activation._alpha, swiglu_limit=glu.activation._limit)
+    if kind == "DeepseekV41SwiGLU":  # DeepSeek-V4.1's SwiGLU, clamped where its limit is above 0
+        limit = float(glu.activation.limit)
+        return dict(activation="swiglu_clamped", swiglu_limit=limit) if limit > 0 else dict(activation="silu")
     raise NotImplementedError(f"moe_swift has no activation like mlx-lm's {kind}")
 
 

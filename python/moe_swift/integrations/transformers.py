@@ -321,10 +321,11 @@ def _activation(module, interleaved):
     import numpy as np
     import torch
 
-    from ..reference import ACTIVATIONS
+    from ..reference import ACTIVATION_OPTIONS, ACTIVATIONS
 
     alpha = _first_attribute(module, ("alpha", "swiglu_alpha"))
     limit = _first_attribute(module, ("limit", "swiglu_limit"))
+    knobs = {"swiglu_alpha": alpha, "swiglu_limit": limit}
     reach = 12.0 if limit is None else max(12.0, 2.0 * limit)  # past any clamp, so a clamp shows
     rng = np.random.default_rng(0)
     g, u = rng.uniform(-reach, reach, (2, 256))
@@ -339,11 +340,9 @@ def _activation(module, interleaved):
             out = apply_gate(probe)
     out = out.double().numpy()[0]
     for name, fn in ACTIVATIONS.items():
-        options = {}
-        if name == "swiglu_oai":
-            if alpha is None or limit is None:
-                continue
-            options = dict(swiglu_alpha=alpha, swiglu_limit=limit)
+        options = {knob: knobs[knob] for knob in ACTIVATION_OPTIONS.get(name, ())}
+        if None in options.values():  # the module holds no such knob: not this activation
+            continue
         expected = fn(g, u, **{k.removeprefix("swiglu_"): v for k, v in options.items()})
         if np.allclose(out, expected, rtol=1e-5, atol=1e-5):
             return name, options
@@ -352,7 +351,8 @@ def _activation(module, interleaved):
         f"moe_swift has no activation matching the gating of {type(module).__name__} (hidden_act={hidden_act!r}, "
         f"act_fn={type(getattr(module, 'act_fn', None)).__name__}"
         + (f", limit={limit}" if limit is not None else "") + (f", alpha={alpha}" if alpha is not None else "")
-        + f"); it has {', '.join(ACTIVATIONS)} (swiglu_oai: gpt-oss's clamped SwiGLU)")
+        + f"); it has {', '.join(ACTIVATIONS)} (swiglu_oai: gpt-oss's clamped SwiGLU; swiglu_clamped: SwiGLU "
+        "with swiglu_limit, DeepSeek-V4's)")
 
 
 def layer_from_module(module, *, top_k: int, backend: str = "auto", weight_memory=None, memory_limit=None,

@@ -145,6 +145,9 @@ struct NaiveReference {
             return 0.5 * g * (1 + erf(g / 2.0.squareRoot())) * u
         case .relu:
             return max(g, 0) * u
+        case .swigluClamped:
+            let gc = min(g, limit)
+            return gc * Self.sigmoid(gc) * max(min(u, limit), -limit)
         }
     }
 
