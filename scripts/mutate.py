@@ -292,7 +292,7 @@ CATALOGUE = [
      "t[sub % CH][i] = add_scaled(dot, x.scales[i] + (k >> 5), t[sub % CH][i]);",
      ("MOE_CPU_ISA=avx2 pytest tests/python/test_q8_activations.py",)),
     ("tf-gpt-oss-alpha-dropped", "integrations", "python/moe_swift/integrations/transformers.py",
-     "options = dict(swiglu_alpha=alpha, swiglu_limit=limit)", "options = dict(swiglu_limit=limit)",
+     'knobs = {"swiglu_alpha": alpha, "swiglu_limit": limit}', 'knobs = {"swiglu_alpha": 1.702, "swiglu_limit": limit}',
      ("pytest tests/python/test_transformers_families.py -k non_default_knobs",)),
     ("mlx-gpt-oss-limit-dropped", "integrations", "python/moe_swift/integrations/mlx_lm.py",
      "swiglu_alpha=glu.activation._alpha, swiglu_limit=glu.activation._limit)", "swiglu_alpha=glu.activation._alpha)",
@@ -406,6 +406,10 @@ def build_and_test(suites, tests=()):
         code, secs, out = run(argv, SCRATCH, env=command_env)
         if code == 5 and argv[:3] == pytest[:3]:  # pytest collected nothing: a command that names no test kills nothing
             return "stillborn", f"{name}: no tests collected"
+        if code >= 2 and argv[:3] == pytest[:3]:
+            # Interrupted, a collection error (the library failed to load), an internal or a
+            # usage error: the tests did not run, so they killed nothing.
+            return "stillborn", f"{name}: pytest exited with {code}, its tests did not run: {out[-300:]}"
         if code != 0:
             killed_by.append(f"{name} ({secs:.0f} s)")
     if killed_by:
