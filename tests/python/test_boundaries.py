@@ -371,39 +371,44 @@ def _scalars(values, dtype):
     return np.asarray(values).astype(dtype)
 
 
+def _random_nibbles(rng, shape):
+    """Random 4-bit codes of `shape`, packed as MLX packs them (8 a uint32, lowest first)."""
+    codes = rng.integers(0, 16, shape).astype(np.uint32).reshape(shape[:-1] + (shape[-1] // 8, 8))
+    return (codes << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+
+
 def _extreme_down(fmt, end, shape, rng):
     """A down projection (E, H, I) in `fmt` whose magnitudes reach the format's `end`, and
     the magnitude L reached (the largest value, or the smallest nonzero one)."""
     E, H, I = shape
     signs = rng.choice([-1.0, 1.0], shape)
-    if fmt in _DTYPE_ENDS or fmt in ("f16", "bf16", "f32"):
-        dtype = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}[fmt]
+    dense = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+    if fmt in dense:
+        dtype = dense[fmt]
         top, tiny = _DTYPE_ENDS[dtype]
         # Mantissas spread over the binade at the end (for the subnormals: 1-7 units of the last place).
         values = signs * (top * rng.uniform(0.5, 1.0, shape) if end == "largest" else tiny * rng.integers(1, 8, shape))
         return _scalars(values, dtype), (top if end == "largest" else tiny)
     if fmt.startswith("affine"):
-        dtype, bits = fmt.split("-")[1], 4
+        dtype = fmt.split("-")[1]
         top, tiny = _DTYPE_ENDS[dtype]
         groups = I // 64
         # Largest: scale * 15 + bias stays finite (scale top / 16, bias -8 * scale); smallest: the scale itself.
         scale = np.full((E, H, groups), top / 16 if end == "largest" else tiny)
-        codes = rng.integers(0, 16, (E, H, I)).astype(np.uint32)
-        packed = (codes.reshape(E, H, I // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+        packed = _random_nibbles(rng, (E, H, I))
         biases = -8 * scale if end == "largest" else np.zeros_like(scale)
-        q = Quantized(packed, _scalars(scale, dtype), _scalars(biases, dtype), bits=bits, group_size=64,
+        q = Quantized(packed, _scalars(scale, dtype), _scalars(biases, dtype), bits=4, group_size=64,
                       scale_dtype=dtype)
         return q, (top / 2 if end == "largest" else tiny)
     if fmt == "mxfp4":
         exponent = 252 if end == "largest" else 0
-        codes = rng.integers(0, 16, (E, H, I)).astype(np.uint32)
-        packed = (codes.reshape(E, H, I // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+        packed = _random_nibbles(rng, (E, H, I))
         q = Quantized(packed, np.full((E, H, I // 32), exponent, np.uint8), mode="mxfp4")
         return q, 6 * 2.0 ** (exponent - 127) if end == "largest" else 0.5 * 2.0 ** -127
     # ggml's blocks: each block's float16 d (and dmin / m) at float16's ends.
     from moe_swift.ggml_blocks import _SCALE_FIELDS
     blocks = random_blocks(rng, fmt, shape, 1.0)
-    flat = blocks.reshape(-1, options_block_bytes(fmt))
+    flat = blocks.reshape(-1, GGML_FORMATS[fmt][2])
     if fmt == "mxfp4_ggml":  # E8M0 with ggml's doubled codes: 2^(e - 128) * 12 at most
         flat[:, 0] = 252 if end == "largest" else 0
         return GGMLQuantized(blocks, type=fmt), (12 * 2.0 ** 124 if end == "largest" else 2.0 ** -128)
@@ -413,10 +418,6 @@ def _extreme_down(fmt, end, shape, rng):
         if at is not None:
             flat[:, at:at + 2] = value.astype("<f2").view(np.uint8).reshape(-1, 2)
     return GGMLQuantized(blocks, type=fmt), (_F16_MAX * reach if end == "largest" else _F16_TINY)
-
-
-def options_block_bytes(name):
-    return next(size for n, _, size in options.GGML_TYPES.values() if n == name)
 
 
 EXTREME_FORMATS = (["f16", "bf16", "f32"] + [f"affine-{d}" for d in ("float16", "bfloat16", "float32")]
