@@ -445,4 +445,8 @@ def test_each_format_at_the_ends_of_its_range(backend, fmt, end):
         y = layer.experts(x, ids, weights)
     ref = reference.experts_forward(x, ids, weights, gate, up, down)
     assert np.isfinite(ref).all() and np.abs(ref).max() > 0
-    assert_close(y, ref, (backend, fmt, end))
+    # Row by row to the row's own scale, with no absolute floor: results of about L^1/2
+    # (1e-22 at bfloat16's smallest) sit far below the spec's absolute 1e-5.
+    for t in range(T):
+        err, scale = float(np.abs(y[t] - ref[t]).max()), float(np.abs(ref[t]).max())
+        assert err <= 1e-4 * scale, (backend, fmt, end, t, err, scale)
