@@ -183,9 +183,7 @@ def _relu(g, u, **_):
 
 
 def _swiglu_clamped(g, u, *, limit, **_):
-    g = np.minimum(g, limit)
-    with np.errstate(over="ignore"):  # as _silu
-        return g / (1.0 + np.exp(-g)) * np.clip(u, -limit, limit)
+    return _silu(np.minimum(g, limit), np.clip(u, -limit, limit))
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
