@@ -626,18 +626,6 @@ def test_cli_activations(tmp_path, monkeypatch, capsys):
         parse_args(["--activations", "q4"])
 
 
-def test_the_old_entry_point_says_where_the_suite_went():
-    """`python -m moe_swift.bench` (the suite's home before it left the package) fails with
-    one line naming the command that replaced it."""
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-m", "moe_swift.bench", "--quick"], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode != 0
-    assert result.stderr.strip().count("\n") == 0 and "python benchmarks/run.py" in result.stderr
-
-
 def test_make_gguf_model_writes_qwen3moe_q4_k_m(tmp_path):
     """benchmarks/make_gguf_model.py on a tiny config: llama.cpp's qwen3moe names, keys and
     the Q4_K_M mix (Q6_K ffn_down_exps / attn_v in use_more_bits layers), readable by the
