@@ -84,9 +84,7 @@ public func moe_layer_create_from_checkpoint_ex(_ handle: OpaquePointer?, _ laye
         guard let out else { throw MoEError.invalidArgument("out (the moe_layer** to fill) is NULL") }
         out.pointee = nil
         let checkpoint = try checkpoint(handle)
-        guard let kind = MoEBackendKind(rawValue: backend) else {
-            throw MoEError.invalidArgument("backend \(backend) is not a moe_backend value")
-        }
+        let kind = try MoEBackendKind.decoded(backend, field: "backend")
         var overrides: [String: Double] = [:]
         if numOverrides != 0 {
             guard numOverrides > 0, let names, let values else {

@@ -46,10 +46,7 @@ struct LayerDescriptor {
 
     private init(_ d: moe_layer_desc) throws {
         raw = d
-        guard let backend = MoEBackendKind(rawValue: d.backend) else {
-            throw MoEError.invalidArgument("backend \(d.backend) is not a moe_backend value")
-        }
-        self.backend = backend
+        backend = try .decoded(d.backend, field: "backend")
         func size(_ value: Int64, _ name: String) throws -> Int {
             guard value >= Int64(Int32.min) && value <= Int64(Int32.max) else {
                 throw MoEError.invalidArgument("\(name) = \(value) is out of range")
@@ -60,19 +57,9 @@ struct LayerDescriptor {
                                  intermediateSize: try size(d.intermediate_size, "intermediate_size"),
                                  numExperts: try size(d.num_experts, "num_experts"),
                                  topK: try size(d.top_k, "top_k"))
-        guard let scoring = MoEScoring(rawValue: d.scoring) else {
-            throw MoEError.invalidArgument("scoring \(d.scoring) is not a moe_scoring value")
-        }
-        guard let activation = MoEActivation(rawValue: d.activation) else {
-            throw MoEError.invalidArgument("activation \(d.activation) is not a moe_activation value")
-        }
-        guard let activationQuantization = MoEActivationQuantization(rawValue: d.activation_quantization) else {
-            throw MoEError.invalidArgument(
-                "activation_quantization \(d.activation_quantization) is not a moe_activation_quantization value")
-        }
-        c.scoring = scoring
-        c.activation = activation
-        c.activationQuantization = activationQuantization
+        c.scoring = try .decoded(d.scoring, field: "scoring")
+        c.activation = try .decoded(d.activation, field: "activation")
+        c.activationQuantization = try .decoded(d.activation_quantization, field: "activation_quantization")
         c.normTopKProb = d.norm_topk_prob != 0
         c.routedScalingFactor = d.routed_scaling_factor
         c.nGroup = Int(d.n_group)
@@ -210,10 +197,7 @@ struct LayerDescriptor {
     static func weightData(_ t: moe_tensor, shape: [Int], name: String) throws -> WeightData {
         let elements = shape.reduce(1, *), cols = shape.last!
         func scalar(_ code: Int32, _ what: String) throws -> ScalarType {
-            guard let type = ScalarType(rawValue: code) else {
-                throw MoEError.invalidArgument("\(name).\(what) \(code) is not a moe_dtype value")
-            }
-            return type
+            try .decoded(code, field: "\(name).\(what)", cEnum: "dtype")
         }
         let quantization: Quantization
         let scaleType: ScalarType

@@ -92,22 +92,10 @@ public final class Checkpoint {
             case "topk_group": c.topKGroup = try integer()
             case "swiglu_alpha": c.swigluAlpha = Float(value)
             case "swiglu_limit": c.swigluLimit = Float(value)
-            case "scoring":
-                guard let s = MoEScoring(rawValue: Int32(clamping: try integer())) else {
-                    throw MoEError.invalidArgument("override scoring \(value) is not a moe_scoring value")
-                }
-                c.scoring = s
-            case "activation":
-                guard let a = MoEActivation(rawValue: Int32(clamping: try integer())) else {
-                    throw MoEError.invalidArgument("override activation \(value) is not a moe_activation value")
-                }
-                c.activation = a
+            case "scoring": c.scoring = try .decoded(Int32(clamping: try integer()), field: name, prefix: "override ")
+            case "activation": c.activation = try .decoded(Int32(clamping: try integer()), field: name, prefix: "override ")
             case "activation_quantization":
-                guard let q = MoEActivationQuantization(rawValue: Int32(clamping: try integer())) else {
-                    throw MoEError.invalidArgument(
-                        "override activation_quantization \(value) is not a moe_activation_quantization value")
-                }
-                c.activationQuantization = q
+                c.activationQuantization = try .decoded(Int32(clamping: try integer()), field: name, prefix: "override ")
             default:
                 throw MoEError.invalidArgument(
                     "unknown override \"\(name)\"; overridable: \(overridableOptions.joined(separator: ", "))")

@@ -19,6 +19,16 @@ extension MoEOptionRow {
         guard let c = Self.allCases.first(where: { $0.rawValue == rawValue }) else { return nil }
         self = c
     }
+
+    /// The row whose code is `code`, or the one error every reader of a code gives:
+    /// "<prefix><field> <code> is not a moe_<cEnum> value" (`cEnum`: the C enum's name
+    /// after `moe_`, when it is not the field's).
+    static func decoded(_ code: Int32, field: String, cEnum: String? = nil, prefix: String = "") throws -> Self {
+        guard let row = Self(rawValue: code) else {
+            throw MoEError.invalidArgument("\(prefix)\(field) \(code) is not a moe_\(cEnum ?? field) value")
+        }
+        return row
+    }
 }
 
 /// How router scores are made from the logits.
