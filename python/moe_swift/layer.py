@@ -410,15 +410,19 @@ def _close_at_exit():
     _wait_for_releases(_EXIT_WAIT_SECONDS)
 
 
-def _wait_for_releases(seconds):
-    """Waits up to `seconds` until the library has released every weight_memory (on the
-    Metal backends the last buffers may go when a command buffer's handler runs, after
-    close() has returned); True if it has."""
+def _wait_for_releases(seconds, memory=None):
+    """Waits up to `seconds` until the library has released every weight_memory (or, given
+    `memory`, that one; on the Metal backends the last buffers may go when a command
+    buffer's handler runs, after close() has returned); True if it has."""
     deadline = time.monotonic() + seconds
+
+    def held():
+        return any(memory is None or held_memory is memory for held_memory, _ in _HELD.values())
+
     with _HELD_LOCK:
-        while _HELD and time.monotonic() < deadline:
+        while held() and time.monotonic() < deadline:
             _HELD_LOCK.wait(0.05)
-        return not _HELD
+        return not held()
 
 
 class MoELayer:
