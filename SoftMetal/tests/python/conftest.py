@@ -42,3 +42,20 @@ def _corpus_under_every_check(request, monkeypatch):
     if request.module.__name__ in CORPUS_MODULES and not own and (
             request.node.nodeid in _FIRST_OF_FAMILY or os.environ.get("SOFTMETAL_CORPUS_CHECKS") == "all"):
         monkeypatch.setenv("SOFTMETAL_CHECKS", "all")
+
+
+# The purpose-written kernels that several files test (softmetal_testlib's FEATURES and
+# BUGS), compiled once per session rather than once per file. A file that tests kernels of
+# its own defines its own `lib`, which takes precedence over this one.
+@pytest.fixture(scope="session")
+def lib():
+    import softmetal
+    from softmetal_testlib import FEATURES
+    return softmetal.compile(FEATURES)
+
+
+@pytest.fixture(scope="session")
+def bugs():
+    import softmetal
+    from softmetal_testlib import BUGS
+    return softmetal.compile(BUGS)

@@ -8,13 +8,8 @@ import numpy as np
 import pytest
 
 import softmetal
-from softmetal_testlib import FEATURES
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
-
-@pytest.fixture(scope="module")
-def lib():
-    return softmetal.compile(FEATURES)
 
 
 def test_dict_buffers_and_input_only_bytes(lib):

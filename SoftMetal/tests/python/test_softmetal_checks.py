@@ -12,10 +12,6 @@ from softmetal_testlib import BUGS
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
 
-@pytest.fixture(scope="module")
-def bugs():
-    return softmetal.compile(BUGS)
-
 
 def test_out_of_bounds_read_names_kernel_buffer_and_offset(bugs):
     x = np.ones(100, np.float32)

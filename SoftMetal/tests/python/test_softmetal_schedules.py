@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 import softmetal
-from softmetal_testlib import BUGS
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
-
-@pytest.fixture(scope="module")
-def bugs():
-    return softmetal.compile(BUGS)
 
 
 TICKETS = """

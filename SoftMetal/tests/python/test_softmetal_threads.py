@@ -12,10 +12,6 @@ from softmetal_testlib import FEATURES, sizes
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
 
-@pytest.fixture(scope="module")
-def lib():
-    return softmetal.compile(FEATURES)
-
 
 def test_barriers_tree_reduction_over_several_simdgroups(lib):
     rng = np.random.default_rng(0)

@@ -7,13 +7,9 @@ import numpy as np
 import pytest
 
 import softmetal
-from softmetal_testlib import FEATURES, bf16_round, from_bf16_bits, sizes, to_bf16_bits
+from softmetal_testlib import bf16_round, from_bf16_bits, sizes, to_bf16_bits
 
 pytestmark = pytest.mark.skipif(not softmetal.available(), reason="SoftMetal needs Linux and clang++")
-
-@pytest.fixture(scope="module")
-def lib():
-    return softmetal.compile(FEATURES)
 
 
 def test_half_rounds_every_operation(lib):
