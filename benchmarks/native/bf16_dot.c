@@ -6,9 +6,15 @@
 // rows of k = 2048) and the down shape (2048 rows of 768), register blocks of 4 x 4 in both
 // kernels. "bf16" multiplies activations already in bfloat16 (a bfloat16 model's inputs);
 // "bf16 x2" two passes, activations split into bfloat16 high and low parts, which float32
-// activations need to stay within the layer's tolerance. Prints a table; exits with 2 on a
-// CPU without AVX512_BF16.
-//   cc -O2 -o /tmp/bf16_dot benchmarks/native/bf16_dot.c && /tmp/bf16_dot
+// activations need to stay within the layer's tolerance. The widened path is the library's
+// own (moe_cpu_dequantize_rows into a tile, moe_cpu_gemm_nt), built in. Prints a table;
+// exits with 2 on a CPU without AVX512_BF16.
+//   clang -O2 -w -ISources/CMoECPU/include -ISources/CMoESwift/include -o /tmp/bf16_dot \
+//       benchmarks/native/bf16_dot.c Sources/CMoECPU/isa.c Sources/CMoECPU/gemm_nt.c \
+//       Sources/CMoECPU/formats/*.c -lm && /tmp/bf16_dot
+#include "moe_cpu_formats.h"
+#include "moe_cpu_kernels.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -18,7 +24,7 @@
 #include <time.h>
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
-enum { MR = 4, NR = 4, EXPERTS = 16, TILE_BYTES = 256 << 10 };
+enum { MR = 4, NR = 4, EXPERTS = 16, TILE_BYTES = 256 << 10 };  // WeightMatrix.tileBytes
 
 static double now(void) {
     struct timespec t;
@@ -26,41 +32,7 @@ static double now(void) {
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-// The library's prefill path for bfloat16: widen rows into a float32 tile, then 4 x 4
-// blocks of float32 FMAs (Sources/CMoECPU/gemm_nt.c).
-__attribute__((target("avx512f,avx512bw"))) static void widen(const uint16_t* b, int64_t count, float* out) {
-    for (int64_t i = 0; i < count; i += 16) {
-        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(b + i)));
-        _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-    }
-}
-
-__attribute__((target("avx512f"))) static void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a,
-                                                        const float* b, float* c, int64_t ldc) {
-    for (int64_t j = 0; j < n; j += NR) {
-        const float* bp[NR];
-        for (int q = 0; q < NR; q++) bp[q] = b + MIN(j + q, n - 1) * k;
-        for (int64_t i = 0; i < m; i += MR) {
-            const float* ap[MR];
-            for (int p = 0; p < MR; p++) ap[p] = a + MIN(i + p, m - 1) * k;
-            __m512 acc[MR][NR];
-            for (int p = 0; p < MR; p++)
-                for (int q = 0; q < NR; q++) acc[p][q] = _mm512_setzero_ps();
-            for (int64_t x = 0; x < k; x += 16) {
-                __m512 bv[NR];
-                for (int q = 0; q < NR; q++) bv[q] = _mm512_loadu_ps(bp[q] + x);
-                for (int p = 0; p < MR; p++) {
-                    const __m512 av = _mm512_loadu_ps(ap[p] + x);
-                    for (int q = 0; q < NR; q++) acc[p][q] = _mm512_fmadd_ps(av, bv[q], acc[p][q]);
-                }
-            }
-            for (int p = 0; p < MR && i + p < m; p++)
-                for (int q = 0; q < NR && j + q < n; q++) c[(i + p) * ldc + j + q] = _mm512_reduce_add_ps(acc[p][q]);
-        }
-    }
-}
-
-// The same blocks with vdpbf16ps on bfloat16 activations and weights as stored.
+// The library's 4 x 4 blocks (gemm_nt.c) with vdpbf16ps on bfloat16 activations and weights as stored.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void gemm_bf16(int64_t m, int64_t n, int64_t k,
                                                                             const uint16_t* a, const uint16_t* b,
                                                                             float* c, int64_t ldc) {
@@ -93,6 +65,7 @@ static void run(int64_t m, int64_t n, int64_t k) {
     uint16_t* b = aligned_alloc(64, (size_t)EXPERTS * n * k * 2);
     float *c = aligned_alloc(64, m * n * 4), *c16 = aligned_alloc(64, m * n * 4), *tile = aligned_alloc(64, TILE_BYTES);
     const int64_t tile_rows = TILE_BYTES / (4 * k);
+    const moe_cpu_matrix w = {.format = MOE_FORMAT_BF16, .cols = k, .row_bytes = 2 * k, .data = b};
     srand(1);
     for (int64_t i = 0; i < m * k; i++) {
         a[i] = (float)(rand() % 255 - 127) / 64;  // exact in bfloat16
@@ -104,11 +77,11 @@ static void run(int64_t m, int64_t n, int64_t k) {
     double best[3] = {1e30, 1e30, 1e30};
     for (int round = 0; round < 7; round++) {
         const double t0 = now();
-        for (int e = 0; e < EXPERTS; e++)
+        for (int e = 0; e < EXPERTS; e++)  // WeightMatrix.multiply's prefill loop
             for (int64_t j0 = 0; j0 < n; j0 += tile_rows) {
                 const int64_t count = MIN(tile_rows, n - j0);
-                widen(b + ((int64_t)e * n + j0) * k, count * k, tile);
-                gemm_f32(m, count, k, a, tile, c + j0, n);
+                moe_cpu_dequantize_rows(&w, (int64_t)e * n + j0, count, tile);
+                moe_cpu_gemm_nt(m, count, k, a, k, tile, k, c + j0, n);
             }
         const double t1 = now();
         for (int e = 0; e < EXPERTS; e++) gemm_bf16(m, n, k, a16, b + (int64_t)e * n * k, c16, n);
